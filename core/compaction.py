@@ -1,0 +1,127 @@
+"""Compaction domain types and the ``Compactor`` port.
+
+A compaction is planned purely (``CompactionPlan``) and applied by a store in
+one transaction, so a crash or an LLM failure can never leave half a
+compaction behind.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Protocol
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from core.messages import ConversationMessage
+from core.scoring import ImportanceScoringConfig
+
+
+class SummaryBatch(BaseModel):
+    """One unit of compressed history."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    content: str
+    depth: int = Field(ge=0)  # 0 = summary of raw messages, 1+ = re-summarised
+    start_time: AwareDatetime
+    end_time: AwareDatetime
+    message_count: int = Field(ge=0)
+    source_message_ids: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _time_range_is_ordered(self) -> SummaryBatch:
+        if self.end_time < self.start_time:
+            raise ValueError("end_time precedes start_time")
+        return self
+
+
+class StoredBatch(BaseModel):
+    """A batch as archival memory holds it.
+
+    ``superseded_by`` is set when re-summarisation folded this batch into a
+    deeper one: it leaves the clip-archive but stays searchable.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    label: str
+    conversation_id: str
+    batch: SummaryBatch
+    compaction_id: str
+    superseded_by: str | None = None
+
+
+class CompactionConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    chunk_size: int = Field(default=20, ge=1)
+    keep_recent: int = Field(default=5, ge=0)
+    max_summary_tokens: int = Field(default=1024, ge=1)
+    clip_first: int = Field(default=2, ge=0)
+    clip_last: int = Field(default=2, ge=0)
+    resummarize_buffer: int = Field(default=2, ge=0)
+    prompt: str | None = None
+    scoring: ImportanceScoringConfig = ImportanceScoringConfig()
+    max_chunk_tokens: int | None = Field(default=None, ge=1)
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    retry_backoff_seconds: float = Field(default=1.0, ge=0)
+    max_consecutive_failures: int = Field(default=3, ge=1)
+    circuit_cooldown_seconds: float = Field(default=300.0, ge=0)
+
+
+class CompactionPlan(BaseModel):
+    """Everything one compaction writes, computed before any write happens.
+
+    A store applies it atomically and idempotently by ``compaction_id``.
+    ``deleted_message_ids`` includes the prior clip-archive, which the new
+    one replaces.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compaction_id: str
+    conversation_id: str
+    new_batches: tuple[StoredBatch, ...]
+    superseded: tuple[tuple[str, str], ...] = ()  # (existing batch id, replacing batch id)
+    deleted_message_ids: tuple[str, ...]
+    clip_archive: ConversationMessage
+    messages_compressed: int
+    tokens_estimate_before: int
+    tokens_estimate_after: int
+
+
+class CompactionResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    history: tuple[ConversationMessage, ...]
+    batches_created: int = 0
+    messages_compressed: int = 0
+    tokens_estimate_before: int = 0
+    tokens_estimate_after: int = 0
+    failed: bool = False
+    reason: str | None = None
+    compaction_id: str | None = None
+    batches: tuple[StoredBatch, ...] = ()
+    compressed_message_ids: tuple[str, ...] = ()
+    already_applied: bool = False
+    llm_input_tokens: int = 0
+    llm_output_tokens: int = 0
+
+
+class Compactor(Protocol):
+    async def compress(
+        self,
+        history: tuple[ConversationMessage, ...] | list[ConversationMessage],
+        conversation_id: str,
+        *,
+        compaction_id: str | None = None,
+    ) -> CompactionResult: ...
+
+
+def batch_label(conversation_id: str, end_time: datetime) -> str:
+    """``compaction-batch-{conversationId}-{timestamp}`` (context-compaction.AC4.2)."""
+    from core.clip_archive import format_timestamp
+
+    return f"compaction-batch-{conversation_id}-{format_timestamp(end_time)}"

@@ -1,0 +1,1 @@
+"""The embedding port and its adapters."""

@@ -1,0 +1,115 @@
+"""The model port: what the compactor asks of any LLM.
+
+``role: "system"`` is a first-class message role here (compaction-v2.AC2.1);
+each adapter translates it into what its provider accepts.
+
+Adapters raise only the ``ModelError`` family, so retry policy lives in one
+place (the compactor) and never depends on which SDK is underneath.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ModelRole = Literal["system", "user", "assistant"]
+
+
+class ModelMessage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: ModelRole
+    content: str
+
+
+class ModelRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    messages: tuple[ModelMessage, ...]
+    system: str | None = None
+    max_tokens: int = Field(gt=0)
+    temperature: float | None = None
+
+
+class ModelUsage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class ModelResponse(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    text: str
+    usage: ModelUsage = ModelUsage()
+    model: str | None = None
+    stop_reason: str | None = None
+
+
+class ModelProvider(Protocol):
+    """Anything that can complete a ``ModelRequest``.
+
+    ``name`` identifies the provider in logs and metrics ("anthropic",
+    "openai", "extractive").
+    """
+
+    name: str
+
+    async def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+class ModelError(Exception):
+    """Base of every failure an adapter reports.
+
+    ``retryable`` tells the compactor whether trying again can help.
+    """
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, provider: str | None = None) -> None:
+        super().__init__(message)
+        self.provider = provider
+
+
+class ModelTimeoutError(ModelError):
+    """The call did not finish within the per-call timeout.
+
+    The compactor answers this by halving the chunk, since a smaller request
+    is the one thing under its control that makes the call faster.
+    """
+
+    retryable = True
+
+
+class ModelRateLimitError(ModelError):
+    retryable = True
+
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, provider: str | None = None
+    ) -> None:
+        super().__init__(message, provider=provider)
+        self.retry_after = retry_after
+
+
+class ModelServerError(ModelError):
+    """5xx, overload or a broken connection: transient by nature."""
+
+    retryable = True
+
+    def __init__(
+        self, message: str, *, status: int | None = None, provider: str | None = None
+    ) -> None:
+        super().__init__(message, provider=provider)
+        self.status = status
+
+
+class ModelAuthError(ModelError):
+    """Bad key or forbidden model: retrying cannot help."""
+
+
+class ModelResponseError(ModelError):
+    """The provider answered, but not with something we can use (malformed body,
+    no text, a 4xx that is not auth or rate limiting)."""

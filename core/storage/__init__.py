@@ -1,0 +1,1 @@
+"""Storage ports and the PostgreSQL adapter that implements them."""

@@ -1,0 +1,82 @@
+"""What the compactor and the service need from storage.
+
+Writes are idempotent by message id or compaction id, because every caller
+upstream (Kafka) delivers at least once.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal, Protocol
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict
+
+from core.compaction import CompactionPlan, StoredBatch
+from core.messages import ConversationMessage
+
+ApplyOutcome = Literal["applied", "already_applied"]
+
+
+class HistoryConflictError(Exception):
+    """The history a plan was computed from changed before it could be applied
+    (a message it meant to delete is gone). Nothing was written."""
+
+
+class MemoryHit(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_id: str
+    label: str
+    conversation_id: str
+    content: str
+    depth: int
+    start_time: AwareDatetime
+    end_time: AwareDatetime
+    message_count: int
+    score: float  # fused reciprocal-rank score, higher is better
+    text_rank: int | None  # 1-based rank in full-text results, None if absent
+    vector_rank: int | None  # 1-based rank in vector results, None if absent
+    superseded: bool
+
+
+class MemorySearchResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hits: tuple[MemoryHit, ...]
+    mode: Literal["hybrid", "full_text"]  # full_text when no embedder is configured
+
+
+class MessageStore(Protocol):
+    async def save_message(self, message: ConversationMessage, token_estimate: int) -> bool:
+        """Insert once; ``False`` when that message id was already stored."""
+        ...
+
+    async def load_history(
+        self, conversation_id: str, *, as_of: datetime | None = None
+    ) -> list[ConversationMessage]:
+        """The conversation in model order: clip-archive first, then by time.
+
+        ``as_of`` excludes messages created later, so a compaction never
+        touches messages that arrived after its command.
+        """
+        ...
+
+    async def compaction_applied(self, compaction_id: str) -> bool: ...
+
+    async def apply_compaction(self, plan: CompactionPlan) -> ApplyOutcome:
+        """Archive, supersede, delete and insert the clip-archive in one transaction.
+
+        Raises ``HistoryConflictError`` (and writes nothing) when the plan's
+        messages are no longer all there.
+        """
+        ...
+
+
+class MemoryStore(Protocol):
+    async def live_batches(self, conversation_id: str) -> list[StoredBatch]:
+        """Batches not superseded, oldest first: what the clip-archive shows."""
+        ...
+
+    async def memory_read(
+        self, query: str, conversation_id: str | None = None, limit: int = 5
+    ) -> MemorySearchResult: ...
