@@ -1,0 +1,35 @@
+"""When a conversation must be compacted (context-compaction.AC1.1)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.messages import ConversationMessage
+from core.tokens import DEFAULT_COUNTER, TokenCounter, estimate_history_tokens
+
+
+class BudgetConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    context_budget: float = Field(default=0.8, gt=0, le=1)
+    model_max_tokens: int = Field(default=200_000, ge=1)
+
+    @property
+    def budget_tokens(self) -> int:
+        """The largest estimate that still fits: ``floor(context_budget * model_max_tokens)``."""
+        return math.floor(self.context_budget * self.model_max_tokens)
+
+
+def over_budget(token_estimate: int, budget: BudgetConfig) -> bool:
+    return token_estimate > budget.context_budget * budget.model_max_tokens
+
+
+def needs_compaction(
+    history: Iterable[ConversationMessage],
+    budget: BudgetConfig,
+    counter: TokenCounter = DEFAULT_COUNTER,
+) -> bool:
+    return over_budget(estimate_history_tokens(history, counter), budget)

@@ -1,0 +1,195 @@
+"""``config.toml``: loading, validation and secrets.
+
+Every field has the seeds' default, so an empty file (or none) is a valid
+configuration. An invalid value stops start-up with a message naming the key,
+the value and what is allowed. API keys are read from the environment
+variable a section names, never from the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from core.budget import BudgetConfig
+from core.compaction import CompactionConfig
+from core.scoring import DEFAULT_IMPORTANT_KEYWORDS, ImportanceScoringConfig
+
+ProviderKind = Literal["auto", "anthropic", "openai", "extractive"]
+ResolvedKind = Literal["anthropic", "openai", "extractive"]
+
+DEFAULT_MODELS: dict[str, str] = {
+    "anthropic": "claude-haiku-4-5",
+    "openai": "gpt-4o-mini",
+    "extractive": "extractive",
+}
+DEFAULT_KEY_ENV: dict[str, str] = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the person who edits config.toml."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SummarizationSettings(_Section):
+    provider: ProviderKind = "auto"
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = None
+    chunk_size: int = Field(default=20, ge=1)
+    keep_recent: int = Field(default=5, ge=0)
+    max_summary_tokens: int = Field(default=1024, ge=1)
+    clip_first: int = Field(default=2, ge=0)
+    clip_last: int = Field(default=2, ge=0)
+    resummarize_buffer: int = Field(default=2, ge=0)
+    prompt: str | None = None
+    max_chunk_tokens: int | None = Field(default=None, ge=1)
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    retry_backoff_seconds: float = Field(default=1.0, ge=0)
+    max_consecutive_failures: int = Field(default=3, ge=1)
+    circuit_cooldown_seconds: float = Field(default=300.0, ge=0)
+    role_weight_system: float = Field(default=10.0, ge=0)
+    role_weight_user: float = Field(default=5.0, ge=0)
+    role_weight_assistant: float = Field(default=3.0, ge=0)
+    recency_decay: float = Field(default=0.95, gt=0, le=1)
+    question_bonus: float = Field(default=2.0, ge=0)
+    tool_call_bonus: float = Field(default=4.0, ge=0)
+    keyword_bonus: float = Field(default=1.5, ge=0)
+    important_keywords: tuple[str, ...] = DEFAULT_IMPORTANT_KEYWORDS
+    content_length_weight: float = Field(default=1.0, ge=0)
+
+    def scoring(self) -> ImportanceScoringConfig:
+        fields = ImportanceScoringConfig.model_fields
+        return ImportanceScoringConfig(**{name: getattr(self, name) for name in fields})
+
+    def compaction(self) -> CompactionConfig:
+        shared = set(CompactionConfig.model_fields) - {"scoring"}
+        return CompactionConfig(
+            scoring=self.scoring(), **{name: getattr(self, name) for name in shared}
+        )
+
+
+class PostgresSettings(_Section):
+    dsn: str | None = None
+    data_dir: str = ".state/postgres"
+    pool_min_size: int = Field(default=1, ge=0)
+    pool_max_size: int = Field(default=10, ge=1)
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn_scheme(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value or None
+
+
+class EmbeddingSettings(_Section):
+    provider: Literal["none", "openai", "local"] = "none"
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+
+
+class Settings(_Section):
+    summarization: SummarizationSettings = SummarizationSettings()
+    budget: BudgetConfig = BudgetConfig()
+    postgres: PostgresSettings = PostgresSettings()
+    embedding: EmbeddingSettings = EmbeddingSettings()
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    location = [str(part) for part in error["loc"]]
+    if len(location) > 1:
+        key = f"[{location[0]}].{'.'.join(location[1:])}"
+    else:
+        key = location[0] if location else "(top level)"
+    if error["type"] == "extra_forbidden":
+        return f"{key}: unknown key (check the spelling against config.toml.example)"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{key} = {error.get('input')!r}: {message}"
+
+
+def parse_settings(data: Mapping[str, Any], source: str = "config") -> Settings:
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as error:
+        problems = "\n  ".join(_describe(e) for e in error.errors())
+        raise ConfigError(f"invalid configuration in {source}:\n  {problems}") from None
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load ``path``, or ``$COMPACTOR_CONFIG``, or ./config.toml if present, or defaults."""
+    candidate = path or os.environ.get("COMPACTOR_CONFIG")
+    if candidate is None:
+        candidate = "config.toml" if Path("config.toml").exists() else None
+    if candidate is None:
+        return Settings()
+    file = Path(candidate)
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {file}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{file} is not valid TOML: {error}") from None
+    return parse_settings(data, source=str(file))
+
+
+class ResolvedModel(BaseModel):
+    """Which provider the compactor will use, and why (for the start-up log)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: ResolvedKind
+    model: str
+    api_key: str | None = Field(default=None, repr=False)
+    base_url: str | None = None
+    reason: str
+
+
+def resolve_model(
+    settings: SummarizationSettings, environ: Mapping[str, str] | None = None
+) -> ResolvedModel:
+    env = os.environ if environ is None else environ
+
+    def key_for(kind: str) -> tuple[str, str | None]:
+        name = settings.api_key_env or DEFAULT_KEY_ENV[kind]
+        return name, env.get(name) or None
+
+    def resolved(kind: ResolvedKind, key: str | None, why: str) -> ResolvedModel:
+        return ResolvedModel(
+            kind=kind,
+            model=settings.model or DEFAULT_MODELS[kind],
+            api_key=key,
+            base_url=settings.base_url,
+            reason=why,
+        )
+
+    if settings.provider == "extractive":
+        return resolved("extractive", None, "provider = extractive in config")
+    if settings.provider == "auto":
+        for kind in ("anthropic", "openai"):
+            name, key = key_for(kind)
+            if key:
+                return resolved(kind, key, f"{name} is set")
+        return resolved(
+            "extractive",
+            None,
+            "no API key configured (set ANTHROPIC_API_KEY or OPENAI_API_KEY to use an LLM)",
+        )
+    name, key = key_for(settings.provider)
+    if key is None and not (settings.provider == "openai" and settings.base_url):
+        raise ConfigError(
+            f"[summarization].provider = {settings.provider!r} needs an API key in the "
+            f"environment variable {name} (or set [summarization].api_key_env)"
+        )
+    # Local OpenAI-compatible servers (vLLM, llama.cpp, Ollama) accept any key.
+    return resolved(settings.provider, key or "not-needed", f"provider = {settings.provider}")
