@@ -1,0 +1,699 @@
+"""A local stand-in for LLM and embedding APIs, speaking their real wire formats.
+
+Why a server rather than mocks: the adapters' value lies in what the real
+``anthropic`` and ``openai`` SDKs put on the wire and how they react to what
+comes back (status codes, headers, broken bodies, slow replies). Only a real
+HTTP peer exercises that, and the same peer serves benchmarks and end-to-end
+runs of a separate worker process, where patching is impossible.
+
+Endpoints (all under ``base_url``):
+
+* ``POST /v1/messages``: Anthropic Messages API (non-streaming).
+* ``POST /v1/chat/completions``: OpenAI Chat Completions (non-streaming).
+* ``POST /v1/embeddings``: OpenAI embeddings, deterministic hashed
+  bag-of-words vectors so that texts sharing words get similar vectors.
+* ``/_test/...``: control endpoints so a test can script a server running in
+  another process (see ``action_from_json``).
+
+In-process::
+
+    async with LLMTestServer() as server:
+        provider = AnthropicProvider("key", base_url=server.base_url)
+        server.enqueue(RateLimited(retry_after=1.5))
+
+Standalone (prints the bound URL, runs until SIGTERM or SIGINT)::
+
+    python -m tests.support.llm_server --port 0 --latency-ms 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import itertools
+import json
+import math
+import re
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from types import TracebackType
+from typing import Any, Literal, Self
+
+from aiohttp import web
+
+Protocol = Literal["anthropic", "openai"]
+
+ANTHROPIC_PATH = "/v1/messages"
+OPENAI_CHAT_PATH = "/v1/chat/completions"
+EMBEDDINGS_PATH = "/v1/embeddings"
+
+
+# --------------------------------------------------------------------------
+# Scripted actions: each is consumed by exactly one request.
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Answer normally; ``None`` fields fall back to the default responder and
+    word-count usage, so a test pins only what it asserts on."""
+
+    text: str | None = None
+    stop_reason: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RateLimited:
+    """429 with a provider-shaped error body; ``retry_after=None`` sends no
+    ``retry-after`` header, to test the absence of a hint."""
+
+    retry_after: float | None = 1.0
+
+
+@dataclass(frozen=True)
+class ServerError:
+    status: int = 500
+
+
+@dataclass(frozen=True)
+class Overloaded:
+    """Anthropic's 529 ``overloaded_error``; sent as-is on every path."""
+
+
+@dataclass(frozen=True)
+class HTTPError:
+    """Any other error status (401, 403, 400, 404...), provider-shaped."""
+
+    status: int
+    message: str = "scripted error"
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class Delay:
+    """Wait, then perform ``then``; long enough a wait trips client timeouts."""
+
+    seconds: float
+    then: Action | None = None
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A 200 the client cannot use: by default it claims JSON but is not;
+    ``content_type="text/html"`` imitates a proxy's error page, and a body
+    like ``"{}"`` is valid JSON of the wrong shape."""
+
+    body: str = '{"id": "msg_broken", "content": [ {"type": "te'
+    content_type: str = "application/json"
+
+
+Action = Reply | RateLimited | ServerError | Overloaded | HTTPError | Delay | Malformed
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A chat request from either protocol, flattened so one responder serves
+    both; ``body`` keeps the raw JSON for anything protocol-specific."""
+
+    protocol: Protocol
+    model: str
+    system: str | None
+    messages: tuple[tuple[str, str], ...]
+    max_tokens: int | None
+    body: Mapping[str, Any]
+
+
+Responder = Callable[[ChatRequest], str]
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """What arrived, exactly: tests assert on this rather than on adapter
+    internals. ``body`` is ``None`` when the request body was not JSON."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: Any
+    received_at: float = field(default_factory=time.monotonic)
+
+
+def summary_responder(request: ChatRequest) -> str:
+    """Deterministic, summary-shaped output: stable across runs and visibly
+    derived from the input, so callers can check what reached the model."""
+    parts = [" ".join(content.split()[:6]) for _, content in request.messages]
+    return "Summary: " + " | ".join(p for p in parts if p)
+
+
+# --------------------------------------------------------------------------
+# Embeddings
+# --------------------------------------------------------------------------
+
+_WORD = re.compile(r"\w+")
+
+
+def hashed_embedding(text: str, dim: int) -> list[float]:
+    """Unit-length signed feature hashing of lower-cased words: no model to
+    download, identical on every machine, and texts sharing words point the
+    same way. Text without words maps to the first basis vector, so no vector
+    is ever zero (cosine similarity stays defined)."""
+    vector = [0.0] * dim
+    for word in _WORD.findall(text.lower()):
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        bucket = int.from_bytes(digest[:4], "little") % dim
+        vector[bucket] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    if norm == 0.0:
+        vector[0] = 1.0
+        return vector
+    return [x / norm for x in vector]
+
+
+# --------------------------------------------------------------------------
+# The server
+# --------------------------------------------------------------------------
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class LLMTestServer:
+    """Serves the three endpoints on 127.0.0.1 (never another interface).
+
+    ``latency_seconds`` delays every reply, for benchmarks that need a
+    realistic model round trip. ``api_key``, when set, is enforced as a
+    bearer token (or, for Anthropic, ``x-api-key``), answering 401 otherwise.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        latency_seconds: float = 0.0,
+        responder: Responder = summary_responder,
+        embedding_dim: int = 64,
+        api_key: str | None = None,
+    ) -> None:
+        self.latency_seconds = latency_seconds
+        self.responder = responder
+        self.embedding_dim = embedding_dim
+        self.api_key = api_key
+        self.requests: list[RecordedRequest] = []
+        self._port = port
+        self._script: list[tuple[str | None, Action]] = []
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self._bound_port: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post(ANTHROPIC_PATH, self._handle_anthropic)
+        app.router.add_post(OPENAI_CHAT_PATH, self._handle_openai_chat)
+        app.router.add_post(EMBEDDINGS_PATH, self._handle_embeddings)
+        app.router.add_post("/_test/enqueue", self._handle_control_enqueue)
+        app.router.add_get("/_test/requests", self._handle_control_requests)
+        app.router.add_post("/_test/reset", self._handle_control_reset)
+        # Cancelling handlers whose client went away keeps a Delay that
+        # outlived a client timeout from holding shutdown up.
+        runner = web.AppRunner(
+            app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None
+        )
+        await runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self._port))
+        site = web.SockSite(runner, sock)
+        await site.start()
+        self._bound_port = sock.getsockname()[1]
+        self._runner = runner
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def port(self) -> int:
+        if self._bound_port is None:
+            raise RuntimeError("server not started")
+        return self._bound_port
+
+    @property
+    def base_url(self) -> str:
+        """Root URL: what the Anthropic SDK takes as ``base_url``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        """What the OpenAI SDK takes as ``base_url`` (it appends paths to ``/v1``)."""
+        return f"{self.base_url}/v1"
+
+    # -- scripting ---------------------------------------------------------
+
+    def enqueue(self, *actions: Action, path: str | None = None) -> None:
+        """Queue one-shot actions, consumed first-in first-out. With ``path``,
+        only a request to that path consumes them, so chat and embedding
+        traffic can be scripted independently."""
+        self._script.extend((path, action) for action in actions)
+
+    def reset(self) -> None:
+        self._script.clear()
+        self.requests.clear()
+
+    @property
+    def pending(self) -> int:
+        """Scripted actions not yet consumed."""
+        return len(self._script)
+
+    def requests_to(self, path: str) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.path == path]
+
+    def _next_action(self, path: str) -> Action:
+        for i, (only, action) in enumerate(self._script):
+            if only is None or only == path:
+                del self._script[i]
+                return action
+        return Reply()
+
+    # -- handlers ----------------------------------------------------------
+
+    async def _record(self, request: web.Request) -> RecordedRequest:
+        raw = await request.read()
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        recorded = RecordedRequest(
+            method=request.method,
+            path=request.path,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=body,
+        )
+        self.requests.append(recorded)
+        return recorded
+
+    async def _handle_anthropic(self, request: web.Request) -> web.StreamResponse:
+        recorded = await self._record(request)
+        return await self._serve_chat("anthropic", recorded)
+
+    async def _handle_openai_chat(self, request: web.Request) -> web.StreamResponse:
+        recorded = await self._record(request)
+        return await self._serve_chat("openai", recorded)
+
+    async def _serve_chat(
+        self, protocol: Protocol, recorded: RecordedRequest
+    ) -> web.StreamResponse:
+        if not self._authorised(protocol, recorded.headers):
+            return _error_response(protocol, 401, "invalid x-api-key", None)
+        try:
+            chat = (
+                _parse_anthropic(recorded.body)
+                if protocol == "anthropic"
+                else _parse_openai_chat(recorded.body)
+            )
+        except _BadRequest as exc:
+            return _error_response(protocol, 400, exc.message, None)
+
+        action = await self._settle(recorded.path)
+        if not isinstance(action, Reply):
+            return _scripted_failure(protocol, action)
+        text = action.text if action.text is not None else self.responder(chat)
+        input_tokens = (
+            action.input_tokens
+            if action.input_tokens is not None
+            else _word_count(chat.system or "", *(c for _, c in chat.messages))
+        )
+        output_tokens = (
+            action.output_tokens if action.output_tokens is not None else _word_count(text)
+        )
+        number = next(self._ids)
+        if protocol == "anthropic":
+            payload: dict[str, Any] = {
+                "id": f"msg_test_{number:06d}",
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "text", "text": text}],
+                "model": chat.model,
+                "stop_reason": action.stop_reason or "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+            }
+            headers = {"request-id": f"req_test_{number:06d}"}
+        else:
+            payload = {
+                "id": f"chatcmpl-test{number:06d}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": chat.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": action.stop_reason or "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": input_tokens,
+                    "completion_tokens": output_tokens,
+                    "total_tokens": input_tokens + output_tokens,
+                },
+            }
+            headers = {"x-request-id": f"req_test_{number:06d}"}
+        return web.json_response(payload, headers=headers)
+
+    async def _handle_embeddings(self, request: web.Request) -> web.StreamResponse:
+        recorded = await self._record(request)
+        if not self._authorised("openai", recorded.headers):
+            return _error_response("openai", 401, "Incorrect API key provided", None)
+        body = recorded.body
+        try:
+            if not isinstance(body, dict):
+                raise _BadRequest("request body must be a JSON object")
+            model = _require_str(body, "model")
+            raw_input = body.get("input")
+            texts = [raw_input] if isinstance(raw_input, str) else raw_input
+            if not isinstance(texts, list) or not texts:
+                raise _BadRequest("'input' must be a string or a non-empty array of strings")
+            if not all(isinstance(t, str) for t in texts):
+                raise _BadRequest("only string inputs are supported by this test server")
+            encoding = body.get("encoding_format", "float")
+            if encoding not in ("float", "base64"):
+                raise _BadRequest("'encoding_format' must be 'float' or 'base64'")
+            dim = body.get("dimensions", self.embedding_dim)
+            if not isinstance(dim, int) or dim < 1:
+                raise _BadRequest("'dimensions' must be a positive integer")
+        except _BadRequest as exc:
+            return _error_response("openai", 400, exc.message, None)
+
+        action = await self._settle(recorded.path)
+        if not isinstance(action, Reply):
+            return _scripted_failure("openai", action)
+        data = []
+        for index, text in enumerate(texts):
+            vector = hashed_embedding(text, dim)
+            encoded: list[float] | str = (
+                vector
+                if encoding == "float"
+                else base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
+            )
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        tokens = _word_count(*texts)
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    async def _settle(self, path: str) -> Action:
+        """Apply latency and any scripted delays; return the action to perform."""
+        action = self._next_action(path)
+        if self.latency_seconds > 0:
+            await asyncio.sleep(self.latency_seconds)
+        while isinstance(action, Delay):
+            await asyncio.sleep(action.seconds)
+            action = action.then if action.then is not None else Reply()
+        return action
+
+    def _authorised(self, protocol: Protocol, headers: Mapping[str, str]) -> bool:
+        if self.api_key is None:
+            return True
+        bearer = headers.get("authorization") == f"Bearer {self.api_key}"
+        if protocol == "anthropic":
+            # Current SDKs send the key as a bearer token; older ones, and
+            # curl examples, use x-api-key. Either is a valid credential.
+            return bearer or headers.get("x-api-key") == self.api_key
+        return bearer
+
+    # -- control endpoints (for a server in another process) ---------------
+
+    async def _handle_control_enqueue(self, request: web.Request) -> web.StreamResponse:
+        try:
+            spec = await request.json()
+            path = spec.pop("path", None) if isinstance(spec, dict) else None
+            self.enqueue(action_from_json(spec), path=path)
+        except (ValueError, TypeError, KeyError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"pending": self.pending})
+
+    async def _handle_control_requests(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(
+            [
+                {"method": r.method, "path": r.path, "headers": dict(r.headers), "body": r.body}
+                for r in self.requests
+            ]
+        )
+
+    async def _handle_control_reset(self, request: web.Request) -> web.StreamResponse:
+        self.reset()
+        return web.json_response({"pending": 0})
+
+
+def action_from_json(spec: Any) -> Action:
+    """Build an action from ``{"action": "<kind>", ...fields}``, the form the
+    ``/_test/enqueue`` endpoint takes. Kinds: ``reply``, ``rate_limited``,
+    ``server_error``, ``overloaded``, ``http_error``, ``malformed`` and
+    ``delay`` (whose optional ``then`` is itself such a spec)."""
+    if not isinstance(spec, dict):
+        raise TypeError("action spec must be a JSON object")
+    fields = dict(spec)
+    kind = fields.pop("action")
+    if kind == "delay":
+        then = fields.pop("then", None)
+        return Delay(then=action_from_json(then) if then is not None else None, **fields)
+    kinds: dict[str, type[Action]] = {
+        "reply": Reply,
+        "rate_limited": RateLimited,
+        "server_error": ServerError,
+        "overloaded": Overloaded,
+        "http_error": HTTPError,
+        "malformed": Malformed,
+    }
+    if kind not in kinds:
+        raise ValueError(f"unknown action {kind!r}")
+    return kinds[kind](**fields)
+
+
+def action_to_json(action: Action) -> dict[str, Any]:
+    """Inverse of ``action_from_json``, for scripting a server in another process."""
+    names = {
+        Reply: "reply",
+        RateLimited: "rate_limited",
+        ServerError: "server_error",
+        Overloaded: "overloaded",
+        HTTPError: "http_error",
+        Malformed: "malformed",
+        Delay: "delay",
+    }
+    if isinstance(action, Delay):
+        then = action_to_json(action.then) if action.then is not None else None
+        return {"action": "delay", "seconds": action.seconds, "then": then}
+    return {"action": names[type(action)], **asdict(action)}
+
+
+# --------------------------------------------------------------------------
+# Request parsing and error shapes
+# --------------------------------------------------------------------------
+
+
+def _parse_anthropic(body: Any) -> ChatRequest:
+    """Validate the way the Messages API does for the fields adapters send.
+
+    ``role: "system"`` inside ``messages`` is rejected on purpose: the adapter
+    must lift system text into the top-level ``system`` field, and a lenient
+    server would hide a regression there.
+    """
+    if not isinstance(body, dict):
+        raise _BadRequest("request body must be a JSON object")
+    model = _require_str(body, "model")
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+        raise _BadRequest("max_tokens: field required (non-negative integer)")
+    raw_messages = body.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise _BadRequest("messages: at least one message is required")
+    messages = []
+    for i, message in enumerate(raw_messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise _BadRequest(f"messages.{i}.role: Input should be 'user' or 'assistant'")
+        messages.append((message["role"], _content_text(message.get("content"), f"messages.{i}")))
+    if messages[0][0] != "user":
+        raise _BadRequest("messages: first message must use the 'user' role")
+    raw_system = body.get("system")
+    system = None if raw_system is None else _content_text(raw_system, "system")
+    temperature = body.get("temperature")
+    if temperature is not None and not (
+        isinstance(temperature, int | float) and 0.0 <= temperature <= 1.0
+    ):
+        raise _BadRequest("temperature: must be between 0 and 1")
+    return ChatRequest("anthropic", model, system, tuple(messages), max_tokens, body)
+
+
+def _parse_openai_chat(body: Any) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise _BadRequest("request body must be a JSON object")
+    model = _require_str(body, "model")
+    raw_messages = body.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise _BadRequest("'messages' must be a non-empty array")
+    system_parts: list[str] = []
+    messages = []
+    for i, message in enumerate(raw_messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise _BadRequest(f"messages[{i}].role: invalid value {role!r}")
+        text = _content_text(message.get("content") or "", f"messages[{i}]")
+        if role in ("system", "developer"):
+            system_parts.append(text)
+        else:
+            messages.append((role, text))
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise _BadRequest("'max_tokens' must be a positive integer")
+    system = "\n\n".join(system_parts) if system_parts else None
+    return ChatRequest("openai", model, system, tuple(messages), max_tokens, body)
+
+
+def _require_str(body: Mapping[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise _BadRequest(f"{key}: field required")
+    return value
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for block in content:
+            if not isinstance(block, dict) or block.get("type") != "text":
+                raise _BadRequest(f"{where}.content: only text blocks are supported here")
+            texts.append(str(block.get("text", "")))
+        return "".join(texts)
+    raise _BadRequest(f"{where}.content: must be a string or an array of blocks")
+
+
+def _word_count(*texts: str) -> int:
+    return sum(len(t.split()) for t in texts)
+
+
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+def _error_response(
+    protocol: Protocol,
+    status: int,
+    message: str,
+    code: str | None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    """An error body shaped like the provider's, so the SDK classifies it the
+    way it would classify the real thing."""
+    if protocol == "anthropic":
+        error_type = _ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+        body: dict[str, Any] = {
+            "type": "error",
+            "error": {"type": error_type, "message": message},
+            "request_id": "req_test_error",
+        }
+    else:
+        body = {
+            "error": {
+                "message": message,
+                "type": "server_error" if status >= 500 else "invalid_request_error",
+                "param": None,
+                "code": code,
+            }
+        }
+    return web.json_response(body, status=status, headers=dict(headers or {}))
+
+
+def _scripted_failure(protocol: Protocol, action: Action) -> web.Response:
+    if isinstance(action, RateLimited):
+        headers = {} if action.retry_after is None else {"retry-after": f"{action.retry_after:g}"}
+        return _error_response(
+            protocol, 429, "rate limited by test server", "rate_limit_exceeded", headers
+        )
+    if isinstance(action, ServerError):
+        return _error_response(protocol, action.status, "internal test-server error", None)
+    if isinstance(action, Overloaded):
+        return _error_response(protocol, 529, "Overloaded", None)
+    if isinstance(action, HTTPError):
+        return _error_response(protocol, action.status, action.message, action.code)
+    if isinstance(action, Malformed):
+        return web.Response(status=200, text=action.body, content_type=action.content_type)
+    raise AssertionError(f"not a failure action: {action!r}")
+
+
+# --------------------------------------------------------------------------
+# Standalone mode
+# --------------------------------------------------------------------------
+
+
+async def _serve_forever(port: int, latency_seconds: float, embedding_dim: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with LLMTestServer(
+        port=port, latency_seconds=latency_seconds, embedding_dim=embedding_dim
+    ) as server:
+        # The first stdout line is the contract with whoever started us.
+        print(server.base_url, flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.llm_server",
+        description="Local Anthropic/OpenAI-compatible test server (127.0.0.1 only).",
+    )
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay before every reply")
+    parser.add_argument("--embedding-dim", type=int, default=64)
+    args = parser.parse_args(argv)
+    asyncio.run(_serve_forever(args.port, args.latency_ms / 1000.0, args.embedding_dim))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
