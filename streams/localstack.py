@@ -1,0 +1,824 @@
+"""A real single-node Kafka broker (KRaft) on loopback, without Docker.
+
+Why this exists: the service's contract with Kafka (keyed partitioning,
+consumer-group rebalances, offsets, exactly-once) is exactly what mocks get
+wrong, and neither CI nor developer machines here have a Docker engine. The
+broker's jars come from Maven Central through ``infra/kafka/pom.xml`` (the one
+registry every machine reaches), are cached per Kafka version, and the broker
+runs as a plain ``java`` child process with its data under a directory the
+caller owns, so several brokers (parallel test sessions, ``dev up``) never
+share ports or files.
+
+In-process::
+
+    with start_kafka(tmp_path / "kafka") as broker:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+
+From a shell (CI), in the background; prints ``KAFKA_BOOTSTRAP=127.0.0.1:PORT``
+once clients can connect and stops the broker on SIGTERM or SIGINT::
+
+    python -m streams.localstack jars            # resolve the jars, print lib dir
+    python -m streams.localstack kafka --data-dir var/kafka --ready-file var/kafka.env &
+
+``write_state``/``read_state`` keep ``<state_dir>/stack.json`` so that a later
+``dev status``/``dev down`` finds what ``dev up`` started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KAFKA_INFRA_DIR = REPO_ROOT / "infra" / "kafka"
+KAFKA_POM = KAFKA_INFRA_DIR / "pom.xml"
+KAFKA_LOG4J_CONFIG = KAFKA_INFRA_DIR / "log4j2.properties"
+
+#: Marks a jar folder whose copy finished; holds the pom's digest so that a
+#: changed pom (new version, new logging backend) re-resolves.
+JARS_MARKER = ".resolved"
+
+LOOPBACK = "127.0.0.1"
+NODE_ID = 1
+MIN_JAVA_MAJOR = 17
+
+DEFAULT_HEAP_OPTS: tuple[str, ...] = ("-Xmx512m", "-Xms256m")
+#: Serial GC rather than Kafka's G1: no concurrent GC threads competing with the
+#: tests for the machine's 2 cores, and a 512 MiB heap keeps its pauses short.
+#: Start-up time and RSS measured the same with either.
+DEFAULT_JVM_OPTS: tuple[str, ...] = (
+    "-XX:+UseSerialGC",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.awt.headless=true",
+)
+
+_INSTALL_HINT = (
+    "install OpenJDK 17+ and Maven "
+    "(Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless maven)"
+)
+
+
+class LocalStackError(RuntimeError):
+    """Raised when the local stack cannot be prepared or started."""
+
+
+class MissingToolError(LocalStackError):
+    """``java`` or ``mvn`` is absent or too old: nothing here can fix that."""
+
+
+class BrokerStartError(LocalStackError):
+    """The broker process exited or never answered; the message has its log tail."""
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def _which(tool: str, env_var: str) -> str:
+    override = os.environ.get(env_var)
+    if override:
+        return override
+    found = shutil.which(tool)
+    if found is None:
+        raise MissingToolError(f"`{tool}` not found on PATH: {_INSTALL_HINT}")
+    return found
+
+
+@cache
+def find_java() -> str:
+    """Path of a ``java`` new enough for the broker (Kafka 4 needs 17+).
+
+    Checked up front because an old JVM fails deep inside class loading with
+    an ``UnsupportedClassVersionError`` that names no fix.
+    """
+    java = _which("java", "KAFKA_JAVA")
+    try:
+        out = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except OSError as exc:
+        raise MissingToolError(f"cannot run {java}: {exc}; {_INSTALL_HINT}") from exc
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if match is None:
+        raise MissingToolError(f"cannot tell the version of {java}; {_INSTALL_HINT}")
+    major = int(match.group(1))
+    if major == 1 and match.group(2):  # "1.8.0_xxx"
+        major = int(match.group(2))
+    if major < MIN_JAVA_MAJOR:
+        raise MissingToolError(f"{java} is Java {major}, the broker needs 17+: {_INSTALL_HINT}")
+    return java
+
+
+def find_mvn() -> str:
+    return _which("mvn", "KAFKA_MVN")
+
+
+# --------------------------------------------------------------------------- jars
+
+
+def kafka_version(pom: Path = KAFKA_POM) -> str:
+    """The pinned Kafka version, read from the pom so it is stated only once."""
+    root = ET.parse(pom).getroot()
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    node = root.find("m:properties/m:kafka.version", ns)
+    if node is None or not (node.text or "").strip():
+        raise LocalStackError(f"{pom} has no <properties><kafka.version>")
+    return (node.text or "").strip()
+
+
+def default_jars_dir(version: str | None = None) -> Path:
+    """Where the broker's jars live: ``$KAFKA_JARS_DIR`` or a per-version user cache."""
+    override = os.environ.get("KAFKA_JARS_DIR")
+    if override:
+        return Path(override).expanduser()
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache_home / "context-compactor" / f"kafka-{version or kafka_version()}" / "lib"
+
+
+def _pom_digest(pom: Path) -> str:
+    return hashlib.sha256(pom.read_bytes()).hexdigest()
+
+
+def jars_ready(jars_dir: Path, pom: Path = KAFKA_POM) -> bool:
+    marker = jars_dir / JARS_MARKER
+    try:
+        return marker.read_text().strip() == _pom_digest(pom)
+    except OSError:
+        return False
+
+
+def ensure_kafka_jars(
+    jars_dir: Path | None = None, *, pom: Path = KAFKA_POM, timeout: float = 900.0
+) -> Path:
+    """The folder holding the broker's classpath, resolving it with Maven first if needed.
+
+    Resolution happens into a scratch folder that is renamed into place, under
+    a file lock: two test sessions starting at once must neither run Maven
+    twice into the same folder nor see a half-copied classpath.
+    """
+    target = jars_dir if jars_dir is not None else default_jars_dir(kafka_version(pom))
+    if jars_ready(target, pom):
+        return target
+    mvn = find_mvn()
+    find_java()  # Maven needs it too; fail with the same install hint.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if jars_ready(target, pom):
+            return target
+        scratch = target.parent / f".{target.name}.tmp-{os.getpid()}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-Dstyle.color=never",
+            "-f",
+            str(pom),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={scratch}",
+        ]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise LocalStackError(f"Maven did not resolve Kafka within {timeout:.0f}s") from exc
+        if proc.returncode != 0 or not any(scratch.glob("kafka_2.13-*.jar")):
+            shutil.rmtree(scratch, ignore_errors=True)
+            tail = _tail_text(proc.stdout + proc.stderr, 40)
+            raise LocalStackError(
+                f"Maven could not resolve the Kafka jars (exit {proc.returncode}):\n"
+                f"$ {' '.join(cmd)}\n{tail}"
+            )
+        (scratch / JARS_MARKER).write_text(_pom_digest(pom) + "\n")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(scratch, target)
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with path.open("a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- wire probe
+
+
+def _parse_bootstrap(bootstrap: str) -> list[tuple[str, int]]:
+    hosts: list[tuple[str, int]] = []
+    for item in bootstrap.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        item = item.removeprefix("kafka://").removeprefix("PLAINTEXT://")
+        host, _, port = item.rpartition(":")
+        hosts.append((host.strip("[]") or LOOPBACK, int(port)))
+    return hosts
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise ConnectionError("broker closed the connection")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def probe_brokers(host: str, port: int, timeout: float = 2.0) -> list[tuple[int, str, int]]:
+    """Ask one address for cluster metadata; returns ``(node_id, host, port)`` per broker.
+
+    A hand-rolled Metadata v4 request rather than a client library: it is
+    synchronous (usable from fixtures, CLIs and running event loops alike),
+    and unlike a bare TCP connect it only succeeds once the broker is
+    registered and serving, which is what "ready" has to mean.
+    """
+    client_id = b"localstack-probe"
+    header = struct.pack(">hhih", 3, 4, 1, len(client_id)) + client_id
+    body = struct.pack(">ib", 0, 0)  # no topics, no auto-creation
+    request = header + body
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.settimeout(timeout)
+        sock.sendall(struct.pack(">i", len(request)) + request)
+        (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+        payload = _recv_exact(sock, size)
+    correlation_id, _throttle, count = struct.unpack_from(">iii", payload, 0)
+    if correlation_id != 1:
+        raise ConnectionError("unexpected correlation id in metadata response")
+    offset = 12
+    brokers: list[tuple[int, str, int]] = []
+    for _ in range(count):
+        (node_id, host_len) = struct.unpack_from(">ih", payload, offset)
+        offset += 6
+        broker_host = payload[offset : offset + host_len].decode()
+        offset += host_len
+        (broker_port, rack_len) = struct.unpack_from(">ih", payload, offset)
+        offset += 6 + max(rack_len, 0)
+        brokers.append((node_id, broker_host, broker_port))
+    return brokers
+
+
+def is_reachable(bootstrap: str, timeout: float = 2.0) -> bool:
+    """True if any bootstrap address answers a metadata request listing a broker."""
+    for host, port in _parse_bootstrap(bootstrap):
+        try:
+            if probe_brokers(host, port, timeout):
+                return True
+        except (OSError, ValueError, struct.error):
+            continue
+    return False
+
+
+# --------------------------------------------------------------------------- broker
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def new_cluster_id() -> str:
+    """A Kafka cluster id (base64url of a UUID), made here to spare a JVM start."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still "exists"; it is not a running broker.
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _runs_broker(pid: int, properties: Path) -> bool:
+    """Whether ``pid`` is a live broker reading ``properties``.
+
+    A stale pid file (broker killed, machine rebooted) may name a pid that
+    now belongs to something else entirely.
+    """
+    if not pid_alive(pid):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no /proc: trust the pid
+    return str(properties).encode() in argv
+
+
+def stop_process(pid: int, timeout: float = 20.0) -> bool:
+    """Stop a broker this process did not start (``dev down``): SIGTERM, then SIGKILL.
+
+    A broker leads its own process group, so the group is signalled when the
+    pid leads one. Returns False if the process was already gone.
+    """
+    if not pid_alive(pid):
+        return False
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                return True
+            time.sleep(0.1)
+    return True
+
+
+def _tail_text(text: str, lines: int) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _parent_death_preexec() -> Callable[[], None] | None:
+    """A pre-exec hook that has the kernel SIGKILL the broker when its parent dies.
+
+    Without it a crashed test session leaves a JVM holding ports and half a
+    gigabyte until someone notices. libc is looked up here, in the parent,
+    because importing or loading anything between fork and exec can deadlock.
+    Linux only; elsewhere the broker simply outlives a crashed parent.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+
+    return preexec
+
+
+class KafkaBroker:
+    """One broker+controller JVM whose files all live under ``data_dir``.
+
+    ``data_dir`` holds ``server.properties``, ``broker.log`` (the JVM's
+    stdout/stderr), ``broker.pid`` and ``kafka-logs/``. Reusing a data dir
+    keeps topics and offsets; two live brokers can never share one.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        controller_port: int | None = None,
+        *,
+        num_partitions: int = 4,
+        jars_dir: Path | None = None,
+        extra_config: Mapping[str, str | int] | None = None,
+        heap_opts: Sequence[str] = DEFAULT_HEAP_OPTS,
+        jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
+        die_with_parent: bool = True,
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port if port is not None else free_port()
+        self.controller_port = controller_port if controller_port is not None else free_port()
+        while self.controller_port == self.port:
+            self.controller_port = free_port()
+        self.num_partitions = num_partitions
+        self.jars_dir = jars_dir
+        self.extra_config = dict(extra_config or {})
+        self.heap_opts = tuple(heap_opts)
+        self.jvm_opts = tuple(jvm_opts) + tuple(os.environ.get("KAFKA_JVM_OPTS", "").split())
+        self.die_with_parent = die_with_parent
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # ----------------------------------------------------------- properties
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def log_dirs(self) -> Path:
+        return self.data_dir / "kafka-logs"
+
+    @property
+    def properties_path(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.data_dir / "broker.pid"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def server_properties(self) -> dict[str, str]:
+        """The broker's configuration: single node, loopback only, tuned for tests.
+
+        Replication factors and ISR sizes are 1 because there is one node;
+        internal topics get few partitions and session timeouts may be short
+        so that group joins and failover tests finish in seconds.
+        """
+        props: dict[str, str | int] = {
+            "process.roles": "broker,controller",
+            "node.id": NODE_ID,
+            "controller.quorum.voters": f"{NODE_ID}@{LOOPBACK}:{self.controller_port}",
+            "listeners": (
+                f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.log_dirs),
+            "num.partitions": self.num_partitions,
+            "default.replication.factor": 1,
+            "min.insync.replicas": 1,
+            "auto.create.topics.enable": "true",
+            "delete.topic.enable": "true",
+            "offsets.topic.replication.factor": 1,
+            "offsets.topic.num.partitions": 4,
+            "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1,
+            "transaction.state.log.num.partitions": 4,
+            "share.coordinator.state.topic.replication.factor": 1,
+            "share.coordinator.state.topic.min.isr": 1,
+            "group.initial.rebalance.delay.ms": 0,
+            "group.min.session.timeout.ms": 1000,
+            "group.consumer.min.session.timeout.ms": 1000,
+            "group.consumer.min.heartbeat.interval.ms": 500,
+            # After a crash the controller waits out the dead incarnation's
+            # session before accepting the restarted broker: 9 s by default.
+            "broker.session.timeout.ms": 4000,
+            "broker.heartbeat.interval.ms": 500,
+            "num.network.threads": 2,
+            "num.io.threads": 4,
+            "num.recovery.threads.per.data.dir": 1,
+            "log.segment.bytes": 16 * 1024 * 1024,
+            "log.index.size.max.bytes": 1024 * 1024,
+            "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
+            "log.cleaner.threads": 1,
+        }
+        props.update(self.extra_config)
+        return {key: str(value) for key, value in props.items()}
+
+    # ----------------------------------------------------------- lifecycle
+
+    def _java_cmd(self, main_class: str, *args: str, heap: Sequence[str]) -> list[str]:
+        jars = self.jars_dir if self.jars_dir is not None else ensure_kafka_jars()
+        return [
+            find_java(),
+            *heap,
+            *self.jvm_opts,
+            f"-Dlog4j2.configurationFile={KAFKA_LOG4J_CONFIG}",
+            "-cp",
+            f"{jars}/*",
+            main_class,
+            *args,
+        ]
+
+    def _check_not_running_elsewhere(self) -> None:
+        try:
+            other = int(self.pid_path.read_text().strip())
+        except (OSError, ValueError):
+            return
+        if other != os.getpid() and _runs_broker(other, self.properties_path):
+            raise LocalStackError(
+                f"a broker (pid {other}) already runs in {self.data_dir}; "
+                "stop it or give this one another data dir"
+            )
+
+    def _format_storage(self) -> None:
+        """Write the KRaft metadata a broker refuses to start without (skipped when present)."""
+        if (self.log_dirs / "meta.properties").exists():
+            return
+        cmd = self._java_cmd(
+            "kafka.tools.StorageTool",
+            "format",
+            "--cluster-id",
+            new_cluster_id(),
+            "--config",
+            str(self.properties_path),
+            "--ignore-formatted",
+            heap=("-Xmx256m", "-XX:TieredStopAtLevel=1"),
+        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        if proc.returncode != 0:
+            raise BrokerStartError(
+                f"formatting {self.log_dirs} failed (exit {proc.returncode}):\n"
+                + _tail_text(proc.stdout + proc.stderr, 30)
+            )
+
+    def start(self) -> Self:
+        """Write the config, format storage if new, and launch the JVM (not yet ready)."""
+        if self.is_running():
+            return self
+        if self.jars_dir is None:
+            self.jars_dir = ensure_kafka_jars()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._check_not_running_elsewhere()
+        self.properties_path.write_text(
+            "".join(f"{key}={value}\n" for key, value in self.server_properties().items())
+        )
+        self._format_storage()
+        cmd = self._java_cmd("kafka.Kafka", str(self.properties_path), heap=self.heap_opts)
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== starting broker: {' '.join(cmd)}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                start_new_session=True,  # own process group: signals from a TTY skip it
+                preexec_fn=_parent_death_preexec() if self.die_with_parent else None,
+            )
+        self.pid_path.write_text(f"{self._proc.pid}\n")
+        return self
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no broker log)"
+        return _tail_text(text, lines)
+
+    def wait_ready(self, timeout: float = 60.0) -> Self:
+        """Block until a metadata request lists this broker; raise with its log otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._proc is None:
+                raise BrokerStartError("broker was never started")
+            code = self._proc.poll()
+            if code is not None:
+                raise BrokerStartError(
+                    f"Kafka broker exited with code {code} before becoming ready; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                if any(node == NODE_ID for node, _, _ in probe_brokers(LOOPBACK, self.port, 1.0)):
+                    return self
+            except (OSError, struct.error, ValueError):
+                pass
+            if time.monotonic() >= deadline:
+                raise BrokerStartError(
+                    f"Kafka broker not ready on {self.bootstrap_servers} after {timeout:.0f}s; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(0.2)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM for a clean shutdown (flushes logs, closes the quorum), SIGKILL if it hangs."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        with contextlib.suppress(OSError, ValueError):
+            if int(self.pid_path.read_text().strip()) == proc.pid:
+                self.pid_path.unlink()
+
+    def __enter__(self) -> Self:
+        if not self.is_running():
+            self.start().wait_ready()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"KafkaBroker({self.bootstrap_servers}, data_dir={self.data_dir}, pid={self.pid})"
+
+
+def start_kafka(
+    data_dir: Path,
+    port: int | None = None,
+    controller_port: int | None = None,
+    *,
+    num_partitions: int = 4,
+    ready_timeout: float = 90.0,
+    extra_config: Mapping[str, str | int] | None = None,
+    die_with_parent: bool = True,
+) -> KafkaBroker:
+    """Start a broker and wait until clients can use it.
+
+    Free ports are picked by binding port 0 and releasing it, which leaves a
+    window in which another process may grab the port; if the broker then
+    fails to bind and the ports were ours to choose, it is retried on new ones.
+    """
+    jars = ensure_kafka_jars()
+    attempts = 3 if port is None or controller_port is None else 1
+    for attempt in range(1, attempts + 1):
+        broker = KafkaBroker(
+            data_dir,
+            port,
+            controller_port,
+            num_partitions=num_partitions,
+            jars_dir=jars,
+            extra_config=extra_config,
+            die_with_parent=die_with_parent,
+        )
+        try:
+            return broker.start().wait_ready(ready_timeout)
+        except BrokerStartError as exc:
+            broker.stop()
+            if attempt == attempts or "Address already in use" not in str(exc):
+                raise
+        except BaseException:
+            broker.stop()
+            raise
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------- state file
+
+
+@dataclasses.dataclass
+class StackState:
+    """What ``dev up`` started, for ``dev status``/``dev down`` in a later process."""
+
+    kafka_bootstrap: str | None = None
+    postgres_dsn: str | None = None
+    pids: dict[str, int] = dataclasses.field(default_factory=dict)
+    data_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
+    started_at: float = dataclasses.field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StackState:
+        return cls(
+            kafka_bootstrap=data.get("kafka_bootstrap"),
+            postgres_dsn=data.get("postgres_dsn"),
+            pids={str(k): int(v) for k, v in dict(data.get("pids") or {}).items()},
+            data_dirs={str(k): str(v) for k, v in dict(data.get("data_dirs") or {}).items()},
+            started_at=float(data.get("started_at") or 0.0),
+        )
+
+    def alive_pids(self) -> dict[str, int]:
+        return {name: pid for name, pid in self.pids.items() if pid_alive(pid)}
+
+
+def state_path(state_dir: Path) -> Path:
+    return Path(state_dir) / "stack.json"
+
+
+def write_state(state_dir: Path, state: StackState) -> Path:
+    """Atomically replace ``stack.json``, so a concurrent reader never sees half a file."""
+    path = state_path(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_state(state_dir: Path) -> StackState | None:
+    try:
+        data = json.loads(state_path(state_dir).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise LocalStackError(f"unreadable {state_path(state_dir)}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise LocalStackError(f"unreadable {state_path(state_dir)}: not an object")
+    return StackState.from_json(data)
+
+
+def clear_state(state_dir: Path) -> None:
+    state_path(state_dir).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _run_foreground(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+
+    started = time.monotonic()
+    broker = start_kafka(
+        Path(args.data_dir),
+        args.port,
+        args.controller_port,
+        num_partitions=args.partitions,
+        ready_timeout=args.ready_timeout,
+    )
+    try:
+        line = f"KAFKA_BOOTSTRAP={broker.bootstrap_servers}"
+        if args.ready_file:
+            ready = Path(args.ready_file)
+            ready.parent.mkdir(parents=True, exist_ok=True)
+            tmp = ready.with_name(f".{ready.name}.tmp")
+            tmp.write_text(f"{line}\nKAFKA_PID={broker.pid}\n")
+            os.replace(tmp, ready)
+        print(line, flush=True)
+        print(
+            f"kafka ready in {time.monotonic() - started:.1f}s "
+            f"(pid {broker.pid}, log {broker.log_path})",
+            file=sys.stderr,
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            if not broker.is_running():
+                print(f"kafka broker died:\n{broker.log_tail()}", file=sys.stderr, flush=True)
+                return 1
+        return 0
+    finally:
+        broker.stop()
+        if args.ready_file:
+            Path(args.ready_file).unlink(missing_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m streams.localstack", description="Local Kafka for tests and dev."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("jars", help="resolve the broker jars (Maven) and print their folder")
+    kafka = sub.add_parser("kafka", help="run a broker in the foreground until SIGTERM/SIGINT")
+    kafka.add_argument("--data-dir", required=True, help="broker files; reused across runs")
+    kafka.add_argument("--port", type=int, default=None, help="client port (default: free)")
+    kafka.add_argument("--controller-port", type=int, default=None)
+    kafka.add_argument("--partitions", type=int, default=4, help="num.partitions")
+    kafka.add_argument("--ready-timeout", type=float, default=90.0)
+    kafka.add_argument(
+        "--ready-file", default=None, help="write KAFKA_BOOTSTRAP=... here once ready"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "jars":
+            print(ensure_kafka_jars())
+            return 0
+        return _run_foreground(args)
+    except LocalStackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
