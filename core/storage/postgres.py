@@ -1,0 +1,640 @@
+"""PostgreSQL adapter for ``MessageStore`` and ``MemoryStore``.
+
+Everything one compaction writes happens in one transaction, keyed by
+``compaction_id`` so a redelivered command is a no-op, and serialised per
+conversation by an advisory lock so two compactions of one conversation
+cannot interleave. Embeddings are computed before that transaction opens: a
+slow or failing embedding service must neither hold locks nor fail a
+compaction, it only costs the vector half of search for those batches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import asyncpg
+from pgvector.asyncpg import register_vector
+
+from core.compaction import CompactionPlan, StoredBatch, SummaryBatch
+from core.embedding.port import Embedder
+from core.messages import ConversationMessage, ToolCall
+from core.storage.migrate import migrate
+from core.storage.ports import (
+    ApplyOutcome,
+    HistoryConflictError,
+    MemoryHit,
+    MemorySearchResult,
+    MemoryStore,
+    MessageStore,
+)
+from core.tokens import estimate_message_tokens
+
+if TYPE_CHECKING:
+    from core.storage.migrate import AnyConnection
+
+log = logging.getLogger(__name__)
+
+RRF_K = 60
+"""Reciprocal-rank-fusion constant: the usual 60 keeps one list's top hit from
+drowning a document that ranks well in both."""
+
+MAX_LIMIT = 100
+
+# Class id for the two-int advisory lock space ("ccmp"); the object id is
+# hashtext(conversation_id). Kept apart from the migration lock's bigint key.
+CONVERSATION_LOCK_CLASS = int.from_bytes(b"ccmp", "big")
+
+# pgvector's limit for the ``vector`` type.
+_MAX_VECTOR_DIMS = 16_000
+
+# websearch_to_tsquery syntax the caller may rely on: quoted phrases, OR, -exclusion.
+_SEARCH_SYNTAX_RE = re.compile(r'"|(?:^|\s)-\S|\bor\b', re.IGNORECASE)
+
+_HIT_COLUMNS = """
+    m.id, m.seq, m.label, m.conversation_id, m.content, m.depth, m.start_time,
+    m.end_time, m.message_count, m.superseded_by IS NOT NULL AS superseded
+"""
+
+# Rows matching every query term rank first (ts_rank_cd against the strict
+# query), then rows matching only some terms: an LLM's natural-language
+# question rarely shares every word with the summary that answers it.
+_TEXT_SEARCH_SQL = f"""
+WITH q AS (
+    SELECT websearch_to_tsquery('english', $1) AS strict,
+           CASE WHEN $4::boolean THEN websearch_to_tsquery('english', $1)
+           ELSE coalesce(
+               (SELECT string_agg(quote_literal(t.lexeme), ' | ')
+                  FROM unnest(to_tsvector('english', $1)) AS t
+                 WHERE strpos(t.lexeme, E'\\\\') = 0),
+               ''
+           )::tsquery
+           END AS loose
+)
+SELECT {_HIT_COLUMNS},
+       m.content_tsv @@ q.strict AS all_terms,
+       ts_rank_cd(m.content_tsv, q.strict) AS strict_rank,
+       ts_rank_cd(m.content_tsv, q.loose) AS loose_rank
+  FROM archival_memory AS m, q
+ WHERE (m.content_tsv @@ q.strict OR m.content_tsv @@ q.loose)
+   AND ($2::text IS NULL OR m.conversation_id = $2)
+ ORDER BY all_terms DESC, strict_rank DESC, loose_rank DESC, m.seq DESC
+ LIMIT $3
+"""
+
+_VECTOR_SEARCH_SQL = f"""
+SELECT {_HIT_COLUMNS},
+       m.embedding <=> $1::vector AS distance
+  FROM archival_memory AS m
+ WHERE m.embedding IS NOT NULL
+   AND m.embedding_model = $2
+   AND vector_dims(m.embedding) = $3
+   AND ($4::text IS NULL OR m.conversation_id = $4)
+ ORDER BY distance, m.seq DESC
+ LIMIT $5
+"""
+
+_BATCH_COLUMNS = """
+    id, label, conversation_id, content, depth, start_time, end_time, message_count,
+    source_message_ids, compaction_id, superseded_by
+"""
+
+
+def _dump_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+async def configure_connection(conn: asyncpg.Connection) -> None:
+    """Per-connection codecs: jsonb as Python objects, ``vector`` as pgvector's type.
+
+    Pass as ``init=`` to any pool handed to ``PostgresStore``; the ``vector``
+    type must exist (run ``migrate`` first).
+    """
+    await conn.set_type_codec(
+        "jsonb", encoder=_dump_json, decoder=json.loads, schema="pg_catalog", format="text"
+    )
+    await register_vector(conn)
+
+
+@dataclass(slots=True)
+class _Candidate:
+    row: Any
+    text_rank: int | None = None
+    vector_rank: int | None = None
+    score: float = 0.0
+
+
+class PostgresStore:
+    """``MessageStore`` and ``MemoryStore`` over one asyncpg pool.
+
+    With an ``embedder``, batches are embedded on archive and ``memory_read``
+    fuses vector and full-text ranks; without one, search is full-text only.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        embedder: Embedder | None = None,
+        *,
+        candidates_per_half: int = 50,
+    ) -> None:
+        if candidates_per_half < 1:
+            raise ValueError("candidates_per_half must be >= 1")
+        self._pool = pool
+        self._embedder = embedder
+        self._candidates_per_half = candidates_per_half
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        embedder: Embedder | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        run_migrations: bool = True,
+    ) -> PostgresStore:
+        """A store with its own pool, migrating the database first by default.
+
+        Migrations run on a separate connection before the pool exists, since
+        the pool's connections register the ``vector`` codec, which needs the
+        extension the first migration creates.
+        """
+        if run_migrations:
+            await migrate(dsn)
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, init=configure_connection
+        )
+        return cls(pool, embedder)
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self._pool
+
+    @property
+    def embedder(self) -> Embedder | None:
+        return self._embedder
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    # -- MessageStore --------------------------------------------------------
+
+    async def save_message(self, message: ConversationMessage, token_estimate: int) -> bool:
+        if token_estimate < 0:
+            raise ValueError("token_estimate must be >= 0")
+        inserted = await self._pool.fetchval(
+            """
+            INSERT INTO messages (id, conversation_id, role, content, tool_calls,
+                                  tool_call_id, created_at, token_estimate)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            ON CONFLICT (id) DO NOTHING
+            RETURNING id
+            """,
+            message.id,
+            message.conversation_id,
+            message.role,
+            message.content,
+            _tool_calls_json(message.tool_calls),
+            message.tool_call_id,
+            message.created_at,
+            token_estimate,
+        )
+        return inserted is not None
+
+    async def load_history(
+        self, conversation_id: str, *, as_of: datetime | None = None
+    ) -> list[ConversationMessage]:
+        if as_of is not None and as_of.utcoffset() is None:
+            # asyncpg would read a naive cutoff as UTC; a local-time caller would silently lose
+            # or gain messages.
+            raise ValueError("as_of must be timezone-aware")
+        rows = await self._pool.fetch(
+            """
+            SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at
+              FROM messages
+             WHERE conversation_id = $1
+               AND (kind = 'clip_archive' OR $2::timestamptz IS NULL OR created_at <= $2)
+             ORDER BY (kind = 'clip_archive') DESC, created_at, id
+            """,
+            conversation_id,
+            as_of,
+        )
+        return [_row_to_message(row) for row in rows]
+
+    async def compaction_applied(self, compaction_id: str) -> bool:
+        found = await self._pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM compactions WHERE compaction_id = $1)", compaction_id
+        )
+        return bool(found)
+
+    async def apply_compaction(self, plan: CompactionPlan) -> ApplyOutcome:
+        _check_plan(plan)
+        if await self.compaction_applied(plan.compaction_id):
+            # Redelivered command: skip the embedding round-trip. The transaction
+            # below re-checks, so a race here is harmless.
+            return "already_applied"
+        vectors, model = await self._embed_batches(plan.new_batches)
+
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                CONVERSATION_LOCK_CLASS,
+                plan.conversation_id,
+            )
+            recorded = await conn.fetchval(
+                """
+                INSERT INTO compactions (compaction_id, conversation_id, messages_compressed,
+                                         batches_created, tokens_before, tokens_after)
+                VALUES ($1, $2, $3, $4, $5, $6)
+                ON CONFLICT (compaction_id) DO NOTHING
+                RETURNING compaction_id
+                """,
+                plan.compaction_id,
+                plan.conversation_id,
+                plan.messages_compressed,
+                len(plan.new_batches),
+                plan.tokens_estimate_before,
+                plan.tokens_estimate_after,
+            )
+            if recorded is None:
+                return "already_applied"
+            await _supersede(conn, plan)
+            await _insert_batches(conn, plan.new_batches, vectors, model)
+            await _place_resummarised(conn, plan)
+            await _delete_compacted(conn, plan)
+            await _insert_clip_archive(conn, plan)
+        return "applied"
+
+    # -- MemoryStore ---------------------------------------------------------
+
+    async def live_batches(self, conversation_id: str) -> list[StoredBatch]:
+        rows = await self._pool.fetch(
+            f"""
+            SELECT {_BATCH_COLUMNS}
+              FROM archival_memory
+             WHERE conversation_id = $1 AND superseded_by IS NULL
+             ORDER BY coalesce(archive_order, seq), seq
+            """,
+            conversation_id,
+        )
+        return [_row_to_batch(row) for row in rows]
+
+    async def memory_read(
+        self, query: str, conversation_id: str | None = None, limit: int = 5
+    ) -> MemorySearchResult:
+        text = query.strip()
+        if not text:
+            raise ValueError("memory_read needs a non-empty query")
+        if not 1 <= limit <= MAX_LIMIT:
+            raise ValueError(f"memory_read limit must be between 1 and {MAX_LIMIT}, got {limit}")
+        per_half = max(self._candidates_per_half, limit)
+
+        text_rows = await self._pool.fetch(
+            _TEXT_SEARCH_SQL,
+            text,
+            conversation_id,
+            per_half,
+            _SEARCH_SYNTAX_RE.search(text) is not None,
+        )
+        mode: Literal["hybrid", "full_text"] = "full_text"
+        vector_rows: list[Any] = []
+        query_vector = await self._embed_query(text)
+        if query_vector is not None and self._embedder is not None:
+            mode = "hybrid"
+            rows = await self._pool.fetch(
+                _VECTOR_SEARCH_SQL,
+                query_vector,
+                self._embedder.model,
+                len(query_vector),
+                conversation_id,
+                per_half,
+            )
+            # A zero vector has no direction: its cosine distance is NaN, not a rank.
+            vector_rows = [row for row in rows if not math.isnan(row["distance"])]
+
+        hits = _fuse(text_rows, vector_rows)[:limit]
+        return MemorySearchResult(hits=tuple(hits), mode=mode)
+
+    # -- for the service -----------------------------------------------------
+
+    async def conversation_token_total(self, conversation_id: str) -> int:
+        """Estimated tokens of the conversation as the model would now see it."""
+        total = await self._pool.fetchval(
+            "SELECT coalesce(sum(token_estimate), 0) FROM messages WHERE conversation_id = $1",
+            conversation_id,
+        )
+        return int(total)
+
+    async def conversations_over(self, threshold: int) -> list[tuple[str, int]]:
+        """Conversations whose estimate exceeds ``threshold``, largest first.
+
+        Strictly greater, as ``core.budget.over_budget`` decides.
+        """
+        rows = await self._pool.fetch(
+            """
+            SELECT conversation_id, sum(token_estimate) AS total
+              FROM messages
+             GROUP BY conversation_id
+            HAVING sum(token_estimate) > $1
+             ORDER BY total DESC, conversation_id
+            """,
+            threshold,
+        )
+        return [(str(row["conversation_id"]), int(row["total"])) for row in rows]
+
+    # -- embeddings ----------------------------------------------------------
+
+    async def _embed_batches(
+        self, batches: Sequence[StoredBatch]
+    ) -> tuple[list[list[float]] | None, str | None]:
+        if self._embedder is None or not batches:
+            return None, None
+        texts = [b.batch.content for b in batches]
+        try:
+            vectors = await self._embedder.embed(texts)
+            _check_vectors(vectors, len(texts))
+        except Exception as error:
+            # Archiving matters more than the vector index: these rows stay
+            # findable by full text.
+            log.warning(
+                "embedding %d batches with %s failed, storing them without embeddings: %s",
+                len(texts),
+                self._embedder.model,
+                error,
+            )
+            return None, None
+        return vectors, self._embedder.model
+
+    async def _embed_query(self, text: str) -> list[float] | None:
+        if self._embedder is None:
+            return None
+        try:
+            vectors = await self._embedder.embed([text])
+            _check_vectors(vectors, 1)
+        except Exception as error:
+            log.warning("embedding a memory_read query failed, searching full text only: %s", error)
+            return None
+        return vectors[0]
+
+
+# -- apply_compaction steps (inside the transaction) --------------------------
+
+
+async def _supersede(conn: AnyConnection, plan: CompactionPlan) -> None:
+    if not plan.superseded:
+        return
+    existing = [old for old, _ in plan.superseded]
+    replacing = [new for _, new in plan.superseded]
+    rows = await conn.fetch(
+        """
+        UPDATE archival_memory AS m
+           SET superseded_by = s.replacing
+          FROM unnest($1::text[], $2::text[]) AS s(existing, replacing)
+         WHERE m.id = s.existing
+           AND m.conversation_id = $3
+           AND m.superseded_by IS NULL
+        RETURNING m.id
+        """,
+        existing,
+        replacing,
+        plan.conversation_id,
+    )
+    if len(rows) != len(existing):
+        missing = sorted(set(existing) - {row["id"] for row in rows})
+        raise HistoryConflictError(
+            f"compaction {plan.compaction_id}: batches to supersede are gone or already "
+            f"superseded: {_preview(missing)}"
+        )
+
+
+async def _insert_batches(
+    conn: AnyConnection,
+    batches: Sequence[StoredBatch],
+    vectors: list[list[float]] | None,
+    model: str | None,
+) -> None:
+    if not batches:
+        return
+    await conn.executemany(
+        """
+        INSERT INTO archival_memory (id, label, conversation_id, content, depth, start_time,
+                                     end_time, message_count, source_message_ids,
+                                     compaction_id, superseded_by, embedding, embedding_model)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+        ON CONFLICT (id) DO NOTHING
+        """,
+        [
+            (
+                stored.id,
+                stored.label,
+                stored.conversation_id,
+                stored.batch.content,
+                stored.batch.depth,
+                stored.batch.start_time,
+                stored.batch.end_time,
+                stored.batch.message_count,
+                list(stored.batch.source_message_ids),
+                stored.compaction_id,
+                stored.superseded_by,
+                vectors[index] if vectors is not None else None,
+                model if vectors is not None else None,
+            )
+            for index, stored in enumerate(batches)
+        ],
+    )
+
+
+async def _place_resummarised(conn: AnyConnection, plan: CompactionPlan) -> None:
+    """A re-summarised batch takes the clip-archive slot of the earliest batch it folds in.
+
+    Creation order alone would put it after the newer batches it was written
+    alongside, while it covers the oldest history.
+    """
+    await conn.execute(
+        """
+        UPDATE archival_memory AS m
+           SET archive_order = s.first_slot
+          FROM (SELECT superseded_by AS id, min(coalesce(archive_order, seq)) AS first_slot
+                  FROM archival_memory
+                 WHERE conversation_id = $1 AND superseded_by = ANY($2::text[])
+                 GROUP BY superseded_by) AS s
+         WHERE m.id = s.id AND m.conversation_id = $1
+        """,
+        plan.conversation_id,
+        [stored.id for stored in plan.new_batches],
+    )
+
+
+async def _delete_compacted(conn: AnyConnection, plan: CompactionPlan) -> None:
+    wanted = set(plan.deleted_message_ids)
+    if not wanted:
+        return
+    rows = await conn.fetch(
+        "DELETE FROM messages WHERE id = ANY($1::text[]) AND conversation_id = $2 RETURNING id",
+        list(wanted),
+        plan.conversation_id,
+    )
+    if len(rows) != len(wanted):
+        missing = sorted(wanted - {row["id"] for row in rows})
+        raise HistoryConflictError(
+            f"compaction {plan.compaction_id}: {len(missing)} message(s) it compacts are no "
+            f"longer in conversation {plan.conversation_id}: {_preview(missing)}"
+        )
+
+
+async def _insert_clip_archive(conn: AnyConnection, plan: CompactionPlan) -> None:
+    clip = plan.clip_archive
+    try:
+        await conn.execute(
+            """
+            INSERT INTO messages (id, conversation_id, role, content, tool_calls, tool_call_id,
+                                  created_at, token_estimate, kind, compaction_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'clip_archive', $9)
+            """,
+            clip.id,
+            clip.conversation_id,
+            clip.role,
+            clip.content,
+            _tool_calls_json(clip.tool_calls),
+            clip.tool_call_id,
+            clip.created_at,
+            estimate_message_tokens(clip),
+            plan.compaction_id,
+        )
+    except asyncpg.UniqueViolationError as error:
+        # Either another clip-archive exists that the plan did not know to
+        # replace, or the id is taken: the plan was computed from stale history.
+        raise HistoryConflictError(
+            f"compaction {plan.compaction_id}: cannot insert clip-archive {clip.id}: "
+            f"{error.detail or error}"
+        ) from error
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _check_plan(plan: CompactionPlan) -> None:
+    """Reject plans that would write across conversations or collide with themselves."""
+    conversation = plan.conversation_id
+    foreign = [b.id for b in plan.new_batches if b.conversation_id != conversation]
+    if foreign or plan.clip_archive.conversation_id != conversation:
+        raise ValueError(
+            f"compaction {plan.compaction_id} writes outside conversation {conversation}: "
+            f"batches {foreign}, clip-archive in {plan.clip_archive.conversation_id}"
+        )
+    ids = [b.id for b in plan.new_batches]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"compaction {plan.compaction_id} has duplicate batch ids")
+    existing = [old for old, _ in plan.superseded]
+    if len(set(existing)) != len(existing):
+        raise ValueError(f"compaction {plan.compaction_id} supersedes a batch twice")
+
+
+def _check_vectors(vectors: list[list[float]], expected: int) -> None:
+    if len(vectors) != expected:
+        raise ValueError(f"embedder returned {len(vectors)} vectors for {expected} texts")
+    dims = {len(v) for v in vectors}
+    if len(dims) != 1:
+        raise ValueError(f"embedder returned vectors of differing sizes {sorted(dims)}")
+    (size,) = dims
+    if not 1 <= size <= _MAX_VECTOR_DIMS:
+        raise ValueError(f"embedding size {size} outside 1..{_MAX_VECTOR_DIMS}")
+    if not all(math.isfinite(x) for v in vectors for x in v):
+        raise ValueError("embedder returned a non-finite component")
+
+
+def _tool_calls_json(tool_calls: tuple[ToolCall, ...] | None) -> list[dict[str, Any]] | None:
+    if tool_calls is None:
+        return None
+    return [call.model_dump(mode="json") for call in tool_calls]
+
+
+def _row_to_message(row: Any) -> ConversationMessage:
+    raw_calls = row["tool_calls"]
+    return ConversationMessage(
+        id=row["id"],
+        conversation_id=row["conversation_id"],
+        role=row["role"],
+        content=row["content"],
+        tool_calls=None
+        if raw_calls is None
+        else tuple(ToolCall.model_validate(call) for call in raw_calls),
+        tool_call_id=row["tool_call_id"],
+        created_at=row["created_at"],
+    )
+
+
+def _row_to_batch(row: Any) -> StoredBatch:
+    return StoredBatch(
+        id=row["id"],
+        label=row["label"],
+        conversation_id=row["conversation_id"],
+        batch=SummaryBatch(
+            content=row["content"],
+            depth=row["depth"],
+            start_time=row["start_time"],
+            end_time=row["end_time"],
+            message_count=row["message_count"],
+            source_message_ids=tuple(row["source_message_ids"]),
+        ),
+        compaction_id=row["compaction_id"],
+        superseded_by=row["superseded_by"],
+    )
+
+
+def _fuse(text_rows: Sequence[Any], vector_rows: Sequence[Any]) -> list[MemoryHit]:
+    """Reciprocal rank fusion: score = Σ 1/(RRF_K + rank) over the lists a batch appears in.
+
+    Ranks, not raw scores, are fused because ts_rank_cd and cosine distance
+    live on unrelated scales.
+    """
+    candidates: dict[str, _Candidate] = {}
+    for rank, row in enumerate(text_rows, start=1):
+        candidate = candidates.setdefault(row["id"], _Candidate(row))
+        candidate.text_rank = rank
+        candidate.score += 1.0 / (RRF_K + rank)
+    for rank, row in enumerate(vector_rows, start=1):
+        candidate = candidates.setdefault(row["id"], _Candidate(row))
+        candidate.vector_rank = rank
+        candidate.score += 1.0 / (RRF_K + rank)
+
+    def order(c: _Candidate) -> tuple[float, int, int]:
+        best = min(r for r in (c.text_rank, c.vector_rank) if r is not None)
+        return (-c.score, best, -int(c.row["seq"]))
+
+    return [
+        MemoryHit(
+            batch_id=c.row["id"],
+            label=c.row["label"],
+            conversation_id=c.row["conversation_id"],
+            content=c.row["content"],
+            depth=c.row["depth"],
+            start_time=c.row["start_time"],
+            end_time=c.row["end_time"],
+            message_count=c.row["message_count"],
+            score=c.score,
+            text_rank=c.text_rank,
+            vector_rank=c.vector_rank,
+            superseded=c.row["superseded"],
+        )
+        for c in sorted(candidates.values(), key=order)
+    ]
+
+
+def _preview(ids: Sequence[str], shown: int = 5) -> str:
+    head = ", ".join(ids[:shown])
+    return head if len(ids) <= shown else f"{head}, … ({len(ids) - shown} more)"
+
+
+if TYPE_CHECKING:
+
+    def _implements_ports(store: PostgresStore) -> tuple[MessageStore, MemoryStore]:
+        """Never called: makes mypy prove the store satisfies both ports."""
+        return store, store
