@@ -72,7 +72,9 @@ class _Summaries:
     usage: _Usage = field(default_factory=_Usage)
 
 
-class _CompactorImpl:
+class PipelineCompactor:
+    """The seeds' pipeline behind the ``Compactor`` port; build it with ``create_compactor``."""
+
     def __init__(
         self,
         *,
@@ -383,8 +385,8 @@ def create_compactor(
     counter: TokenCounter = DEFAULT_COUNTER,
     breaker: CircuitBreaker | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> _CompactorImpl:
-    return _CompactorImpl(
+) -> PipelineCompactor:
+    return PipelineCompactor(
         model=model,
         messages_store=messages_store,
         memory_store=memory_store,
