@@ -7,6 +7,7 @@ compaction behind.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -92,6 +93,36 @@ class CompactionPlan(BaseModel):
     tokens_estimate_after: int
 
 
+class AppliedStats(BaseModel):
+    """What a compaction changed, measured inside its transaction.
+
+    ``tokens_removed`` sums the stored token counts of the deleted rows (which
+    may be provider-reported), so token accounting can subtract exactly that.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens_removed: int
+    tokens_added: int
+
+
+class OutboxRecord(BaseModel):
+    """An event to publish once the compaction that produced it has committed.
+
+    ``topic`` is a logical name (the service maps it to a real topic), so a
+    change of topic prefix does not strand unpublished rows.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: str
+    key: str
+    payload: str
+
+
+OutboxFactory = Callable[[CompactionPlan, AppliedStats], Sequence[OutboxRecord]]
+
+
 class CompactionResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -106,6 +137,8 @@ class CompactionResult(BaseModel):
     batches: tuple[StoredBatch, ...] = ()
     compressed_message_ids: tuple[str, ...] = ()
     already_applied: bool = False
+    tokens_removed: int = 0
+    tokens_added: int = 0
     llm_input_tokens: int = 0
     llm_output_tokens: int = 0
 

@@ -31,6 +31,7 @@ from core.compaction import (
     CompactionConfig,
     CompactionPlan,
     CompactionResult,
+    OutboxFactory,
     StoredBatch,
     SummaryBatch,
     batch_label,
@@ -86,7 +87,9 @@ class PipelineCompactor:
         counter: TokenCounter,
         breaker: CircuitBreaker,
         sleep: Callable[[float], Awaitable[None]],
+        outbox: OutboxFactory | None,
     ) -> None:
+        self._outbox = outbox
         self._model = model
         self._messages = messages_store
         self._memory = memory_store
@@ -134,7 +137,7 @@ class PipelineCompactor:
                 self.breaker.release(conversation_id)
                 return unchanged("nothing to compress", failed=False)
             plan, batches, usage = await self._plan(history, split, conversation_id, compaction_id)
-            outcome = await self._messages.apply_compaction(plan)
+            applied = await self._messages.apply_compaction(plan, self._outbox)
         except asyncio.CancelledError:
             self.breaker.release(conversation_id)
             raise
@@ -154,7 +157,7 @@ class PipelineCompactor:
             return unchanged(f"{type(error).__name__}: {error}", failed=True)
 
         self.breaker.record_success(conversation_id)
-        if outcome == "already_applied":
+        if applied.outcome == "already_applied" or applied.stats is None:
             return unchanged("compaction already applied", failed=False, already_applied=True)
         new_history = (plan.clip_archive, *split.to_keep)
         log.info(
@@ -175,6 +178,8 @@ class PipelineCompactor:
             compaction_id=compaction_id,
             batches=batches,
             compressed_message_ids=tuple(m.id for m in split.to_compress),
+            tokens_removed=applied.stats.tokens_removed,
+            tokens_added=applied.stats.tokens_added,
             llm_input_tokens=usage.input_tokens,
             llm_output_tokens=usage.output_tokens,
         )
@@ -385,7 +390,13 @@ def create_compactor(
     counter: TokenCounter = DEFAULT_COUNTER,
     breaker: CircuitBreaker | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    outbox: OutboxFactory | None = None,
 ) -> PipelineCompactor:
+    """The pipeline over the given ports.
+
+    ``outbox`` turns a committed plan into events to publish; they are written
+    in the compaction's own transaction (see ``MessageStore.apply_compaction``).
+    """
     return PipelineCompactor(
         model=model,
         messages_store=messages_store,
@@ -396,4 +407,5 @@ def create_compactor(
         breaker=breaker
         or CircuitBreaker(config.max_consecutive_failures, config.circuit_cooldown_seconds),
         sleep=sleep,
+        outbox=outbox,
     )

@@ -11,10 +11,27 @@ from typing import Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from core.compaction import CompactionPlan, StoredBatch
+from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, StoredBatch
 from core.messages import ConversationMessage
 
 ApplyOutcome = Literal["applied", "already_applied"]
+
+
+class ApplyResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    outcome: ApplyOutcome
+    stats: AppliedStats | None = None  # None when already applied
+
+
+class OutboxRow(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: int
+    compaction_id: str
+    topic: str
+    key: str
+    payload: str
 
 
 class HistoryConflictError(Exception):
@@ -52,19 +69,27 @@ class MessageStore(Protocol):
         ...
 
     async def load_history(
-        self, conversation_id: str, *, as_of: datetime | None = None
+        self,
+        conversation_id: str,
+        *,
+        as_of: datetime | None = None,
+        up_to_seq: int | None = None,
     ) -> list[ConversationMessage]:
         """The conversation in model order: clip-archive first, then by time.
 
-        ``as_of`` excludes messages created later, so a compaction never
-        touches messages that arrived after its command.
+        ``up_to_seq`` excludes messages stored after that arrival number, so a
+        compaction never touches messages that arrived after its command;
+        ``as_of`` does the same by ``created_at``.
         """
         ...
 
     async def compaction_applied(self, compaction_id: str) -> bool: ...
 
-    async def apply_compaction(self, plan: CompactionPlan) -> ApplyOutcome:
-        """Archive, supersede, delete and insert the clip-archive in one transaction.
+    async def apply_compaction(
+        self, plan: CompactionPlan, outbox: OutboxFactory | None = None
+    ) -> ApplyResult:
+        """Archive, supersede, delete, insert the clip-archive and write the
+        outbox rows ``outbox`` makes from the measured stats, in one transaction.
 
         Raises ``HistoryConflictError`` (and writes nothing) when the plan's
         messages are no longer all there.

@@ -22,17 +22,18 @@ from typing import TYPE_CHECKING, Any, Literal
 import asyncpg
 from pgvector.asyncpg import register_vector
 
-from core.compaction import CompactionPlan, StoredBatch, SummaryBatch
+from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, StoredBatch, SummaryBatch
 from core.embedding.port import Embedder
 from core.messages import ConversationMessage, ToolCall
 from core.storage.migrate import migrate
 from core.storage.ports import (
-    ApplyOutcome,
+    ApplyResult,
     HistoryConflictError,
     MemoryHit,
     MemorySearchResult,
     MemoryStore,
     MessageStore,
+    OutboxRow,
 )
 from core.tokens import estimate_message_tokens
 
@@ -209,7 +210,11 @@ class PostgresStore:
         return inserted is not None
 
     async def load_history(
-        self, conversation_id: str, *, as_of: datetime | None = None
+        self,
+        conversation_id: str,
+        *,
+        as_of: datetime | None = None,
+        up_to_seq: int | None = None,
     ) -> list[ConversationMessage]:
         if as_of is not None and as_of.utcoffset() is None:
             # asyncpg would read a naive cutoff as UTC; a local-time caller would silently lose
@@ -220,13 +225,23 @@ class PostgresStore:
             SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at
               FROM messages
              WHERE conversation_id = $1
-               AND (kind = 'clip_archive' OR $2::timestamptz IS NULL OR created_at <= $2)
+               AND (kind = 'clip_archive' OR (
+                    ($2::timestamptz IS NULL OR created_at <= $2)
+                    AND ($3::bigint IS NULL OR seq <= $3)))
              ORDER BY (kind = 'clip_archive') DESC, created_at, id
             """,
             conversation_id,
             as_of,
+            up_to_seq,
         )
         return [_row_to_message(row) for row in rows]
+
+    async def last_seq(self, conversation_id: str) -> int | None:
+        """The arrival number of the conversation's newest message, if any."""
+        value = await self._pool.fetchval(
+            "SELECT max(seq) FROM messages WHERE conversation_id = $1", conversation_id
+        )
+        return None if value is None else int(value)
 
     async def compaction_applied(self, compaction_id: str) -> bool:
         found = await self._pool.fetchval(
@@ -234,12 +249,14 @@ class PostgresStore:
         )
         return bool(found)
 
-    async def apply_compaction(self, plan: CompactionPlan) -> ApplyOutcome:
+    async def apply_compaction(
+        self, plan: CompactionPlan, outbox: OutboxFactory | None = None
+    ) -> ApplyResult:
         _check_plan(plan)
         if await self.compaction_applied(plan.compaction_id):
             # Redelivered command: skip the embedding round-trip. The transaction
             # below re-checks, so a race here is harmless.
-            return "already_applied"
+            return ApplyResult(outcome="already_applied")
         vectors, model = await self._embed_batches(plan.new_batches)
 
         async with self._pool.acquire() as conn, conn.transaction():
@@ -264,13 +281,46 @@ class PostgresStore:
                 plan.tokens_estimate_after,
             )
             if recorded is None:
-                return "already_applied"
+                return ApplyResult(outcome="already_applied")
             await _supersede(conn, plan)
             await _insert_batches(conn, plan.new_batches, vectors, model)
             await _place_resummarised(conn, plan)
-            await _delete_compacted(conn, plan)
-            await _insert_clip_archive(conn, plan)
-        return "applied"
+            removed = await _delete_compacted(conn, plan)
+            added = await _insert_clip_archive(conn, plan)
+            stats = AppliedStats(tokens_removed=removed, tokens_added=added)
+            if outbox is not None:
+                records = list(outbox(plan, stats))
+                await conn.executemany(
+                    """
+                    INSERT INTO outbox (compaction_id, topic, key, payload)
+                    VALUES ($1, $2, $3, $4)
+                    """,
+                    [(plan.compaction_id, r.topic, r.key, r.payload) for r in records],
+                )
+        return ApplyResult(outcome="applied", stats=stats)
+
+    # -- Outbox ----------------------------------------------------------------
+
+    async def pending_outbox(
+        self, *, compaction_id: str | None = None, limit: int = 100
+    ) -> list[OutboxRow]:
+        """Unpublished outbox rows, oldest first (optionally of one compaction)."""
+        rows = await self._pool.fetch(
+            """
+            SELECT id, compaction_id, topic, key, payload FROM outbox
+             WHERE published_at IS NULL AND ($1::text IS NULL OR compaction_id = $1)
+             ORDER BY id LIMIT $2
+            """,
+            compaction_id,
+            limit,
+        )
+        return [OutboxRow(**dict(row)) for row in rows]
+
+    async def mark_published(self, ids: Sequence[int]) -> None:
+        if ids:
+            await self._pool.execute(
+                "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])", list(ids)
+            )
 
     # -- MemoryStore ---------------------------------------------------------
 
@@ -472,12 +522,16 @@ async def _place_resummarised(conn: AnyConnection, plan: CompactionPlan) -> None
     )
 
 
-async def _delete_compacted(conn: AnyConnection, plan: CompactionPlan) -> None:
+async def _delete_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
+    """Delete the compacted messages; the sum of their stored token counts."""
     wanted = set(plan.deleted_message_ids)
     if not wanted:
-        return
+        return 0
     rows = await conn.fetch(
-        "DELETE FROM messages WHERE id = ANY($1::text[]) AND conversation_id = $2 RETURNING id",
+        """
+        DELETE FROM messages WHERE id = ANY($1::text[]) AND conversation_id = $2
+        RETURNING id, token_estimate
+        """,
         list(wanted),
         plan.conversation_id,
     )
@@ -487,10 +541,13 @@ async def _delete_compacted(conn: AnyConnection, plan: CompactionPlan) -> None:
             f"compaction {plan.compaction_id}: {len(missing)} message(s) it compacts are no "
             f"longer in conversation {plan.conversation_id}: {_preview(missing)}"
         )
+    return sum(int(row["token_estimate"]) for row in rows)
 
 
-async def _insert_clip_archive(conn: AnyConnection, plan: CompactionPlan) -> None:
+async def _insert_clip_archive(conn: AnyConnection, plan: CompactionPlan) -> int:
+    """Insert the clip-archive; its token estimate."""
     clip = plan.clip_archive
+    tokens = estimate_message_tokens(clip)
     try:
         await conn.execute(
             """
@@ -505,7 +562,7 @@ async def _insert_clip_archive(conn: AnyConnection, plan: CompactionPlan) -> Non
             _tool_calls_json(clip.tool_calls),
             clip.tool_call_id,
             clip.created_at,
-            estimate_message_tokens(clip),
+            tokens,
             plan.compaction_id,
         )
     except asyncpg.UniqueViolationError as error:
@@ -515,6 +572,7 @@ async def _insert_clip_archive(conn: AnyConnection, plan: CompactionPlan) -> Non
             f"compaction {plan.compaction_id}: cannot insert clip-archive {clip.id}: "
             f"{error.detail or error}"
         ) from error
+    return tokens
 
 
 # -- helpers -------------------------------------------------------------------

@@ -158,7 +158,7 @@ async def archive(
     )
     if previous is not None:
         plan = plan.model_copy(update={"deleted_message_ids": (previous,)})
-    assert await store.apply_compaction(plan) == "applied"
+    assert (await store.apply_compaction(plan)).outcome == "applied"
     return batches
 
 
@@ -316,7 +316,7 @@ async def test_load_history_orders_by_time_then_id_with_clip_archive_first(
     plan = plan.model_copy(
         update={"clip_archive": clip("cmp-1", seconds=3600)},
     )
-    assert await pg_store.apply_compaction(plan) == "applied"
+    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
 
     assert await pg_store.load_history(CONV) == [plan.clip_archive, tie_a, tie_b, late]
     cutoff = T0 + timedelta(seconds=20)
@@ -344,7 +344,7 @@ async def test_apply_compaction_archives_deletes_and_inserts_clip_archive(
     plan = make_plan("cmp-1", batches, [m.id for m in history[:4]])
 
     assert await pg_store.compaction_applied("cmp-1") is False
-    assert await pg_store.apply_compaction(plan) == "applied"
+    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
     assert await pg_store.compaction_applied("cmp-1") is True
 
     assert await pg_store.load_history(CONV) == [plan.clip_archive, *history[4:]]
@@ -376,10 +376,10 @@ async def test_reapplying_a_plan_is_already_applied_and_writes_nothing(
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
-    assert await pg_store.apply_compaction(plan) == "applied"
+    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
     before = await counts(pg_store)
 
-    assert await pg_store.apply_compaction(plan) == "already_applied"
+    assert (await pg_store.apply_compaction(plan)).outcome == "already_applied"
     assert await counts(pg_store) == before
     assert len(await pg_store.live_batches(CONV)) == 1
 
@@ -393,7 +393,7 @@ async def test_concurrent_applies_of_one_plan_apply_it_once(pg_store: PostgresSt
 
     outcomes = await asyncio.gather(*(pg_store.apply_compaction(plan) for _ in range(3)))
 
-    assert sorted(outcomes) == ["already_applied", "already_applied", "applied"]
+    assert sorted(o.outcome for o in outcomes) == ["already_applied", "already_applied", "applied"]
     assert await counts(pg_store) == {"messages": 2, "archival_memory": 1, "compactions": 1}
 
 
@@ -405,7 +405,7 @@ async def test_plan_over_a_deleted_message_conflicts_and_writes_nothing(
     first = make_plan(
         "cmp-1", [stored("cmp-1", 0, "first", history[:4])], [m.id for m in history[:4]]
     )
-    assert await pg_store.apply_compaction(first) == "applied"
+    assert (await pg_store.apply_compaction(first)).outcome == "applied"
     before = await counts(pg_store)
     history_before = await pg_store.load_history(CONV)
 
@@ -429,7 +429,9 @@ async def test_second_clip_archive_the_plan_did_not_replace_conflicts(
 ) -> None:
     history = [msg(i) for i in range(6)]
     await save_all(pg_store, history)
-    assert await pg_store.apply_compaction(make_plan("cmp-1", [], [history[0].id])) == "applied"
+    assert (
+        await pg_store.apply_compaction(make_plan("cmp-1", [], [history[0].id]))
+    ).outcome == "applied"
     before = await counts(pg_store)
 
     # Omits clip-archive-cmp-1 from deleted_message_ids.
@@ -455,7 +457,7 @@ async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
     b1 = stored("cmp-1", 1, "beta summary", history[2:4], start=2, end=3)
     b2 = stored("cmp-1", 2, "gamma summary", history[4:6], start=4, end=5)
     first = make_plan("cmp-1", [b0, b1, b2], [m.id for m in history[:6]])
-    assert await pg_store.apply_compaction(first) == "applied"
+    assert (await pg_store.apply_compaction(first)).outcome == "applied"
 
     # As the compactor plans it: fresh batches first (one of them folded in
     # straight away), the merged batch last, although it covers the oldest time.
@@ -477,7 +479,7 @@ async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
         [*(m.id for m in history[6:10]), first.clip_archive.id],
         superseded=[(b0.id, merged_id), (b1.id, merged_id)],
     )
-    assert await pg_store.apply_compaction(second) == "applied"
+    assert (await pg_store.apply_compaction(second)).outcome == "applied"
 
     live = await pg_store.live_batches(CONV)
     assert [b.id for b in live] == [merged_id, b2.id, f1.id]
@@ -502,7 +504,7 @@ async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
         [stored("cmp-3", 0, "zeta summary", history[10:12], start=10, end=11)],
         [history[10].id, history[11].id, second.clip_archive.id],
     )
-    assert await pg_store.apply_compaction(third) == "applied"
+    assert (await pg_store.apply_compaction(third)).outcome == "applied"
     assert [b.id for b in await pg_store.live_batches(CONV)] == [
         merged_id,
         b2.id,
@@ -517,7 +519,7 @@ async def test_superseding_an_already_superseded_batch_conflicts(pg_store: Postg
     merged = stored("cmp-3", "m", "merged", depth=1)
     clip_id = "clip-archive-cmp-2"
     ok = make_plan("cmp-3", [merged], [clip_id], superseded=[("cmp-1:0", merged.id)])
-    assert await pg_store.apply_compaction(ok) == "applied"
+    assert (await pg_store.apply_compaction(ok)).outcome == "applied"
     before = await counts(pg_store)
 
     again = make_plan(
@@ -536,10 +538,12 @@ async def test_live_batches_keep_plan_order_not_time_order(pg_store: PostgresSto
     # order; the clip-archive shows them in the order the compactor wrote them.
     later = stored("cmp-1", 0, "later", start=50, end=60)
     earlier = stored("cmp-1", 1, "earlier", start=0, end=10)
-    assert await pg_store.apply_compaction(make_plan("cmp-1", [later, earlier], [])) == "applied"
+    assert (
+        await pg_store.apply_compaction(make_plan("cmp-1", [later, earlier], []))
+    ).outcome == "applied"
     next_one = stored("cmp-2", 0, "next", start=70, end=80)
     plan = make_plan("cmp-2", [next_one], ["clip-archive-cmp-1"])
-    assert await pg_store.apply_compaction(plan) == "applied"
+    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
     await archive(pg_store, "cmp-x", ["other conversation"], conversation_id="conv-b")
 
     assert [b.id for b in await pg_store.live_batches(CONV)] == ["cmp-1:0", "cmp-1:1", "cmp-2:0"]
@@ -722,7 +726,7 @@ async def test_embedder_failure_still_applies_the_compaction_without_vectors(
         "cmp-1", [stored("cmp-1", 0, _GARAGE, history[:2])], [history[0].id, history[1].id]
     )
 
-    assert await store.apply_compaction(plan) == "applied"
+    assert (await store.apply_compaction(plan)).outcome == "applied"
 
     row = await pg_store.pool.fetchrow("SELECT embedding, embedding_model FROM archival_memory")
     assert (row["embedding"], row["embedding_model"]) == (None, None)
@@ -751,9 +755,9 @@ async def test_already_applied_plan_is_not_embedded_again(pg_store: PostgresStor
     embedder = ConceptEmbedder()
     store = PostgresStore(pg_store.pool, embedder)
     plan = make_plan("cmp-1", [stored("cmp-1", 0, _CAR)], [])
-    assert await store.apply_compaction(plan) == "applied"
+    assert (await store.apply_compaction(plan)).outcome == "applied"
     calls = embedder.calls
-    assert await store.apply_compaction(plan) == "already_applied"
+    assert (await store.apply_compaction(plan)).outcome == "already_applied"
     assert embedder.calls == calls
 
 
@@ -771,3 +775,71 @@ async def test_token_totals_and_conversations_over_a_threshold(pg_store: Postgre
     # Strictly over, as core.budget.over_budget decides.
     assert await pg_store.conversations_over(1000) == [("big", 1100)]
     assert await pg_store.conversations_over(5) == [("big", 1100), ("edge", 1000), ("small", 10)]
+
+
+# -- streaming support: arrival order, exact token deltas, outbox ----------------
+
+
+async def test_load_history_up_to_seq_excludes_later_arrivals(pg_store: PostgresStore) -> None:
+    history = [msg(i) for i in range(4)]
+    await save_all(pg_store, history[:3])
+    cut = await pg_store.last_seq(CONV)
+    # Arrives later but claims an earlier time: still excluded by arrival order.
+    late = history[3].model_copy(update={"created_at": history[0].created_at})
+    await pg_store.save_message(late, 1)
+    assert cut is not None
+    assert [m.id for m in await pg_store.load_history(CONV, up_to_seq=cut)] == [
+        m.id for m in history[:3]
+    ]
+    assert len(await pg_store.load_history(CONV)) == 4
+    assert await pg_store.last_seq("nobody") is None
+
+
+async def test_apply_measures_stored_tokens_and_writes_outbox_atomically(
+    pg_store: PostgresStore,
+) -> None:
+    from core.compaction import OutboxRecord
+
+    history = [msg(i) for i in range(3)]
+    for i, message in enumerate(history):
+        await pg_store.save_message(message, 100 + i)  # provider-reported counts
+    plan = make_plan(
+        "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
+    )
+    seen = []
+
+    def outbox(p, stats):  # type: ignore[no-untyped-def]
+        seen.append(stats)
+        return [
+            OutboxRecord(
+                topic="clip_archives", key=CONV, payload=f"{p.compaction_id}:{stats.tokens_removed}"
+            )
+        ]
+
+    result = await pg_store.apply_compaction(plan, outbox)
+    assert result.stats is not None and result.stats.tokens_removed == 201
+    assert result.stats.tokens_added == estimate_message_tokens(plan.clip_archive)
+    rows = await pg_store.pending_outbox()
+    assert [(r.topic, r.key, r.payload) for r in rows] == [("clip_archives", CONV, "cmp-1:201")]
+    assert await pg_store.pending_outbox(compaction_id="other") == []
+    await pg_store.mark_published([r.id for r in rows])
+    assert await pg_store.pending_outbox() == []
+    # a replay writes no second outbox row
+    assert (await pg_store.apply_compaction(plan, outbox)).outcome == "already_applied"
+    assert await pg_store.pool.fetchval("SELECT count(*) FROM outbox") == 1
+    assert len(seen) == 1
+
+
+async def test_outbox_failure_rolls_back_the_whole_compaction(pg_store: PostgresStore) -> None:
+    history = [msg(i) for i in range(3)]
+    await save_all(pg_store, history)
+    plan = make_plan(
+        "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
+    )
+
+    def broken(p, stats):  # type: ignore[no-untyped-def]
+        raise RuntimeError("event could not be built")
+
+    with pytest.raises(RuntimeError):
+        await pg_store.apply_compaction(plan, broken)
+    assert await counts(pg_store) == {"messages": 3, "archival_memory": 0, "compactions": 0}
