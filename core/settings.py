@@ -99,11 +99,33 @@ class EmbeddingSettings(_Section):
     api_key_env: str = "OPENAI_API_KEY"
 
 
+class KafkaSettings(_Section):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: str = Field(default="compactor.", pattern=r"^[A-Za-z0-9._-]*$")
+    partitions: int = Field(default=4, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+
+
+class ServiceSettings(_Section):
+    app_id: str = Field(default="context-compactor", pattern=r"^[A-Za-z0-9._-]+$")
+    store: Literal["rocksdb://", "memory://"] = "rocksdb://"
+    data_dir: str = ".state/worker"
+    web_host: str = "127.0.0.1"
+    web_port: int = Field(default=6066, ge=0, le=65535)
+    max_concurrent_compactions: int = Field(default=4, ge=1)
+    command_timeout_seconds: float = Field(default=120.0, gt=0)
+    reconcile_interval_seconds: float = Field(default=30.0, gt=0)
+    outbox_relay_interval_seconds: float = Field(default=5.0, gt=0)
+    max_content_chars: int = Field(default=1_000_000, ge=1)
+
+
 class Settings(_Section):
     summarization: SummarizationSettings = SummarizationSettings()
     budget: BudgetConfig = BudgetConfig()
     postgres: PostgresSettings = PostgresSettings()
     embedding: EmbeddingSettings = EmbeddingSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    service: ServiceSettings = ServiceSettings()
 
 
 def _describe(error: Mapping[str, Any]) -> str:

@@ -7,9 +7,9 @@ it does not understand instead of misreading it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from core.messages import ConversationMessage, Role, ToolCall
 
@@ -44,3 +44,115 @@ class MessageEvent(BaseModel):
             tool_call_id=self.tool_call_id,
             created_at=self.created_at,
         )
+
+
+class CompactionCommand(BaseModel):
+    """Ask the processor to compact one conversation.
+
+    ``compaction_id`` derives from the conversation and its generation, so a
+    re-issued command is the same compaction. ``up_to_seq`` is the arrival
+    number of the last message counted when it was issued: later messages are
+    never touched.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    compaction_id: str
+    conversation_id: str
+    generation: int = Field(ge=0)
+    up_to_seq: int | None = None
+    issued_at: AwareDatetime
+    reason: Literal["over_budget", "reconcile"] = "over_budget"
+
+
+class CompactionCompleted(BaseModel):
+    """The processor's answer, consumed by the accounting agent (internal)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["completed"] = "completed"
+    schema_version: Literal[1] = 1
+    compaction_id: str
+    conversation_id: str
+    generation: int = Field(ge=0)
+    status: Literal["compacted", "noop"]
+    messages_compressed: int = Field(ge=0)
+    rows_removed: int = Field(ge=0)
+    rows_added: int = Field(ge=0)
+    tokens_removed: int = Field(ge=0)
+    tokens_added: int = Field(ge=0)
+    completed_at: AwareDatetime
+
+
+class ReconcileRequest(BaseModel):
+    """Sent by the reconciliation timer so that all table changes happen in the agent."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["reconcile"] = "reconcile"
+    schema_version: Literal[1] = 1
+    conversation_id: str
+    requested_at: AwareDatetime
+
+
+ControlEvent = Annotated[CompactionCompleted | ReconcileRequest, Field(discriminator="type")]
+CONTROL_EVENT: TypeAdapter[CompactionCompleted | ReconcileRequest] = TypeAdapter(ControlEvent)
+
+
+class BatchInfo(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    label: str
+    depth: int
+    start_time: AwareDatetime
+    end_time: AwareDatetime
+    message_count: int
+    superseded_by: str | None = None
+
+
+class ClipArchiveEvent(BaseModel):
+    """Published once per compaction (at least once: de-duplicate by ``compaction_id``).
+
+    ``clip_archive`` plus the messages named in ``kept_message_ids`` (and any
+    that arrived later) is what the model should see now.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    compaction_id: str
+    conversation_id: str
+    generation: int = Field(ge=0)
+    clip_archive: ConversationMessage
+    kept_message_ids: tuple[str, ...]
+    compressed_message_ids: tuple[str, ...]
+    batches: tuple[BatchInfo, ...]
+    tokens_before: int
+    tokens_after: int
+    created_at: AwareDatetime
+
+
+class DeadLetterHeaders(BaseModel):
+    """Headers of a dead-letter record; its value is the original bytes, untouched,
+    so the record can be fixed and re-driven."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str = Field(alias="dlq.reason")
+    error_type: str = Field(alias="dlq.error_type")
+    source_topic: str = Field(alias="dlq.source_topic")
+    source_partition: int = Field(alias="dlq.source_partition")
+    source_offset: int = Field(alias="dlq.source_offset")
+    failed_at: AwareDatetime = Field(alias="dlq.failed_at")
+
+    def to_kafka(self) -> list[tuple[str, bytes]]:
+        return [
+            (name, str(value).encode())
+            for name, value in self.model_dump(by_alias=True, mode="json").items()
+        ]
+
+    @classmethod
+    def from_kafka(cls, headers: list[tuple[str, bytes]] | None) -> DeadLetterHeaders:
+        return cls.model_validate({k: v.decode() for k, v in headers or () if k.startswith("dlq.")})

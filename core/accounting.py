@@ -1,0 +1,134 @@
+"""Per-conversation token accounting: when to ask for a compaction.
+
+A pure state machine, so the stream agent only does I/O. Its invariants:
+
+* at most one compaction command is outstanding per conversation;
+* a command is identified by ``compaction_id_for(conversation, generation)``,
+  so a re-issued command is recognised downstream as the same compaction;
+* a completion is applied once: only the one for the outstanding command
+  changes the tally, redeliveries and stale completions are ignored;
+* a conversation that could not be compacted further (``noop``) is not asked
+  again until a new message arrives.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.budget import BudgetConfig, over_budget
+
+_GENERATION_NAMESPACE = uuid.UUID("0b6f7f8e-3f51-4a7e-a1a9-4d35b7c0e2d4")
+
+CompletionStatus = Literal["compacted", "noop"]
+
+
+def compaction_id_for(conversation_id: str, generation: int) -> str:
+    return str(uuid.uuid5(_GENERATION_NAMESPACE, f"{conversation_id}\n{generation}"))
+
+
+class ConversationTally(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    conversation_id: str
+    token_total: int = Field(default=0, ge=0)
+    message_count: int = Field(default=0, ge=0)
+    generation: int = Field(default=0, ge=0)  # completions applied
+    compactions: int = Field(default=0, ge=0)  # completions that compacted something
+    outstanding: str | None = None  # compaction id of the command in flight
+    outstanding_since: float | None = None
+    stalled: bool = False  # over budget, but the last compaction found nothing to compress
+
+
+class Completion(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compaction_id: str
+    status: CompletionStatus
+    messages_compressed: int = Field(ge=0)
+    rows_removed: int = Field(default=0, ge=0)  # compressed messages + the replaced clip-archive
+    rows_added: int = Field(default=0, ge=0)  # the new clip-archive
+    tokens_removed: int = Field(ge=0)
+    tokens_added: int = Field(ge=0)
+
+
+def _issue(tally: ConversationTally, now: float) -> ConversationTally:
+    return tally.model_copy(
+        update={
+            "outstanding": compaction_id_for(tally.conversation_id, tally.generation),
+            "outstanding_since": now,
+        }
+    )
+
+
+def on_message(
+    tally: ConversationTally, tokens: int, budget: BudgetConfig, now: float
+) -> tuple[ConversationTally, bool]:
+    """Count a new message; ``True`` when a compaction command must be sent."""
+    tally = tally.model_copy(
+        update={
+            "token_total": tally.token_total + tokens,
+            "message_count": tally.message_count + 1,
+            "stalled": False,
+        }
+    )
+    if tally.outstanding is None and over_budget(tally.token_total, budget):
+        return _issue(tally, now), True
+    return tally, False
+
+
+def on_completion(
+    tally: ConversationTally, completion: Completion, budget: BudgetConfig, now: float
+) -> tuple[ConversationTally, bool]:
+    """Apply the outstanding command's completion; ``True`` when the next one must be sent.
+
+    Still over budget after a real compaction (a long tail of new messages)
+    means compacting again right away; after a ``noop`` it means waiting.
+    """
+    if completion.compaction_id != tally.outstanding:
+        return tally, False
+    compacted = completion.status == "compacted"
+    tally = tally.model_copy(
+        update={
+            "token_total": max(
+                0, tally.token_total - completion.tokens_removed + completion.tokens_added
+            ),
+            "message_count": max(
+                0, tally.message_count - completion.rows_removed + completion.rows_added
+            ),
+            "generation": tally.generation + 1,
+            "compactions": tally.compactions + (1 if compacted else 0),
+            "outstanding": None,
+            "outstanding_since": None,
+            "stalled": not compacted and over_budget(tally.token_total, budget),
+        }
+    )
+    if compacted and completion.messages_compressed > 0 and over_budget(tally.token_total, budget):
+        return _issue(tally, now), True
+    return tally, False
+
+
+def on_reconcile(
+    tally: ConversationTally, budget: BudgetConfig, now: float, command_timeout: float
+) -> tuple[ConversationTally, bool]:
+    """Heal lost commands and crashed compactions; ``True`` when a command must be sent.
+
+    An outstanding command with no completion within ``command_timeout`` is
+    sent again under the same compaction id; a conversation over budget with
+    nothing outstanding (and not stalled) gets a new one.
+    """
+    if tally.outstanding is not None:
+        since = tally.outstanding_since or 0.0
+        if now - since >= command_timeout:
+            return tally.model_copy(update={"outstanding_since": now}), True
+        return tally, False
+    if not tally.stalled and over_budget(tally.token_total, budget):
+        return _issue(tally, now), True
+    return tally, False
+
+
+def resynced(tally: ConversationTally, token_total: int, message_count: int) -> ConversationTally:
+    """The tally with counts taken from the store, the source of truth."""
+    return tally.model_copy(update={"token_total": token_total, "message_count": message_count})
