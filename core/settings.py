@@ -100,7 +100,7 @@ class EmbeddingSettings(_Section):
 
 
 class KafkaSettings(_Section):
-    bootstrap_servers: str = "127.0.0.1:9092"
+    bootstrap_servers: str | None = None
     topic_prefix: str = Field(default="compactor.", pattern=r"^[A-Za-z0-9._-]*$")
     partitions: int = Field(default=4, ge=1)
     replication_factor: int = Field(default=1, ge=1)

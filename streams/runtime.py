@@ -42,9 +42,17 @@ class Runtime:
         )
 
 
+KAFKA_BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+
+
 def configured_dsn(settings: Settings) -> str | None:
     """``$POSTGRES_DSN`` wins over the file, as every other secret does."""
     return os.environ.get(POSTGRES_DSN_ENV) or settings.postgres.dsn
+
+
+def configured_bootstrap(settings: Settings) -> str | None:
+    """``$KAFKA_BOOTSTRAP_SERVERS`` wins over the file."""
+    return os.environ.get(KAFKA_BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers
 
 
 @asynccontextmanager
