@@ -143,6 +143,13 @@ class CompactionResult(BaseModel):
     llm_output_tokens: int = 0
 
 
+def batch_label(conversation_id: str, end_time: datetime) -> str:
+    """``compaction-batch-{conversationId}-{timestamp}`` (context-compaction.AC4.2)."""
+    from core.clip_archive import format_timestamp
+
+    return f"compaction-batch-{conversation_id}-{format_timestamp(end_time)}"
+
+
 class Compactor(Protocol):
     async def compress(
         self,
@@ -150,11 +157,5 @@ class Compactor(Protocol):
         conversation_id: str,
         *,
         compaction_id: str | None = None,
+        outbox: OutboxFactory | None = None,
     ) -> CompactionResult: ...
-
-
-def batch_label(conversation_id: str, end_time: datetime) -> str:
-    """``compaction-batch-{conversationId}-{timestamp}`` (context-compaction.AC4.2)."""
-    from core.clip_archive import format_timestamp
-
-    return f"compaction-batch-{conversation_id}-{format_timestamp(end_time)}"

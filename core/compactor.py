@@ -105,7 +105,10 @@ class PipelineCompactor:
         conversation_id: str,
         *,
         compaction_id: str | None = None,
+        outbox: OutboxFactory | None = None,
     ) -> CompactionResult:
+        """Compact ``history``; ``outbox`` (or the compactor's own) makes the events
+        to publish, written in the compaction's transaction."""
         history = tuple(history)
         compaction_id = compaction_id or derive_compaction_id(conversation_id, history)
         tokens_before = estimate_history_tokens(history, self._counter)
@@ -137,7 +140,7 @@ class PipelineCompactor:
                 self.breaker.release(conversation_id)
                 return unchanged("nothing to compress", failed=False)
             plan, batches, usage = await self._plan(history, split, conversation_id, compaction_id)
-            applied = await self._messages.apply_compaction(plan, self._outbox)
+            applied = await self._messages.apply_compaction(plan, outbox or self._outbox)
         except asyncio.CancelledError:
             self.breaker.release(conversation_id)
             raise

@@ -1,0 +1,182 @@
+"""Running compactions concurrently without ever acking ahead of unfinished work.
+
+A slow LLM call must not stall its partition or other conversations, so
+compaction commands run as tasks: at most ``max_concurrent`` at once across
+conversations, strictly one at a time per conversation (a second command for
+a conversation waits for the first). Offsets are committed by acking, and an
+ack is only sent when the command and every earlier command of the same
+partition are finished; so after a crash every unfinished command is
+delivered again. Faust's own out-of-order ack handling is not relied on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+log = logging.getLogger("compactor.scheduler")
+
+Token = TypeVar("Token")
+
+
+@dataclass
+class _Ticket(Generic[Token]):
+    offset: int
+    token: Token
+    done: bool = False
+
+
+class OrderedAcker(Generic[Token]):
+    """Acks one partition's records in offset order, whatever order they finish in."""
+
+    def __init__(self, ack: Callable[[Token], Awaitable[None]]) -> None:
+        self._ack = ack
+        self._pending: deque[_Ticket[Token]] = deque()
+        self._closed = False
+
+    def track(self, offset: int, token: Token) -> _Ticket[Token]:
+        if self._pending and offset <= self._pending[-1].offset:
+            raise ValueError(f"offset {offset} is not after {self._pending[-1].offset}")
+        ticket = _Ticket(offset, token)
+        self._pending.append(ticket)
+        return ticket
+
+    async def finish(self, ticket: _Ticket[Token]) -> None:
+        ticket.done = True
+        while self._pending and self._pending[0].done and not self._closed:
+            head = self._pending.popleft()
+            await self._ack(head.token)
+
+    def close(self) -> None:
+        """The partition was revoked: its new owner will redo whatever is unacked."""
+        self._closed = True
+        self._pending.clear()
+
+    @property
+    def unacked(self) -> int:
+        return len(self._pending)
+
+
+@dataclass
+class _Conversation:
+    tail: asyncio.Task[None] | None = None
+    queued: int = 0
+
+
+@dataclass
+class SchedulerStats:
+    in_flight: int = 0
+    peak_in_flight: int = 0
+    queued: int = 0
+    completed: int = 0
+    crashed: int = 0
+    conversations: dict[str, _Conversation] = field(default_factory=dict)
+
+
+class CompactionScheduler(Generic[Token]):
+    """Runs ``work(item)`` per command with bounded, per-conversation-serial concurrency.
+
+    ``submit`` returns once the command is scheduled; it blocks (backpressure)
+    while ``max_pending`` commands are scheduled but unfinished, so a backlog
+    stays in Kafka rather than in memory.
+    """
+
+    def __init__(
+        self,
+        ack: Callable[[Token], Awaitable[None]],
+        *,
+        max_concurrent: int,
+        max_pending: int | None = None,
+    ) -> None:
+        if max_concurrent < 1:
+            raise ValueError("max_concurrent must be >= 1")
+        self._ack = ack
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._room = asyncio.Semaphore(max_pending or max_concurrent * 8)
+        self._ackers: dict[Hashable, OrderedAcker[Token]] = {}
+        self._conversations: dict[str, _Conversation] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.stats = SchedulerStats(conversations=self._conversations)
+
+    def _acker(self, partition: Hashable) -> OrderedAcker[Token]:
+        acker = self._ackers.get(partition)
+        if acker is None:
+            acker = self._ackers[partition] = OrderedAcker(self._ack)
+        return acker
+
+    async def submit(
+        self,
+        *,
+        partition: Hashable,
+        offset: int,
+        token: Token,
+        conversation_id: str | None,
+        work: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        """Schedule ``work`` for the record at ``partition``/``offset``.
+
+        ``work=None`` (an undecodable record, already dead-lettered) only
+        takes its place in the ack order.
+        """
+        acker = self._acker(partition)
+        ticket = acker.track(offset, token)
+        if work is None or conversation_id is None:
+            await acker.finish(ticket)
+            return
+        await self._room.acquire()
+        conversation = self._conversations.setdefault(conversation_id, _Conversation())
+        previous = conversation.tail
+        conversation.queued += 1
+        self.stats.queued += 1
+
+        async def run() -> None:
+            try:
+                if previous is not None:
+                    await asyncio.wait([previous])
+                async with self._slots:
+                    self.stats.queued -= 1
+                    self.stats.in_flight += 1
+                    self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
+                    try:
+                        await work()
+                        self.stats.completed += 1
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        # Acked anyway, or one poisonous command would hold its
+                        # partition forever; reconciliation sends it again.
+                        self.stats.crashed += 1
+                        log.exception("compaction of %s crashed", conversation_id)
+                    finally:
+                        self.stats.in_flight -= 1
+                await acker.finish(ticket)
+            finally:
+                conversation.queued -= 1
+                if conversation.tail is task and conversation.queued == 0:
+                    del self._conversations[conversation_id]
+                self._room.release()
+
+        task = asyncio.ensure_future(run())
+        conversation.tail = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def revoke(self, partitions: set[Hashable]) -> None:
+        for partition in partitions:
+            acker = self._ackers.pop(partition, None)
+            if acker is not None:
+                acker.close()
+
+    async def drain(self) -> None:
+        """Wait for everything scheduled so far (shutdown, tests)."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    async def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
