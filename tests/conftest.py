@@ -106,3 +106,29 @@ async def pg_store(pg_database: str) -> AsyncIterator[PostgresStore]:
         yield store
     finally:
         await store.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap servers of a real Kafka broker for the whole session.
+
+    ``$KAFKA_BOOTSTRAP_SERVERS`` when set (CI starts one); otherwise a local
+    KRaft broker from Maven Central jars. Without Java/Maven this skips
+    locally and fails in CI, where a skip would hide missing coverage.
+    """
+    from streams.localstack import MissingToolError, start_kafka
+
+    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if configured:
+        yield configured
+        return
+    try:
+        broker = start_kafka(tmp_path_factory.mktemp("kafka"))
+    except MissingToolError as error:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(error))
+    try:
+        yield broker.bootstrap_servers
+    finally:
+        broker.stop()
