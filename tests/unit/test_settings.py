@@ -124,3 +124,12 @@ def test_local_openai_compatible_server_needs_no_key() -> None:
 def test_api_key_is_not_in_repr() -> None:
     resolved = resolve_model(Settings().summarization, {"ANTHROPIC_API_KEY": "sk-secret"})
     assert "sk-secret" not in repr(resolved)
+
+
+def test_every_setting_is_in_the_configuration_reference() -> None:
+    text = (EXAMPLE.parent / "docs" / "configuration.md").read_text()
+    for section, model in Settings.model_fields.items():
+        assert f"## [{section}]" in text
+        for key in model.annotation.model_fields:  # type: ignore[union-attr]
+            short = key.removeprefix("role_weight_")
+            assert f"`{key}`" in text or f"_{short}`" in text or f"/ `{key}`" in text, f"[{section}].{key} missing"
