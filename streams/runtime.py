@@ -19,6 +19,7 @@ from core.model.port import ModelProvider
 from core.settings import ResolvedModel, Settings, resolve_model
 from core.storage.embedded import POSTGRES_DSN_ENV, EmbeddedPostgres, resolve_dsn
 from core.storage.postgres import PostgresStore
+from streams.devstack import dev_stack_bootstrap, dev_stack_dsn
 
 log = logging.getLogger("compactor.runtime")
 
@@ -45,14 +46,24 @@ class Runtime:
 KAFKA_BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 
 
-def configured_dsn(settings: Settings) -> str | None:
-    """``$POSTGRES_DSN`` wins over the file, as every other secret does."""
-    return os.environ.get(POSTGRES_DSN_ENV) or settings.postgres.dsn
+def configured_dsn(settings: Settings, *, dev_stack: bool = True) -> str | None:
+    """``$POSTGRES_DSN`` wins over the file, as every other secret does; with neither,
+    the PostgreSQL of a running ``compactor dev up`` stack, so that commands share it
+    instead of each starting an embedded server. ``dev_stack=False`` asks only what
+    was given explicitly (what ``dev up`` must not replace)."""
+    explicit = os.environ.get(POSTGRES_DSN_ENV) or settings.postgres.dsn
+    if explicit or not dev_stack:
+        return explicit
+    return dev_stack_dsn()
 
 
-def configured_bootstrap(settings: Settings) -> str | None:
-    """``$KAFKA_BOOTSTRAP_SERVERS`` wins over the file."""
-    return os.environ.get(KAFKA_BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers
+def configured_bootstrap(settings: Settings, *, dev_stack: bool = True) -> str | None:
+    """``$KAFKA_BOOTSTRAP_SERVERS`` wins over the file; with neither, the broker of a
+    running ``compactor dev up`` stack; None when there is no broker at all."""
+    explicit = os.environ.get(KAFKA_BOOTSTRAP_ENV) or settings.kafka.bootstrap_servers
+    if explicit or not dev_stack:
+        return explicit
+    return dev_stack_bootstrap()
 
 
 @asynccontextmanager

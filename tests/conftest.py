@@ -108,27 +108,38 @@ async def pg_store(pg_database: str) -> AsyncIterator[PostgresStore]:
         await store.close()
 
 
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def require_local_kafka_tools() -> None:
+    """Java 17+ and the broker jars, or skip (locally) / fail (CI) saying what is missing.
+
+    A CI run that silently skipped every Kafka test would look green while
+    testing nothing.
+    """
+    from streams.localstack import MissingToolError, ensure_kafka_jars, find_java
+
+    try:
+        find_java()
+        ensure_kafka_jars()
+    except MissingToolError as exc:
+        if in_ci():
+            pytest.fail(f"CI must run the Kafka tests, but: {exc}", pytrace=False)
+        pytest.skip(f"no local Kafka: {exc}")
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Bootstrap servers of a real Kafka broker for the whole session.
+    """A real broker for the whole session: ``$KAFKA_BOOTSTRAP_SERVERS`` (CI starts
+    one) or a local KRaft broker from the Maven jars. Use your own topic names."""
+    from streams.localstack import start_kafka
 
-    ``$KAFKA_BOOTSTRAP_SERVERS`` when set (CI starts one); otherwise a local
-    KRaft broker from Maven Central jars. Without Java/Maven this skips
-    locally and fails in CI, where a skip would hide missing coverage.
-    """
-    from streams.localstack import MissingToolError, start_kafka
-
-    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if configured:
-        yield configured
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        yield external
         return
-    try:
-        broker = start_kafka(tmp_path_factory.mktemp("kafka"))
-    except MissingToolError as error:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(error))
-    try:
+    require_local_kafka_tools()
+    with start_kafka(tmp_path_factory.mktemp("kafka-session")) as broker:
         yield broker.bootstrap_servers
-    finally:
-        broker.stop()

@@ -1,0 +1,23 @@
+# The streaming worker: `docker compose up -d` builds and runs it (see docker-compose.yml).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+# Only what the package needs: tests, infra and docs stay out of the image.
+COPY pyproject.toml README.md ./
+COPY core ./core
+COPY streams ./streams
+RUN pip install . \
+    && useradd --system --uid 10001 --create-home --home-dir /var/lib/compactor compactor \
+    && rm -rf /src
+
+# The worker's table store and any embedded state live in the worker-state volume.
+USER compactor
+WORKDIR /var/lib/compactor
+EXPOSE 6066
+ENTRYPOINT ["compactor"]
+CMD ["worker"]

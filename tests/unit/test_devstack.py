@@ -1,0 +1,202 @@
+"""Where every command finds Kafka and PostgreSQL: env > config file > running dev stack.
+
+Why: ``compactor dev up`` is only useful if the other commands find its
+services by themselves, and a stale ``stack.json`` (stack stopped by a
+reboot, pid reused) must never send them to a dead address.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.settings import Settings, parse_settings
+from streams import devstack
+from streams.localstack import StackState, write_state
+from streams.runtime import configured_bootstrap, configured_dsn
+
+pytestmark = pytest.mark.unit
+
+DEV_KAFKA = "127.0.0.1:39092"
+DEV_DSN = "postgresql://postgres:@/postgres?host=/tmp/dev-stack/postgres"
+
+
+@pytest.fixture
+def fake_service() -> Iterator[int]:
+    """A live process whose command line names both modules ``dev up`` runs."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+            "streams.localstack",
+            "core.storage.embedded",
+        ]
+    )
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def stack_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("POSTGRES_DSN", raising=False)
+    monkeypatch.setenv(devstack.DEV_STATE_DIR_ENV, str(tmp_path / "dev"))
+    return tmp_path / "dev"
+
+
+def record(stack_dir: Path, pids: dict[str, int], launcher: str = "processes") -> None:
+    write_state(
+        stack_dir,
+        StackState(kafka_bootstrap=DEV_KAFKA, postgres_dsn=DEV_DSN, pids=pids, launcher=launcher),
+    )
+
+
+def test_nothing_configured_and_no_stack_means_none(stack_dir: Path) -> None:
+    assert configured_bootstrap(Settings()) is None
+    assert configured_dsn(Settings()) is None
+
+
+def test_a_running_dev_stack_is_found(stack_dir: Path, fake_service: int) -> None:
+    record(stack_dir, {"kafka": fake_service, "postgres": fake_service})
+    assert configured_bootstrap(Settings()) == DEV_KAFKA
+    assert configured_dsn(Settings()) == DEV_DSN
+    assert configured_bootstrap(Settings(), dev_stack=False) is None
+    assert configured_dsn(Settings(), dev_stack=False) is None
+
+
+def test_config_file_beats_the_dev_stack_and_env_beats_both(
+    stack_dir: Path, fake_service: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record(stack_dir, {"kafka": fake_service, "postgres": fake_service})
+    settings = parse_settings(
+        {
+            "kafka": {"bootstrap_servers": "file:9092"},
+            "postgres": {"dsn": "postgresql://file/db"},
+        }
+    )
+    assert configured_bootstrap(settings) == "file:9092"
+    assert configured_dsn(settings) == "postgresql://file/db"
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "env:9092")
+    monkeypatch.setenv("POSTGRES_DSN", "postgresql://env/db")
+    assert configured_bootstrap(settings) == "env:9092"
+    assert configured_dsn(settings) == "postgresql://env/db"
+
+
+def test_a_dead_service_is_not_used(stack_dir: Path, fake_service: int) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    record(stack_dir, {"kafka": gone.pid, "postgres": fake_service})
+    assert configured_bootstrap(Settings()) is None
+    assert configured_dsn(Settings()) == DEV_DSN
+
+
+def test_a_reused_pid_is_not_ours(stack_dir: Path) -> None:
+    # This test process is alive, but it is not what `dev up` started.
+    record(stack_dir, {"kafka": os.getpid(), "postgres": os.getpid()})
+    assert not devstack.owns_pid("kafka", os.getpid())
+    assert configured_bootstrap(Settings()) is None
+    assert configured_dsn(Settings()) is None
+
+
+def test_a_docker_compose_stack_is_trusted_without_pids(stack_dir: Path) -> None:
+    record(stack_dir, {}, launcher=devstack.DOCKER_COMPOSE)
+    assert configured_bootstrap(Settings()) == DEV_KAFKA
+    assert configured_dsn(Settings()) == DEV_DSN
+
+
+def test_an_unreadable_state_file_is_ignored(stack_dir: Path) -> None:
+    stack_dir.mkdir(parents=True)
+    (stack_dir / "stack.json").write_text("{half a file")
+    assert configured_bootstrap(Settings()) is None
+
+
+def test_default_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(devstack.DEV_STATE_DIR_ENV, raising=False)
+    assert devstack.default_state_dir() == Path(".state/dev")
+
+
+def test_redact_dsn_hides_only_the_password() -> None:
+    assert (
+        devstack.redact_dsn("postgresql://app:s3cret@db.example:5432/main?sslmode=require")
+        == "postgresql://app:***@db.example:5432/main?sslmode=require"
+    )
+    assert devstack.redact_dsn(DEV_DSN) == DEV_DSN
+
+
+def test_export_lines_name_the_state_dir_only_when_not_the_default() -> None:
+    reports = [
+        devstack.ServiceReport("kafka", "started", "dev up", DEV_KAFKA, 1, True, True),
+        devstack.ServiceReport(
+            "postgres", "configured", "$POSTGRES_DSN", DEV_DSN, None, None, True
+        ),
+    ]
+    assert devstack.export_lines(reports, devstack.DEFAULT_STATE_DIR) == [
+        f"export KAFKA_BOOTSTRAP_SERVERS='{DEV_KAFKA}'"
+    ]
+    custom = devstack.export_lines(reports, Path("/srv/stack"))
+    assert custom[-1] == f"export {devstack.DEV_STATE_DIR_ENV}='/srv/stack'"
+
+
+async def test_without_java_and_without_docker_up_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(devstack, "_java_tools_problem", lambda: "`java` not found on PATH")
+    monkeypatch.setattr(devstack, "docker_engine_available", lambda: False)
+    explicit = devstack.Explicit(None, "-", None, "-")
+    with pytest.raises(devstack.DevStackError) as caught:
+        await devstack.up(tmp_path / "dev", explicit, say=lambda _: None)
+    message = str(caught.value)
+    assert "apt-get install -y openjdk-17-jre-headless maven" in message
+    assert "`java` not found" in message
+    assert not (tmp_path / "dev" / "stack.json").exists()
+
+
+async def test_without_java_but_with_docker_up_and_down_use_compose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, ...]] = []
+
+    def compose(*args: str) -> subprocess.CompletedProcess[str]:
+        calls.append(args)
+        return subprocess.CompletedProcess(["docker", "compose", *args], 0, "", "")
+
+    async def answers(address: str, probe_seconds: float = 1.0) -> bool:
+        return True
+
+    async def migrated(dsn: str) -> list[str]:
+        return []
+
+    monkeypatch.setattr(devstack, "_java_tools_problem", lambda: "`java` not found on PATH")
+    monkeypatch.setattr(devstack, "docker_engine_available", lambda: True)
+    monkeypatch.setattr(devstack, "_compose", compose)
+    monkeypatch.setattr(devstack, "kafka_answers", answers)
+    monkeypatch.setattr(devstack, "postgres_answers", answers)
+    monkeypatch.setattr(devstack, "migrate", migrated)
+    state_dir = tmp_path / "dev"
+    explicit = devstack.Explicit(None, "-", None, "-")
+
+    reports = await devstack.up(state_dir, explicit, say=lambda _: None)
+
+    assert calls == [("up", "-d", "kafka", "postgres")]
+    assert [(r.name, r.source, r.address) for r in reports] == [
+        ("kafka", "docker compose", devstack.COMPOSE_BOOTSTRAP),
+        ("postgres", "docker compose", devstack.COMPOSE_DSN),
+    ]
+    state = devstack.running_stack(state_dir)
+    assert state is not None and state.launcher == devstack.DOCKER_COMPOSE
+    again = await devstack.up(state_dir, explicit, say=lambda _: None)
+    assert {r.source for r in again} == {"already running"}
+    assert len(calls) == 1
+
+    assert await devstack.down(state_dir, say=lambda _: None)
+    assert calls[-1] == ("down",)
+    assert devstack.running_stack(state_dir) is None
