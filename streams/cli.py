@@ -18,8 +18,6 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from core.budget import over_budget
 from core.clip_archive import parse_clip_archive
 from core.messages import ConversationMessage
@@ -28,35 +26,19 @@ from core.split import is_clip_archive
 from core.tokens import estimate_history_tokens, estimate_message_tokens
 from streams import devstack, schemas
 from streams.admin import TopicMismatchError, ensure_topics
+from streams.demo import DemoError
 from streams.events import MessageEvent
 from streams.localstack import is_reachable
 from streams.replay import Progress, PublishError, publish, read_events
 from streams.runtime import (
-    KAFKA_BOOTSTRAP_ENV,
     configured_bootstrap,
-    configured_dsn,
+    explicit_addresses,
     open_runtime,
 )
 from streams.tail import TailError, tail
 from streams.topics import TopicNames
 
 log = logging.getLogger("compactor.cli")
-
-
-def read_transcript(path: Path) -> list[MessageEvent]:
-    """Message events from a JSONL file; a bad line is reported with its number."""
-    events = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                events.append(MessageEvent.model_validate_json(line))
-            except ValidationError as error:
-                first = error.errors()[0]
-                where = ".".join(str(p) for p in first["loc"]) or "(line)"
-                raise ConfigError(f"{path}:{number}: {where}: {first['msg']}") from None
-    return events
 
 
 def render_history(history: list[ConversationMessage]) -> str:
@@ -84,7 +66,10 @@ async def cmd_compact(settings: Settings, args: argparse.Namespace) -> int:
     Messages are replayed one by one, as the stream would deliver them, and a
     conversation is compacted as soon as it goes over budget.
     """
-    events = read_transcript(Path(args.file))
+    transcript = read_events(Path(args.file))
+    if transcript.bad:
+        raise CommandError("\n".join(str(bad) for bad in transcript.bad[:20]))
+    events = transcript.events
     budget = settings.budget
     async with open_runtime(settings) as runtime:
         compactor = runtime.compactor()
@@ -168,6 +153,14 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     from streams.app import run_worker  # Faust is heavy; only the worker needs it
 
     return run_worker(settings, loglevel=args.loglevel)
+
+
+async def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.demo import run_demo
+
+    if not args.config:
+        raise ConfigError("demo needs --config (the README uses samples/demo.toml)")
+    return await run_demo(settings, Path(args.config), Path(args.transcript))
 
 
 async def _kafka(settings: Settings) -> str:
@@ -298,20 +291,6 @@ def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _explicit(settings: Settings) -> devstack.Explicit:
-    """Addresses given by the environment or the config file: ``dev`` never replaces them."""
-    return devstack.Explicit(
-        kafka_bootstrap=configured_bootstrap(settings, dev_stack=False),
-        kafka_source=(
-            f"${KAFKA_BOOTSTRAP_ENV}"
-            if os.environ.get(KAFKA_BOOTSTRAP_ENV)
-            else "[kafka].bootstrap_servers"
-        ),
-        postgres_dsn=configured_dsn(settings, dev_stack=False),
-        postgres_source="$POSTGRES_DSN" if os.environ.get("POSTGRES_DSN") else "[postgres].dsn",
-    )
-
-
 async def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir) if args.state_dir else devstack.default_state_dir()
 
@@ -325,7 +304,7 @@ async def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
             print(f"nothing to stop: no dev stack recorded in {state_dir}")
         return 0
     if args.dev_command == "status":
-        reports = await devstack.status(state_dir, _explicit(settings))
+        reports = await devstack.status(state_dir, explicit_addresses(settings))
         for report in reports:
             print(report.line())
         healthy = all(report.answering for report in reports)
@@ -334,7 +313,7 @@ async def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
         return 0 if healthy else 1
     try:
         reports = await devstack.up(
-            state_dir, _explicit(settings), partitions=settings.kafka.partitions, say=say
+            state_dir, explicit_addresses(settings), partitions=settings.kafka.partitions, say=say
         )
     except devstack.DevStackError as error:
         raise CommandError(str(error)) from None
@@ -372,6 +351,7 @@ COMMANDS: dict[str, Handler] = {
     "topics": cmd_topics,
     "schemas": cmd_schemas,
     "dev": cmd_dev,
+    "demo": cmd_demo,
 }
 
 
@@ -392,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--conversation-id")
     memory.add_argument("--limit", type=int, default=5)
 
+    demo = sub.add_parser(
+        "demo", help="local stack + worker + replay of a transcript; print the compacted history"
+    )
+    demo.add_argument("transcript", nargs="?", default="samples/payments-incident.jsonl")
     worker = sub.add_parser("worker", help="run the streaming worker (Faust agents + HTTP)")
     worker.add_argument(
         "--loglevel", default="info", choices=["critical", "error", "warning", "info", "debug"]
@@ -457,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TopicMismatchError) as error:
         print(f"compactor: {error}", file=sys.stderr)
         return 2
-    except (CommandError, devstack.DevStackError, PublishError, TailError) as error:
+    except (CommandError, devstack.DevStackError, PublishError, TailError, DemoError) as error:
         print(f"compactor: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

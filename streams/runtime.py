@@ -19,7 +19,7 @@ from core.model.port import ModelProvider
 from core.settings import ResolvedModel, Settings, resolve_model
 from core.storage.embedded import POSTGRES_DSN_ENV, EmbeddedPostgres, resolve_dsn
 from core.storage.postgres import PostgresStore
-from streams.devstack import dev_stack_bootstrap, dev_stack_dsn
+from streams.devstack import Explicit, dev_stack_bootstrap, dev_stack_dsn
 
 log = logging.getLogger("compactor.runtime")
 
@@ -90,3 +90,19 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
     finally:
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
+
+
+def explicit_addresses(settings: Settings) -> Explicit:
+    """Addresses given by the environment or the config file: ``dev`` never replaces them."""
+    return Explicit(
+        kafka_bootstrap=configured_bootstrap(settings, dev_stack=False),
+        kafka_source=(
+            f"${KAFKA_BOOTSTRAP_ENV}"
+            if os.environ.get(KAFKA_BOOTSTRAP_ENV)
+            else "[kafka].bootstrap_servers"
+        ),
+        postgres_dsn=configured_dsn(settings, dev_stack=False),
+        postgres_source=(
+            f"${POSTGRES_DSN_ENV}" if os.environ.get(POSTGRES_DSN_ENV) else "[postgres].dsn"
+        ),
+    )
