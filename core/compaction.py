@@ -53,7 +53,10 @@ class StoredBatch(BaseModel):
     superseded_by: str | None = None
 
 
-class CompactionConfig(BaseModel):
+class CompactionTuning(BaseModel):
+    """Every compaction setting but scoring; ``[summarization]`` inherits these
+    fields (and their defaults) so each default is written once."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     chunk_size: int = Field(default=20, ge=1)
@@ -63,13 +66,16 @@ class CompactionConfig(BaseModel):
     clip_last: int = Field(default=2, ge=0)
     resummarize_buffer: int = Field(default=2, ge=0)
     prompt: str | None = None
-    scoring: ImportanceScoringConfig = ImportanceScoringConfig()
     max_chunk_tokens: int | None = Field(default=None, ge=1)
     timeout_seconds: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
     retry_backoff_seconds: float = Field(default=1.0, ge=0)
     max_consecutive_failures: int = Field(default=3, ge=1)
     circuit_cooldown_seconds: float = Field(default=300.0, ge=0)
+
+
+class CompactionConfig(CompactionTuning):
+    scoring: ImportanceScoringConfig = ImportanceScoringConfig()
 
 
 class CompactionPlan(BaseModel):

@@ -17,8 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from core.budget import BudgetConfig
-from core.compaction import CompactionConfig
-from core.scoring import DEFAULT_IMPORTANT_KEYWORDS, ImportanceScoringConfig
+from core.compaction import CompactionConfig, CompactionTuning
+from core.scoring import ImportanceScoringConfig
 
 ProviderKind = Literal["auto", "anthropic", "openai", "extractive"]
 ResolvedKind = Literal["anthropic", "openai", "extractive"]
@@ -39,42 +39,25 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class SummarizationSettings(_Section):
+class SummarizationSettings(CompactionTuning, ImportanceScoringConfig):
+    """``[summarization]``: the provider, plus every compaction and scoring
+    field flat (as the seeds' TOML has them), inherited with their defaults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     provider: ProviderKind = "auto"
     model: str | None = None
     base_url: str | None = None
     api_key_env: str | None = None
-    chunk_size: int = Field(default=20, ge=1)
-    keep_recent: int = Field(default=5, ge=0)
-    max_summary_tokens: int = Field(default=1024, ge=1)
-    clip_first: int = Field(default=2, ge=0)
-    clip_last: int = Field(default=2, ge=0)
-    resummarize_buffer: int = Field(default=2, ge=0)
-    prompt: str | None = None
-    max_chunk_tokens: int | None = Field(default=None, ge=1)
-    timeout_seconds: float = Field(default=60.0, gt=0)
-    max_retries: int = Field(default=3, ge=0)
-    retry_backoff_seconds: float = Field(default=1.0, ge=0)
-    max_consecutive_failures: int = Field(default=3, ge=1)
-    circuit_cooldown_seconds: float = Field(default=300.0, ge=0)
-    role_weight_system: float = Field(default=10.0, ge=0)
-    role_weight_user: float = Field(default=5.0, ge=0)
-    role_weight_assistant: float = Field(default=3.0, ge=0)
-    recency_decay: float = Field(default=0.95, gt=0, le=1)
-    question_bonus: float = Field(default=2.0, ge=0)
-    tool_call_bonus: float = Field(default=4.0, ge=0)
-    keyword_bonus: float = Field(default=1.5, ge=0)
-    important_keywords: tuple[str, ...] = DEFAULT_IMPORTANT_KEYWORDS
-    content_length_weight: float = Field(default=1.0, ge=0)
 
     def scoring(self) -> ImportanceScoringConfig:
         fields = ImportanceScoringConfig.model_fields
         return ImportanceScoringConfig(**{name: getattr(self, name) for name in fields})
 
     def compaction(self) -> CompactionConfig:
-        shared = set(CompactionConfig.model_fields) - {"scoring"}
+        fields = CompactionTuning.model_fields
         return CompactionConfig(
-            scoring=self.scoring(), **{name: getattr(self, name) for name in shared}
+            scoring=self.scoring(), **{name: getattr(self, name) for name in fields}
         )
 
 
