@@ -538,8 +538,9 @@ class KafkaBroker:
         cmd = self._java_cmd(
             "kafka.tools.StorageTool",
             "format",
-            "--cluster-id",
-            new_cluster_id(),
+            # One argument, "=" form: a base64 id may start with "-", which the
+            # tool's parser would take for an option (1 start in 64 failed).
+            f"--cluster-id={new_cluster_id()}",
             "--config",
             str(self.properties_path),
             "--ignore-formatted",
