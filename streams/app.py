@@ -448,11 +448,24 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
 
         return build
 
-    async def relay(compaction_id: str | None = None) -> int:
-        """Publish unpublished outbox rows, then mark them (at least once)."""
+    async def relay(compaction_id: str | None = None, *, again: bool = False) -> int:
+        """Publish unpublished outbox rows, then mark them (at least once).
+
+        ``again`` publishes every row of ``compaction_id``, published or not.
+        A command that comes back for an applied compaction (redelivered, or
+        re-sent by reconciliation because no completion arrived) means the
+        completion may have been lost on its way (a crash, a rebalance); if it
+        were not sent again the table would wait for it forever, re-sending
+        the command every ``command_timeout_seconds``. Duplicates are harmless:
+        the accounting agent applies a completion once, and clip-archive
+        consumers de-duplicate by compaction id.
+        """
         store = await service.store()
         async with service.relay_lock:
-            rows = await store.pending_outbox(compaction_id=compaction_id, limit=500)
+            if again and compaction_id is not None:
+                rows = await store.outbox_rows(compaction_id)
+            else:
+                rows = await store.pending_outbox(compaction_id=compaction_id, limit=500)
             for row in rows:
                 topic = by_logical[row.topic]
                 fut = await topic.send(key=row.key.encode(), value=row.payload.encode(), force=True)
@@ -492,7 +505,7 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         conversation_id = command.conversation_id
         if await store.compaction_applied(command.compaction_id):
             metrics.compactions_noop.labels("replayed").inc()
-            await relay(command.compaction_id)
+            await relay(command.compaction_id, again=True)
             return
         total = await store.conversation_token_total(conversation_id)
         if not over_budget(total, service.budget):
@@ -524,7 +537,7 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
             return
         if result.already_applied:
             metrics.compactions_noop.labels("replayed").inc()
-            await relay(command.compaction_id)
+            await relay(command.compaction_id, again=True)
             return
         if result.messages_compressed == 0:
             await complete_without_compaction(command, "nothing_to_compress")
@@ -580,6 +593,40 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
     async def on_revoked(sender: faust.App, revoked: set[Any], **kwargs: Any) -> None:
         scheduler.revoke(set(revoked))
 
+    source_topics = {names.messages, names.control, names.commands}
+
+    @app.on_rebalance_complete.connect  # type: ignore[arg-type]
+    async def rewind_uncommitted(sender: faust.App, **kwargs: Any) -> None:
+        """Re-read partitions that have no committed offset from their beginning.
+
+        Records fetched while a rebalance suspends the flow are discarded by
+        Faust, which then relies on seeking back to the committed offset to
+        read them again; a partition with no committed offset yet (nothing
+        processed on it so far) is not sought at all, so its first records
+        were silently lost: a message never stored, a command never run.
+        This runs after table recovery, before the flow resumes. Records
+        read twice are harmless: every write is idempotent.
+        """
+        consumer = app.consumer
+        if not consumer.assignment():
+            return
+        try:
+            committed = await consumer.seek_to_committed()  # type: ignore[attr-defined]
+            uncommitted = [
+                tp for tp, offset in committed.items() if tp.topic in source_topics and not offset
+            ]
+            if not uncommitted:
+                return
+            earliest = await consumer.earliest_offsets(*uncommitted)
+            await consumer.seek_wait({tp: earliest.get(tp) or 0 for tp in uncommitted})
+        except Exception:  # a rebalance is not the moment to crash the worker
+            log.exception("could not rewind partitions without a committed offset")
+            return
+        log.info(
+            "partitions with no committed offset read from the start: %s",
+            sorted(f"{tp.topic}:{tp.partition}" for tp in uncommitted),
+        )
+
     # -- timers ------------------------------------------------------------
 
     @app.timer(interval=settings.service.reconcile_interval_seconds)  # type: ignore[untyped-decorator]
@@ -590,7 +637,11 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         """
         now = time.time()
         timeout = settings.service.command_timeout_seconds
-        for conversation_id, raw in list(conversations.items()):
+        for scanned, (conversation_id, raw) in enumerate(list(conversations.items())):
+            if scanned % 500 == 499:
+                # A large table must not freeze the agents and views sharing
+                # this event loop (1.3 s at 100 000 RocksDB entries otherwise).
+                await asyncio.sleep(0)
             if raw is None:
                 continue
             outstanding_since = raw.get("outstanding_since")
@@ -643,7 +694,16 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
     from streams.web import register_views
 
     register_views(app, service, conversations)
-    _ = (accounting, processor, reconcile, relay_outbox, measure_lag, close_resources, on_revoked)
+    _ = (
+        accounting,
+        processor,
+        reconcile,
+        relay_outbox,
+        measure_lag,
+        close_resources,
+        on_revoked,
+        rewind_uncommitted,
+    )
     return app
 
 

@@ -1,7 +1,8 @@
 """HTTP views of a worker (JSON), served by Faust's web server.
 
 ``/conversations/{id}`` reads the token table, which is partitioned: a request
-reaching the wrong worker is forwarded to the one that owns the key.
+reaching the wrong worker is forwarded to the one that owns the key (the
+owner of the conversation's messages partition).
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ if TYPE_CHECKING:
 
 def register_views(app: faust.App, service: Service, conversations: Any) -> None:
     budget = service.budget
+    # The owner of a conversation's table entry is the owner of its messages
+    # partition (the entry is written while processing that partition), so
+    # requests are routed by the messages topic, whose keys are the raw UTF-8
+    # conversation id as producers send it. Faust's table_route would hash
+    # the table's own key encoding instead (JSON: '"conv-1"'), which lands on
+    # another partition for most keys: with several workers, most lookups
+    # went to a worker without the entry and answered 404.
+    messages_topic = app.topic(
+        service.names.messages,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
 
     @app.page("/healthz")
     class Health(View):
@@ -44,7 +59,7 @@ def register_views(app: faust.App, service: Service, conversations: Any) -> None
 
     @app.page("/conversations/{conversation_id}")
     class Conversation(View):
-        @app.table_route(table=conversations, match_info="conversation_id")  # type: ignore[arg-type]
+        @app.topic_route(topic=messages_topic, match_info="conversation_id")  # type: ignore[arg-type]
         async def get(self, request: Request, conversation_id: str) -> Response:
             raw = conversations.get(conversation_id)
             if raw is None:

@@ -188,25 +188,46 @@ class PostgresStore:
     # -- MessageStore --------------------------------------------------------
 
     async def save_message(self, message: ConversationMessage, token_estimate: int) -> bool:
+        """Insert once: ``False`` when the id is stored, or was and has been compacted.
+
+        A message that a compaction already summarised and deleted must not
+        come back when it is delivered again (Kafka redelivers after a crash,
+        a producer retries, a transcript is replayed): it would sit in the
+        history next to the summary that covers it and be compacted twice.
+        Archived batches keep their source message ids, so they are the
+        record of what was compacted. The check runs under the conversation's
+        advisory lock, the one ``apply_compaction`` holds while it deletes,
+        so a redelivery racing a compaction sees either the row or its batch.
+        """
         if token_estimate < 0:
             raise ValueError("token_estimate must be >= 0")
-        inserted = await self._pool.fetchval(
-            """
-            INSERT INTO messages (id, conversation_id, role, content, tool_calls,
-                                  tool_call_id, created_at, token_estimate)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-            ON CONFLICT (id) DO NOTHING
-            RETURNING id
-            """,
-            message.id,
-            message.conversation_id,
-            message.role,
-            message.content,
-            _tool_calls_json(message.tool_calls),
-            message.tool_call_id,
-            message.created_at,
-            token_estimate,
-        )
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                CONVERSATION_LOCK_CLASS,
+                message.conversation_id,
+            )
+            inserted = await conn.fetchval(
+                """
+                INSERT INTO messages (id, conversation_id, role, content, tool_calls,
+                                      tool_call_id, created_at, token_estimate)
+                SELECT $1::text, $2::text, $3::text, $4::text, $5::jsonb, $6::text,
+                       $7::timestamptz, $8::integer
+                 WHERE NOT EXISTS (
+                       SELECT 1 FROM archival_memory
+                        WHERE conversation_id = $2 AND source_message_ids @> ARRAY[$1::text])
+                ON CONFLICT (id) DO NOTHING
+                RETURNING id
+                """,
+                message.id,
+                message.conversation_id,
+                message.role,
+                message.content,
+                _tool_calls_json(message.tool_calls),
+                message.tool_call_id,
+                message.created_at,
+                token_estimate,
+            )
         return inserted is not None
 
     async def load_history(
@@ -316,10 +337,30 @@ class PostgresStore:
         )
         return [OutboxRow(**dict(row)) for row in rows]
 
+    async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
+        """Every outbox row of one compaction, published or not, in order.
+
+        For publishing a compaction's events again: when its command comes
+        back after the compaction was applied, the completion published the
+        first time may never have reached its consumer.
+        """
+        rows = await self._pool.fetch(
+            """
+            SELECT id, compaction_id, topic, key, payload FROM outbox
+             WHERE compaction_id = $1
+             ORDER BY id
+            """,
+            compaction_id,
+        )
+        return [OutboxRow(**dict(row)) for row in rows]
+
     async def mark_published(self, ids: Sequence[int]) -> None:
+        """Mark rows published; a row published before keeps its first time."""
         if ids:
             await self._pool.execute(
-                "UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])", list(ids)
+                "UPDATE outbox SET published_at = now() "
+                "WHERE id = ANY($1::bigint[]) AND published_at IS NULL",
+                list(ids),
             )
 
     # -- MemoryStore ---------------------------------------------------------

@@ -1,0 +1,79 @@
+"""A worker restarted under the same app id picks up exactly where the last one stopped.
+
+Why: with the in-memory store nothing survives on disk; the token table must
+come back from its changelog topic, committed offsets must keep old messages
+from being counted again, and new messages must be accounted on top. A
+table reset would, among other things, restart generations at 0 and re-use
+compaction ids that are already applied, so the next compaction would be
+skipped as a replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import KEEP_RECENT, Conversation, Stack, eventually, tokens_of
+from tests.support.metrics_text import label_values, metric
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(150)]
+
+
+async def test_graceful_restart_restores_the_table_from_its_changelog(stack: Stack) -> None:
+    first = stack.worker("first")
+    await first.wait_ready(stack.names.messages)
+    compacted = Conversation("conv-compacted", "meadow")
+    small = Conversation("conv-small", "pebble")
+    await stack.send_all(compacted.until_over(0))
+    await stack.send_all([small.message() for _ in range(5)])
+    await stack.send_all([compacted.message() for _ in range(3)])
+    await stack.wait_for_clip_events({compacted.id: 1}, timeout=30)
+    before = await stack.wait_idle(first, [compacted.id, small.id], timeout=30)
+    assert before[compacted.id]["compactions"] == 1
+    assert before[compacted.id]["message_count"] == KEEP_RECENT + 1 + 3
+    assert before[small.id]["message_count"] == 5
+
+    assert await first.stop_async() == 0, first.log_tail()
+
+    second = stack.worker("second")  # same app id, prefix and database; fresh memory store
+    await second.wait_ready(stack.names.messages)
+
+    # The entries come back before any new message arrives: restored from the
+    # changelog (a missing entry is only rebuilt when a message needs it).
+    # Polled, because /healthz reports the assignment before recovery ends.
+    async def restored() -> None:
+        for cid in (compacted.id, small.id):
+            status, body = await second.get(f"/conversations/{cid}")
+            assert (status, body) == (200, before[cid])
+
+    await eventually(restored, timeout=20, what="table restored from the changelog")
+
+    # New messages are accounted on top: the small one grows, the compacted one
+    # crosses the budget again and gets its second compaction (generation 1).
+    total, _ = await stack.pg_tally(compacted.id)
+    crossing = compacted.until_over(total)
+    more_small = [small.message() for _ in range(2)]
+    await stack.send_all(more_small + crossing)
+    await stack.wait_for_clip_events({compacted.id: 2}, timeout=30)
+    after = await stack.wait_idle(second, [compacted.id, small.id], timeout=30)
+    assert after[small.id]["message_count"] == 7
+    assert after[small.id]["token_total"] == sum(tokens_of(e) for e in small.events)
+    assert after[compacted.id]["compactions"] == 2
+    assert after[compacted.id]["generation"] == 2
+    events = sorted(
+        (e for e in stack.clip_events().values() if e.conversation_id == compacted.id),
+        key=lambda e: e.generation,
+    )
+    assert [e.generation for e in events] == [0, 1]
+    assert len({e.compaction_id for e in events}) == 2
+    assert len(await stack.pg_compactions()) == 2
+
+    # Offsets were committed at shutdown: the second worker read only what was
+    # sent after the restart, nothing twice.
+    async def counted_once() -> None:
+        text = await second.metrics_text()
+        assert label_values(text, "compactor_events_in_total", "outcome") == {
+            "new": len(more_small) + len(crossing)
+        }
+        assert metric(text, "compactor_compactions_succeeded_total") == 1
+
+    await eventually(counted_once, timeout=10, what="metrics of the second worker")
