@@ -108,7 +108,6 @@ async def pg_store(pg_database: str) -> AsyncIterator[PostgresStore]:
         await store.close()
 
 
-
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 

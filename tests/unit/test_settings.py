@@ -132,4 +132,6 @@ def test_every_setting_is_in_the_configuration_reference() -> None:
         assert f"## [{section}]" in text
         for key in model.annotation.model_fields:  # type: ignore[union-attr]
             short = key.removeprefix("role_weight_")
-            assert f"`{key}`" in text or f"_{short}`" in text or f"/ `{key}`" in text, f"[{section}].{key} missing"
+            assert f"`{key}`" in text or f"_{short}`" in text or f"/ `{key}`" in text, (
+                f"[{section}].{key} missing"
+            )
