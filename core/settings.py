@@ -87,6 +87,8 @@ class KafkaSettings(_Section):
     topic_prefix: str = Field(default="compactor.", pattern=r"^[A-Za-z0-9._-]*$")
     partitions: int = Field(default=4, ge=1)
     replication_factor: int = Field(default=1, ge=1)
+    session_timeout_seconds: float = Field(default=30.0, gt=0)
+    heartbeat_interval_seconds: float = Field(default=3.0, gt=0)
 
 
 class ServiceSettings(_Section):

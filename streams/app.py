@@ -175,6 +175,9 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
+        # How long a dead worker keeps its partitions (Faust's default is 60 s).
+        broker_session_timeout=settings.kafka.session_timeout_seconds,
+        broker_heartbeat_interval=settings.kafka.heartbeat_interval_seconds,
         producer_acks=-1,
         web_enabled=True,
         web_host=svc.web_host,

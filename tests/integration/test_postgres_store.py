@@ -843,3 +843,56 @@ async def test_outbox_failure_rolls_back_the_whole_compaction(pg_store: Postgres
     with pytest.raises(RuntimeError):
         await pg_store.apply_compaction(plan, broken)
     assert await counts(pg_store) == {"messages": 3, "archival_memory": 0, "compactions": 0}
+
+
+async def test_a_compacted_message_does_not_come_back_when_redelivered(
+    pg_store: PostgresStore,
+) -> None:
+    history = [msg(i) for i in range(3)]
+    await save_all(pg_store, history)
+    plan = make_plan(
+        "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
+    )
+    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    # Kafka redelivers the first message after a crash: it is covered by a batch.
+    assert not await pg_store.save_message(history[0], estimate_message_tokens(history[0]))
+    assert [m.id for m in await pg_store.load_history(CONV)] == [
+        plan.clip_archive.id,
+        history[2].id,
+    ]
+    # the same id in another conversation is not affected
+    other = msg(0, conversation_id="other-conv").model_copy(update={"id": history[0].id + "-x"})
+    assert await pg_store.save_message(other, 1)
+
+
+async def test_outbox_rows_returns_published_rows_too_and_first_publication_time_stays(
+    pg_store: PostgresStore,
+) -> None:
+    from core.compaction import OutboxRecord
+
+    history = [msg(i) for i in range(3)]
+    await save_all(pg_store, history)
+    plan = make_plan(
+        "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
+    )
+
+    def outbox(p, stats):  # type: ignore[no-untyped-def]
+        return [
+            OutboxRecord(topic="clip_archives", key=CONV, payload="a"),
+            OutboxRecord(topic="control", key=CONV, payload="b"),
+        ]
+
+    await pg_store.apply_compaction(plan, outbox)
+    rows = await pg_store.outbox_rows("cmp-1")
+    assert [r.payload for r in rows] == ["a", "b"]
+    await pg_store.mark_published([rows[0].id])
+    first = await pg_store.pool.fetchval(
+        "SELECT published_at FROM outbox WHERE id = $1", rows[0].id
+    )
+    await pg_store.mark_published([r.id for r in rows])
+    assert (
+        await pg_store.pool.fetchval("SELECT published_at FROM outbox WHERE id = $1", rows[0].id)
+        == first
+    )
+    assert [r.payload for r in await pg_store.outbox_rows("cmp-1")] == ["a", "b"]
+    assert await pg_store.pending_outbox() == []
