@@ -281,11 +281,8 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
 
     async def rebuilt_tally(store: PostgresStore, conversation_id: str) -> ConversationTally:
         """The tally as PostgreSQL says it is: for a missing entry or a redelivery."""
-        total = await store.conversation_token_total(conversation_id)
-        count = await store.pool.fetchval(
-            "SELECT count(*) FROM messages WHERE conversation_id = $1", conversation_id
-        )
-        return resynced(ConversationTally(conversation_id=conversation_id), total, int(count))
+        total, count = await store.conversation_totals(conversation_id)
+        return resynced(ConversationTally(conversation_id=conversation_id), total, count)
 
     async def send_command(tally: ConversationTally, reason: str) -> None:
         store = await service.store()

@@ -423,6 +423,16 @@ class PostgresStore:
         )
         return int(total)
 
+    async def conversation_totals(self, conversation_id: str) -> tuple[int, int]:
+        """(estimated tokens, rows) of the conversation, in one round trip."""
+        row = await self._pool.fetchrow(
+            "SELECT coalesce(sum(token_estimate), 0) AS tokens, count(*) AS rows "
+            "FROM messages WHERE conversation_id = $1",
+            conversation_id,
+        )
+        assert row is not None
+        return int(row["tokens"]), int(row["rows"])
+
     async def conversations_over(self, threshold: int) -> list[tuple[str, int]]:
         """Conversations whose estimate exceeds ``threshold``, largest first.
 

@@ -896,3 +896,11 @@ async def test_outbox_rows_returns_published_rows_too_and_first_publication_time
     )
     assert [r.payload for r in await pg_store.outbox_rows("cmp-1")] == ["a", "b"]
     assert await pg_store.pending_outbox() == []
+
+
+async def test_conversation_totals_count_tokens_and_rows(pg_store: PostgresStore) -> None:
+    for i in range(3):
+        await pg_store.save_message(msg(i), 10 + i)
+    assert await pg_store.conversation_totals(CONV) == (33, 3)
+    assert await pg_store.conversation_totals("nobody") == (0, 0)
+    assert await pg_store.conversation_token_total(CONV) == 33
