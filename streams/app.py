@@ -129,8 +129,12 @@ class Service:
             min_size=settings.postgres.pool_min_size,
             max_size=settings.postgres.pool_max_size,
         )
-        model = build_model_provider(
-            self.resolved_model, timeout_seconds=settings.summarization.timeout_seconds
+        # In a thread: the first build imports an LLM SDK, which would hold the
+        # event loop (and every agent on it) for up to a few seconds.
+        model = await asyncio.to_thread(
+            build_model_provider,
+            self.resolved_model,
+            timeout_seconds=settings.summarization.timeout_seconds,
         )
         self._compactor = create_compactor(
             model=model,
