@@ -317,12 +317,17 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie child still "exists"; it is not a running broker.
+    # A zombie child still "exists"; it is not a running broker. But a JVM's
+    # main thread exits first: its leader shows "Z" while the other threads
+    # are still shutting down (and the process cannot be reaped yet), so a
+    # zombie only counts as gone once it has no other threads left.
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+            if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
+                return True
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:  # vanished while we looked
+        return os.path.exists(f"/proc/{pid}")
 
 
 def _runs_broker(pid: int, properties: Path) -> bool:
