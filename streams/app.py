@@ -154,10 +154,6 @@ class Service:
             self._embedded = None
 
 
-def tally_from(raw: dict[str, Any] | None, conversation_id: str) -> ConversationTally | None:
-    return None if raw is None else ConversationTally.model_validate(raw)
-
-
 def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
     """The worker's Faust app. ``bootstrap`` overrides env and config (tests)."""
     servers = bootstrap or configured_bootstrap(settings)
@@ -281,7 +277,8 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         return parsed
 
     async def load_tally(conversation_id: str) -> ConversationTally | None:
-        return tally_from(conversations.get(conversation_id), conversation_id)
+        raw = conversations.get(conversation_id)
+        return None if raw is None else ConversationTally.model_validate(raw)
 
     async def rebuilt_tally(store: PostgresStore, conversation_id: str) -> ConversationTally:
         """The tally as PostgreSQL says it is: for a missing entry or a redelivery."""
