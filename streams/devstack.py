@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
@@ -293,6 +293,41 @@ class Explicit:
     postgres_source: str
 
 
+async def _await_answer(
+    name: str,
+    proc: subprocess.Popen[bytes],
+    log_path: Path,
+    *,
+    address: Callable[[], str | None],
+    answers: Callable[[str], Awaitable[bool]],
+    within: float,
+    stop_grace: float,
+    interval: float,
+) -> tuple[str, int]:
+    """Wait until the service started as ``proc`` prints its address and answers there.
+
+    Fails early if the process exits, and stops it if it never answers.
+    """
+    deadline = time.monotonic() + within
+    while True:
+        found = address()
+        if found is not None and await answers(found):
+            return found, proc.pid
+        code = proc.poll()
+        if code is not None:
+            raise DevStackError(
+                f"{name} exited with code {code} before answering; "
+                f"log {log_path}:\n{_log_tail(log_path)}"
+            )
+        if time.monotonic() > deadline:
+            await asyncio.to_thread(stop_process, proc.pid, stop_grace)
+            raise DevStackError(
+                f"{name} did not answer within {within:.0f}s; "
+                f"log {log_path}:\n{_log_tail(log_path)}"
+            )
+        await asyncio.sleep(interval)
+
+
 async def _start_postgres(state_dir: Path, say: Say) -> tuple[str, int]:
     data_dir = (state_dir / POSTGRES).resolve()
     log_path = (state_dir / "postgres.log").resolve()
@@ -301,24 +336,16 @@ async def _start_postgres(state_dir: Path, say: Say) -> tuple[str, int]:
         [sys.executable, "-m", "core.storage.embedded", "--data-dir", str(data_dir)], log_path
     )
     say(f"starting PostgreSQL (embedded, data in {data_dir}, pid {proc.pid})")
-    deadline = time.monotonic() + POSTGRES_READY_TIMEOUT
-    while True:
-        dsn = _dsn_after(log_path, offset)
-        if dsn is not None and await postgres_answers(dsn):
-            return dsn, proc.pid
-        code = proc.poll()
-        if code is not None:
-            raise DevStackError(
-                f"embedded PostgreSQL exited with code {code} before answering; "
-                f"log {log_path}:\n{_log_tail(log_path)}"
-            )
-        if time.monotonic() > deadline:
-            await asyncio.to_thread(stop_process, proc.pid, 10)
-            raise DevStackError(
-                f"embedded PostgreSQL did not answer within {POSTGRES_READY_TIMEOUT:.0f}s; "
-                f"log {log_path}:\n{_log_tail(log_path)}"
-            )
-        await asyncio.sleep(0.2)
+    return await _await_answer(
+        "embedded PostgreSQL",
+        proc,
+        log_path,
+        address=lambda: _dsn_after(log_path, offset),
+        answers=postgres_answers,
+        within=POSTGRES_READY_TIMEOUT,
+        stop_grace=10,
+        interval=0.2,
+    )
 
 
 def _dsn_after(log_path: Path, offset: int) -> str | None:
@@ -354,24 +381,16 @@ async def _start_kafka(state_dir: Path, partitions: int, say: Say) -> tuple[str,
     ]
     proc = _spawn(argv, log_path)
     say(f"starting Kafka (KRaft, data in {data_dir}, pid {proc.pid})")
-    deadline = time.monotonic() + KAFKA_READY_TIMEOUT
-    while True:
-        bootstrap = _read_line_value(ready, "KAFKA_BOOTSTRAP=")
-        if bootstrap and await kafka_answers(bootstrap):
-            return bootstrap, proc.pid
-        code = proc.poll()
-        if code is not None:
-            raise DevStackError(
-                f"Kafka exited with code {code} before answering; "
-                f"log {log_path}:\n{_log_tail(log_path)}"
-            )
-        if time.monotonic() > deadline:
-            await asyncio.to_thread(stop_process, proc.pid, 20)
-            raise DevStackError(
-                f"Kafka did not answer within {KAFKA_READY_TIMEOUT:.0f}s; "
-                f"log {log_path}:\n{_log_tail(log_path)}"
-            )
-        await asyncio.sleep(0.3)
+    return await _await_answer(
+        "Kafka",
+        proc,
+        log_path,
+        address=lambda: _read_line_value(ready, "KAFKA_BOOTSTRAP="),
+        answers=kafka_answers,
+        within=KAFKA_READY_TIMEOUT,
+        stop_grace=20,
+        interval=0.3,
+    )
 
 
 def _java_tools_problem() -> str | None:
