@@ -15,20 +15,32 @@ from typing import Literal
 import anthropic
 from anthropic.types import AssistantMessageParam, Message, MessageParam, UserMessageParam
 
-from core.model._http import parse_retry_after
+from core.model._http import ErrorMap, ErrorRule, SdkErrors
 from core.model.port import (
     ModelAuthError,
-    ModelError,
-    ModelRateLimitError,
     ModelRequest,
     ModelResponse,
     ModelResponseError,
-    ModelServerError,
-    ModelTimeoutError,
     ModelUsage,
 )
 
 PROVIDER = "anthropic"
+
+#: Every ``anthropic`` exception's port error. Beyond the shared rows, only
+#: missing credentials (raised before any request is sent) need a row.
+ERRORS = ErrorMap.for_sdk(
+    PROVIDER,
+    SdkErrors(
+        timeout=anthropic.APITimeoutError,
+        connection=anthropic.APIConnectionError,
+        status=anthropic.APIStatusError,
+        rate_limit=anthropic.RateLimitError,
+        auth=(anthropic.AuthenticationError, anthropic.PermissionDeniedError),
+        server=anthropic.InternalServerError,
+        request_timeout=anthropic.RequestTimeoutError,
+    ),
+    extra=[ErrorRule(anthropic.CredentialsError, ModelAuthError)],
+)
 
 #: Opens the conversation when, after lifting system messages, it would start
 #: with an assistant turn: the API rejects that, and a neutral marker keeps
@@ -137,7 +149,7 @@ class AnthropicProvider:
                 extra_body=extra_body,
             )
         except anthropic.AnthropicError as exc:
-            raise map_anthropic_error(exc) from exc
+            raise ERRORS.map(exc) from exc
         except ValueError as exc:
             # A 200 whose body is not JSON surfaces as a bare JSONDecodeError.
             raise ModelResponseError(f"unreadable response body: {exc}", provider=PROVIDER) from exc
@@ -180,40 +192,6 @@ def parse_message(result: object) -> ModelResponse:
         model=model if isinstance(model, str) else None,
         stop_reason=stop_reason if isinstance(stop_reason, str) else None,
     )
-
-
-def map_anthropic_error(exc: anthropic.AnthropicError) -> ModelError:
-    """Translate an SDK exception into the port's error family.
-
-    Order matters: ``APITimeoutError`` is a subclass of ``APIConnectionError``,
-    and ``OverloadedError`` (529) of ``InternalServerError``.
-    """
-    if isinstance(exc, anthropic.APITimeoutError):
-        return ModelTimeoutError("request timed out", provider=PROVIDER)
-    if isinstance(exc, anthropic.APIConnectionError):
-        return ModelServerError(f"connection failed: {exc.message}", provider=PROVIDER)
-    if isinstance(exc, anthropic.RateLimitError):
-        return ModelRateLimitError(
-            _describe(exc),
-            retry_after=parse_retry_after(exc.response.headers),
-            provider=PROVIDER,
-        )
-    if isinstance(exc, anthropic.AuthenticationError | anthropic.PermissionDeniedError):
-        return ModelAuthError(_describe(exc), provider=PROVIDER)
-    if isinstance(exc, anthropic.RequestTimeoutError):
-        return ModelTimeoutError(_describe(exc), provider=PROVIDER)
-    if isinstance(exc, anthropic.APIStatusError):
-        if isinstance(exc, anthropic.InternalServerError) or exc.status_code >= 500:
-            return ModelServerError(_describe(exc), status=exc.status_code, provider=PROVIDER)
-        return ModelResponseError(_describe(exc), provider=PROVIDER)
-    if isinstance(exc, anthropic.CredentialsError):
-        return ModelAuthError(str(exc), provider=PROVIDER)
-    return ModelResponseError(f"{type(exc).__name__}: {exc}", provider=PROVIDER)
-
-
-def _describe(exc: anthropic.APIStatusError) -> str:
-    detail = exc.api_message or exc.message
-    return f"HTTP {exc.status_code}: {detail}"
 
 
 def _as_int(value: object) -> int:

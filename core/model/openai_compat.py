@@ -15,20 +15,39 @@ from collections.abc import Mapping
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
-from core.model._http import parse_retry_after
+from core.model._http import ErrorMap, ErrorRule, SdkErrors
 from core.model.port import (
     ModelAuthError,
-    ModelError,
-    ModelRateLimitError,
     ModelRequest,
     ModelResponse,
     ModelResponseError,
-    ModelServerError,
-    ModelTimeoutError,
     ModelUsage,
 )
 
 PROVIDER = "openai"
+
+
+def _out_of_quota(exc: Exception) -> bool:
+    return isinstance(exc, openai.APIError) and exc.code == "insufficient_quota"
+
+
+#: Every ``openai`` exception's port error. A 429 whose code is
+#: ``insufficient_quota`` is a billing stop, not a rate limit: retrying cannot
+#: help, so it is reported as an auth failure rather than inviting the
+#: compactor to back off forever; its row comes first so it wins over the
+#: shared 429 row.
+ERRORS = ErrorMap.for_sdk(
+    PROVIDER,
+    SdkErrors(
+        timeout=openai.APITimeoutError,
+        connection=openai.APIConnectionError,
+        status=openai.APIStatusError,
+        rate_limit=openai.RateLimitError,
+        auth=(openai.AuthenticationError, openai.PermissionDeniedError),
+        server=openai.InternalServerError,
+    ),
+    extra=[ErrorRule(openai.RateLimitError, ModelAuthError, when=_out_of_quota)],
+)
 
 
 def build_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
@@ -87,7 +106,7 @@ class OpenAICompatProvider:
                 temperature=request.temperature if request.temperature is not None else openai.omit,
             )
         except openai.OpenAIError as exc:
-            raise map_openai_error(exc) from exc
+            raise ERRORS.map(exc) from exc
         except ValueError as exc:
             # A 200 whose body is not JSON surfaces as a bare JSONDecodeError.
             raise ModelResponseError(f"unreadable response body: {exc}", provider=PROVIDER) from exc
@@ -127,41 +146,6 @@ def parse_completion(result: object) -> ModelResponse:
         model=model if isinstance(model, str) else None,
         stop_reason=finish_reason if isinstance(finish_reason, str) else None,
     )
-
-
-def map_openai_error(exc: openai.OpenAIError) -> ModelError:
-    """Translate an SDK exception into the port's error family.
-
-    ``APITimeoutError`` is a subclass of ``APIConnectionError``, so it is
-    checked first. A 429 whose code is ``insufficient_quota`` is a billing
-    stop, not a rate limit: retrying cannot help, so it is reported as an auth
-    failure rather than inviting the compactor to back off forever.
-    """
-    if isinstance(exc, openai.APITimeoutError):
-        return ModelTimeoutError("request timed out", provider=PROVIDER)
-    if isinstance(exc, openai.APIConnectionError):
-        return ModelServerError(f"connection failed: {exc.message}", provider=PROVIDER)
-    if isinstance(exc, openai.RateLimitError):
-        if exc.code == "insufficient_quota":
-            return ModelAuthError(_describe(exc), provider=PROVIDER)
-        return ModelRateLimitError(
-            _describe(exc),
-            retry_after=parse_retry_after(exc.response.headers),
-            provider=PROVIDER,
-        )
-    if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-        return ModelAuthError(_describe(exc), provider=PROVIDER)
-    if isinstance(exc, openai.APIStatusError):
-        if exc.status_code == 408:
-            return ModelTimeoutError(_describe(exc), provider=PROVIDER)
-        if isinstance(exc, openai.InternalServerError) or exc.status_code >= 500:
-            return ModelServerError(_describe(exc), status=exc.status_code, provider=PROVIDER)
-        return ModelResponseError(_describe(exc), provider=PROVIDER)
-    return ModelResponseError(f"{type(exc).__name__}: {exc}", provider=PROVIDER)
-
-
-def _describe(exc: openai.APIStatusError) -> str:
-    return f"HTTP {exc.status_code}: {exc.message}"
 
 
 def _as_int(value: object) -> int:
