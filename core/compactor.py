@@ -283,9 +283,7 @@ class PipelineCompactor:
             try:
                 text = await self._complete(request, out.usage)
             except ModelError as error:
-                if not error.retryable or attempt >= self._config.max_retries:
-                    raise
-                await self._backoff(attempt, error)
+                await self._retry_or_raise(error, attempt)
                 if isinstance(error, ModelTimeoutError):
                     pending.extendleft(reversed([(half, attempt + 1) for half in halve(ordered)]))
                 else:
@@ -323,9 +321,7 @@ class PipelineCompactor:
                 text = await self._complete(request, summaries.usage)
                 break
             except ModelError as error:
-                if not error.retryable or attempt >= self._config.max_retries:
-                    raise
-                await self._backoff(attempt, error)
+                await self._retry_or_raise(error, attempt)
                 attempt += 1
         merged = SummaryBatch(
             content=text,
@@ -361,7 +357,19 @@ class PipelineCompactor:
             )
         return text
 
-    async def _backoff(self, attempt: int, error: ModelError) -> None:
+    async def _retry_or_raise(self, error: ModelError, attempt: int) -> None:
+        """The retry policy for every LLM call, so the two loops cannot drift:
+        re-raise ``error`` when trying again cannot help or ``attempt`` (0 for
+        the first call) has used up ``max_retries``, otherwise wait before the
+        caller retries. What to retry with stays with the caller, since only
+        the chunk loop can answer a timeout with a smaller request.
+
+        The wait doubles per attempt, but never undercuts a rate limit's
+        ``retry_after``: asking again sooner than the server said would only
+        earn another 429.
+        """
+        if not error.retryable or attempt >= self._config.max_retries:
+            raise error
         delay = self._config.retry_backoff_seconds * 2**attempt
         if isinstance(error, ModelRateLimitError) and error.retry_after is not None:
             delay = max(delay, error.retry_after)
