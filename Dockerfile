@@ -7,10 +7,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-# Only what the package needs: tests, infra and docs stay out of the image.
+# Only what the package needs: tests, infra and docs stay out of the image. devtools
+# (`compactor dev`/`demo`) is part of the package; the worker never imports it.
 COPY pyproject.toml README.md ./
 COPY core ./core
 COPY streams ./streams
+COPY devtools ./devtools
 RUN pip install . \
     && useradd --system --uid 10001 --create-home --home-dir /var/lib/compactor compactor \
     && rm -rf /src

@@ -5,7 +5,7 @@ and reading a worker's ``/metrics`` and ``/proc`` entries.
 Each benchmark starts what it needs and stops all of it on the way out:
 
 * Kafka: ``$KAFKA_BOOTSTRAP_SERVERS`` when set, else a local KRaft broker
-  (``streams.localstack.start_kafka``) in a temporary directory;
+  (``devtools.localstack.start_kafka``) in a temporary directory;
 * PostgreSQL: ``$POSTGRES_DSN`` when set (its role needs CREATEDB), else a
   throwaway embedded server (``core.storage.embedded.start_temporary``). Either
   way every worker gets a fresh database, dropped at the end;
@@ -99,7 +99,7 @@ def print_header(title: str, module: str) -> None:
     import aiokafka
     import faust
 
-    from streams.localstack import kafka_version
+    from devtools.localstack import kafka_version
 
     quiet_clients()
     print(f"# {title}")
@@ -167,7 +167,7 @@ class Infra:
             self.bootstrap = configured
             self.kafka_source = f"${KAFKA_ENV}"
             return
-        from streams.localstack import BrokerStartError, start_kafka
+        from devtools.localstack import BrokerStartError, start_kafka
 
         note("starting a local Kafka broker")
         for attempt in range(3):
@@ -175,7 +175,7 @@ class Infra:
                 broker = start_kafka(self.tmp / f"kafka{attempt}", num_partitions=self.partitions)
                 break
             except BrokerStartError as error:
-                # streams.localstack.new_cluster_id() is base64url: one id in 64 starts
+                # devtools.localstack.new_cluster_id() is base64url: one id in 64 starts
                 # with "-", which kafka-storage's argument parser takes for an option.
                 if "--cluster-id" not in str(error) or attempt == 2:
                     raise
@@ -183,7 +183,7 @@ class Infra:
         self._stack.callback(broker.stop)
         self.broker_pid = broker.pid
         self.bootstrap = broker.bootstrap_servers
-        self.kafka_source = "local KRaft broker (streams.localstack)"
+        self.kafka_source = "local KRaft broker (devtools.localstack)"
 
     def _start_postgres(self) -> None:
         configured = os.environ.get(POSTGRES_ENV)

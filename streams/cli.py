@@ -24,17 +24,17 @@ from core.messages import ConversationMessage
 from core.settings import ConfigError, Settings, load_settings
 from core.split import is_clip_archive
 from core.tokens import estimate_history_tokens, estimate_message_tokens
-from streams import devstack, schemas
+from streams import schemas
 from streams.admin import TopicMismatchError, ensure_topics
-from streams.demo import DemoError
 from streams.events import MessageEvent
-from streams.localstack import is_reachable
+from streams.kafka_probe import is_reachable
 from streams.replay import Progress, PublishError, publish, read_events
 from streams.runtime import (
     configured_bootstrap,
     explicit_addresses,
     open_runtime,
 )
+from streams.stack_state import DEFAULT_STATE_DIR, DEV_STATE_DIR_ENV, default_state_dir
 from streams.tail import TailError, tail
 from streams.topics import TopicNames
 
@@ -156,11 +156,16 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    from streams.demo import run_demo
+    # Dev tooling (the local broker's JVM launcher): imported by `demo` and `dev` only.
+    from devtools.demo import DemoError, run_demo
+    from devtools.devstack import DevStackError
 
     if not args.config:
         raise ConfigError("demo needs --config (the README uses samples/demo.toml)")
-    return await run_demo(settings, Path(args.config), Path(args.transcript))
+    try:
+        return await run_demo(settings, Path(args.config), Path(args.transcript))
+    except (DemoError, DevStackError) as error:
+        raise CommandError(str(error)) from None
 
 
 async def _kafka(settings: Settings) -> str:
@@ -292,26 +297,29 @@ def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
 
 
 async def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
-    state_dir = Path(args.state_dir) if args.state_dir else devstack.default_state_dir()
+    # Dev tooling (the local broker's JVM launcher): imported by `dev` and `demo` only.
+    from devtools import devstack
+
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
 
     def say(line: str) -> None:
         print(line, flush=True)
 
-    if args.dev_command == "down":
-        if await devstack.down(state_dir, say=say):
-            print(f"dev stack in {state_dir} stopped")
-        else:
-            print(f"nothing to stop: no dev stack recorded in {state_dir}")
-        return 0
-    if args.dev_command == "status":
-        reports = await devstack.status(state_dir, explicit_addresses(settings))
-        for report in reports:
-            print(report.line())
-        healthy = all(report.answering for report in reports)
-        if not healthy:
-            print("not all services answer: `compactor dev up` starts what is missing")
-        return 0 if healthy else 1
     try:
+        if args.dev_command == "down":
+            if await devstack.down(state_dir, say=say):
+                print(f"dev stack in {state_dir} stopped")
+            else:
+                print(f"nothing to stop: no dev stack recorded in {state_dir}")
+            return 0
+        if args.dev_command == "status":
+            reports = await devstack.status(state_dir, explicit_addresses(settings))
+            for report in reports:
+                print(report.line())
+            healthy = all(report.answering for report in reports)
+            if not healthy:
+                print("not all services answer: `compactor dev up` starts what is missing")
+            return 0 if healthy else 1
         reports = await devstack.up(
             state_dir, explicit_addresses(settings), partitions=settings.kafka.partitions, say=say
         )
@@ -325,7 +333,7 @@ async def cmd_dev(settings: Settings, args: argparse.Namespace) -> int:
         print("  " + report.line())
     exports = devstack.export_lines(reports, state_dir)
     if exports:
-        if any(line.startswith(f"export {devstack.DEV_STATE_DIR_ENV}=") for line in exports):
+        if any(line.startswith(f"export {DEV_STATE_DIR_ENV}=") for line in exports):
             print("compactor commands find it once the last line below is set; other tools:")
         else:
             print(
@@ -414,8 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("dev", help="a local Kafka + PostgreSQL for development")
     dev.add_argument(
         "--state-dir",
-        help=f"where the stack keeps its files (default: ${devstack.DEV_STATE_DIR_ENV} "
-        f"or {devstack.DEFAULT_STATE_DIR})",
+        help=f"where the stack keeps its files (default: ${DEV_STATE_DIR_ENV} "
+        f"or {DEFAULT_STATE_DIR})",
     )
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
     dev_sub.add_parser("up", help="start Kafka and PostgreSQL (or check the configured ones)")
@@ -441,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TopicMismatchError) as error:
         print(f"compactor: {error}", file=sys.stderr)
         return 2
-    except (CommandError, devstack.DevStackError, PublishError, TailError, DemoError) as error:
+    except (CommandError, PublishError, TailError) as error:
         print(f"compactor: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

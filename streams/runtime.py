@@ -19,7 +19,7 @@ from core.model.port import ModelProvider
 from core.settings import ResolvedModel, Settings, resolve_model
 from core.storage.embedded import POSTGRES_DSN_ENV, EmbeddedPostgres, resolve_dsn
 from core.storage.postgres import PostgresStore
-from streams.devstack import Explicit, dev_stack_bootstrap, dev_stack_dsn
+from streams.stack_state import Explicit, dev_stack_bootstrap, dev_stack_dsn
 
 log = logging.getLogger("compactor.runtime")
 

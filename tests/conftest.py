@@ -118,7 +118,7 @@ def require_local_kafka_tools() -> None:
     A CI run that silently skipped every Kafka test would look green while
     testing nothing.
     """
-    from streams.localstack import MissingToolError, ensure_kafka_jars, find_java
+    from devtools.localstack import MissingToolError, ensure_kafka_jars, find_java
 
     try:
         find_java()
@@ -133,7 +133,7 @@ def require_local_kafka_tools() -> None:
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real broker for the whole session: ``$KAFKA_BOOTSTRAP_SERVERS`` (CI starts
     one) or a local KRaft broker from the Maven jars. Use your own topic names."""
-    from streams.localstack import start_kafka
+    from devtools.localstack import start_kafka
 
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if external:

@@ -33,9 +33,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
 from core.messages import ConversationMessage, ToolCall
-from streams import cli, devstack
+from devtools import devstack
+from streams import cli
 from streams.events import BatchInfo, ClipArchiveEvent, MessageEvent
-from streams.localstack import pid_alive, read_state
+from streams.stack_state import DEV_STATE_DIR_ENV, pid_alive, read_state
 from streams.topics import TopicNames
 from tests.conftest import require_local_kafka_tools
 
@@ -374,7 +375,7 @@ async def test_kafka_commands_without_a_broker_say_how_to_get_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
-    monkeypatch.setenv(devstack.DEV_STATE_DIR_ENV, str(tmp_path / "no-stack"))
+    monkeypatch.setenv(DEV_STATE_DIR_ENV, str(tmp_path / "no-stack"))
     config = tmp_path / "config.toml"
     config.write_text("")
     code, _, err = await run_cli(capsys, ["--config", str(config), "tail", "--timeout", "1"])
@@ -400,7 +401,7 @@ def clean_env(**extra: str) -> dict[str, str]:
             "KAFKA_BOOTSTRAP_SERVERS",
             "POSTGRES_DSN",
             "COMPACTOR_CONFIG",
-            devstack.DEV_STATE_DIR_ENV,
+            DEV_STATE_DIR_ENV,
         }
     }
     env.update(extra)
@@ -461,7 +462,7 @@ async def test_dev_up_status_down_with_nothing_configured(tmp_path: Path, dev_st
     assert read_state(dev_state) == state
 
     # Every other command finds the stack by itself: no env, no config.
-    found = clean_env(**{devstack.DEV_STATE_DIR_ENV: str(dev_state)})
+    found = clean_env(**{DEV_STATE_DIR_ENV: str(dev_state)})
     migrate = await compactor("migrate", env=found, cwd=tmp_path)
     assert migrate.returncode == 0, migrate.stdout + migrate.stderr
     assert str(dev_state / "postgres") in migrate.stdout  # the dev PostgreSQL, not a new one

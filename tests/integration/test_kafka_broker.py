@@ -1,6 +1,6 @@
 """The local KRaft broker really is a Kafka broker, as aiokafka (and so Faust) sees it.
 
-Why: every streaming test builds on ``streams.localstack``; if keyed
+Why: every streaming test builds on ``devtools.localstack``; if keyed
 partitioning, consumer groups or isolation between brokers broke there, the
 failures would surface far away as flaky pipeline tests.
 
@@ -21,19 +21,17 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from streams.localstack import (
+from devtools.localstack import (
     KafkaBroker,
     LocalStackError,
     MissingToolError,
-    StackState,
     ensure_kafka_jars,
     free_port,
-    is_reachable,
-    read_state,
     start_kafka,
     stop_process,
-    write_state,
 )
+from streams.kafka_probe import is_reachable
+from streams.stack_state import StackState, read_state, write_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

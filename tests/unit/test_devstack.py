@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings, parse_settings
-from streams import devstack
-from streams.localstack import StackState, write_state
+from devtools import devstack
+from streams import stack_state
 from streams.runtime import configured_bootstrap, configured_dsn
+from streams.stack_state import StackState, write_state
 
 pytestmark = pytest.mark.unit
 
@@ -34,8 +35,8 @@ def fake_service() -> Iterator[int]:
             sys.executable,
             "-c",
             "import time; time.sleep(60)",
-            "streams.localstack",
-            "core.storage.embedded",
+            stack_state.KAFKA_LAUNCHER_MODULE,
+            stack_state.POSTGRES_LAUNCHER_MODULE,
         ]
     )
     try:
@@ -49,7 +50,7 @@ def fake_service() -> Iterator[int]:
 def stack_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     monkeypatch.delenv("POSTGRES_DSN", raising=False)
-    monkeypatch.setenv(devstack.DEV_STATE_DIR_ENV, str(tmp_path / "dev"))
+    monkeypatch.setenv(stack_state.DEV_STATE_DIR_ENV, str(tmp_path / "dev"))
     return tmp_path / "dev"
 
 
@@ -102,13 +103,13 @@ def test_a_dead_service_is_not_used(stack_dir: Path, fake_service: int) -> None:
 def test_a_reused_pid_is_not_ours(stack_dir: Path) -> None:
     # This test process is alive, but it is not what `dev up` started.
     record(stack_dir, {"kafka": os.getpid(), "postgres": os.getpid()})
-    assert not devstack.owns_pid("kafka", os.getpid())
+    assert not stack_state.owns_pid("kafka", os.getpid())
     assert configured_bootstrap(Settings()) is None
     assert configured_dsn(Settings()) is None
 
 
 def test_a_docker_compose_stack_is_trusted_without_pids(stack_dir: Path) -> None:
-    record(stack_dir, {}, launcher=devstack.DOCKER_COMPOSE)
+    record(stack_dir, {}, launcher=stack_state.DOCKER_COMPOSE)
     assert configured_bootstrap(Settings()) == DEV_KAFKA
     assert configured_dsn(Settings()) == DEV_DSN
 
@@ -120,8 +121,8 @@ def test_an_unreadable_state_file_is_ignored(stack_dir: Path) -> None:
 
 
 def test_default_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(devstack.DEV_STATE_DIR_ENV, raising=False)
-    assert devstack.default_state_dir() == Path(".state/dev")
+    monkeypatch.delenv(stack_state.DEV_STATE_DIR_ENV, raising=False)
+    assert stack_state.default_state_dir() == Path(".state/dev")
 
 
 def test_redact_dsn_hides_only_the_password() -> None:
@@ -139,11 +140,11 @@ def test_export_lines_name_the_state_dir_only_when_not_the_default() -> None:
             "postgres", "configured", "$POSTGRES_DSN", DEV_DSN, None, None, True
         ),
     ]
-    assert devstack.export_lines(reports, devstack.DEFAULT_STATE_DIR) == [
+    assert devstack.export_lines(reports, stack_state.DEFAULT_STATE_DIR) == [
         f"export KAFKA_BOOTSTRAP_SERVERS='{DEV_KAFKA}'"
     ]
     custom = devstack.export_lines(reports, Path("/srv/stack"))
-    assert custom[-1] == f"export {devstack.DEV_STATE_DIR_ENV}='/srv/stack'"
+    assert custom[-1] == f"export {stack_state.DEV_STATE_DIR_ENV}='/srv/stack'"
 
 
 async def test_without_java_and_without_docker_up_says_what_to_install(
@@ -151,7 +152,7 @@ async def test_without_java_and_without_docker_up_says_what_to_install(
 ) -> None:
     monkeypatch.setattr(devstack, "_java_tools_problem", lambda: "`java` not found on PATH")
     monkeypatch.setattr(devstack, "docker_engine_available", lambda: False)
-    explicit = devstack.Explicit(None, "-", None, "-")
+    explicit = stack_state.Explicit(None, "-", None, "-")
     with pytest.raises(devstack.DevStackError) as caught:
         await devstack.up(tmp_path / "dev", explicit, say=lambda _: None)
     message = str(caught.value)
@@ -182,7 +183,7 @@ async def test_without_java_but_with_docker_up_and_down_use_compose(
     monkeypatch.setattr(devstack, "postgres_answers", answers)
     monkeypatch.setattr(devstack, "migrate", migrated)
     state_dir = tmp_path / "dev"
-    explicit = devstack.Explicit(None, "-", None, "-")
+    explicit = stack_state.Explicit(None, "-", None, "-")
 
     reports = await devstack.up(state_dir, explicit, say=lambda _: None)
 
@@ -191,12 +192,12 @@ async def test_without_java_but_with_docker_up_and_down_use_compose(
         ("kafka", "docker compose", devstack.COMPOSE_BOOTSTRAP),
         ("postgres", "docker compose", devstack.COMPOSE_DSN),
     ]
-    state = devstack.running_stack(state_dir)
-    assert state is not None and state.launcher == devstack.DOCKER_COMPOSE
+    state = stack_state.running_stack(state_dir)
+    assert state is not None and state.launcher == stack_state.DOCKER_COMPOSE
     again = await devstack.up(state_dir, explicit, say=lambda _: None)
     assert {r.source for r in again} == {"already running"}
     assert len(calls) == 1
 
     assert await devstack.down(state_dir, say=lambda _: None)
     assert calls[-1] == ("down",)
-    assert devstack.running_stack(state_dir) is None
+    assert stack_state.running_stack(state_dir) is None

@@ -26,11 +26,12 @@ from typing import Any
 
 from core.settings import Settings, resolve_model
 from core.storage.embedded import POSTGRES_DSN_ENV
-from streams import devstack
+from devtools import devstack
 from streams.admin import ensure_topics
 from streams.events import ClipArchiveEvent
 from streams.replay import publish, read_events
 from streams.runtime import KAFKA_BOOTSTRAP_ENV, explicit_addresses
+from streams.stack_state import dev_stack_bootstrap, dev_stack_dsn
 from streams.tail import summarise, tail
 from streams.topics import TopicNames
 
@@ -141,10 +142,8 @@ async def run_demo(settings: Settings, config_path: Path, transcript_path: Path)
             partitions=settings.kafka.partitions,
             say=lambda line: say(f"  {line}"),
         )
-        bootstrap = explicit_addresses(settings).kafka_bootstrap or devstack.dev_stack_bootstrap(
-            state_dir
-        )
-        dsn = explicit_addresses(settings).postgres_dsn or devstack.dev_stack_dsn(state_dir)
+        bootstrap = explicit_addresses(settings).kafka_bootstrap or dev_stack_bootstrap(state_dir)
+        dsn = explicit_addresses(settings).postgres_dsn or dev_stack_dsn(state_dir)
         if not bootstrap or not dsn:
             raise DemoError("the local stack did not come up")
         names = TopicNames.with_prefix(settings.kafka.topic_prefix)

@@ -4,9 +4,11 @@ Why: the worker, ``replay``, ``tail`` and ``compact`` all need a broker and a
 database, and copying ports between terminals is where local setups go wrong.
 ``dev up`` starts both once, as detached processes whose files (data, logs,
 ``stack.json``) live in one state directory, and every other command finds
-them through :func:`dev_stack_bootstrap` / :func:`dev_stack_dsn` (used by
-``streams.runtime.configured_bootstrap``/``configured_dsn`` after the
-environment and the config file).
+them through ``streams.stack_state.dev_stack_bootstrap``/``dev_stack_dsn``
+(used by ``streams.runtime.configured_bootstrap``/``configured_dsn`` after the
+environment and the config file). That lookup, and the format of
+``stack.json``, live in ``streams.stack_state`` so that the worker never
+imports this module.
 
 Without Java and Maven the broker cannot run from jars; if a Docker engine
 answers, ``docker compose`` runs both services from ``docker-compose.yml``
@@ -18,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import logging
 import os
 import re
 import shutil
@@ -35,37 +36,37 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from core.storage.migrate import migrate
-from streams.localstack import (
+from devtools.localstack import (
     REPO_ROOT,
-    LocalStackError,
     MissingToolError,
-    StackState,
-    clear_state,
     ensure_kafka_jars,
     find_java,
-    is_reachable,
-    pid_alive,
-    read_state,
-    state_path,
     stop_process,
+)
+from streams.kafka_probe import is_reachable
+from streams.stack_state import (
+    DEFAULT_STATE_DIR,
+    DEV_STATE_DIR_ENV,
+    DOCKER_COMPOSE,
+    KAFKA,
+    KAFKA_LAUNCHER_MODULE,
+    POSTGRES,
+    POSTGRES_LAUNCHER_MODULE,
+    PROCESSES,
+    Explicit,
+    StackState,
+    StackStateError,
+    clear_state,
+    owns_pid,
+    pid_alive,
+    process_cmdline,
+    read_state,
+    service_alive,
+    state_path,
     write_state,
 )
 
-log = logging.getLogger("compactor.devstack")
-
-DEV_STATE_DIR_ENV = "COMPACTOR_DEV_STATE_DIR"
-DEFAULT_STATE_DIR = Path(".state/dev")
-
-KAFKA = "kafka"
-POSTGRES = "postgres"
 SERVICES: tuple[str, ...] = (KAFKA, POSTGRES)
-
-PROCESSES = "processes"
-DOCKER_COMPOSE = "docker-compose"
-
-#: A recorded pid counts as ours only while its command line still names the
-#: module that ``dev up`` ran: after a reboot the same number may be anything.
-_MARKERS = {KAFKA: "streams.localstack", POSTGRES: "core.storage.embedded"}
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 #: Where ``docker-compose.yml`` publishes the services on the host.
@@ -87,74 +88,6 @@ Say = Callable[[str], None]
 
 class DevStackError(RuntimeError):
     """``dev up`` could not bring a service up; the message says what to do."""
-
-
-def default_state_dir() -> Path:
-    """``$COMPACTOR_DEV_STATE_DIR`` or ``.state/dev`` (relative to the working directory,
-    like every other ``.state`` default, so each checkout has its own stack)."""
-    return Path(os.environ.get(DEV_STATE_DIR_ENV) or DEFAULT_STATE_DIR)
-
-
-# --------------------------------------------------------------------------- liveness
-
-
-def _cmdline(pid: int) -> bytes | None:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-
-
-def owns_pid(service: str, pid: int) -> bool:
-    """Whether ``pid`` is still the process ``dev up`` started for ``service``."""
-    if not pid_alive(pid):
-        return False
-    argv = _cmdline(pid)
-    if argv is None:
-        return True  # no /proc: trust the pid
-    return _MARKERS[service].encode() in argv
-
-
-def _service_alive(state: StackState, service: str) -> bool:
-    if state.launcher == DOCKER_COMPOSE:
-        return True  # containers: no pid to check; "answering" tells the truth
-    pid = state.pids.get(service)
-    return pid is not None and owns_pid(service, pid)
-
-
-def running_stack(state_dir: Path | None = None) -> StackState | None:
-    """The dev stack recorded in ``state_dir``, keeping only the services still running.
-
-    Cheap (a small file and ``/proc``), never raises, and never touches the
-    network: it runs on every command's start-up.
-    """
-    directory = state_dir if state_dir is not None else default_state_dir()
-    try:
-        state = read_state(directory)
-    except LocalStackError as error:
-        log.warning("ignoring the dev stack state: %s", error)
-        return None
-    if state is None:
-        return None
-    if not _service_alive(state, KAFKA):
-        state.kafka_bootstrap = None
-    if not _service_alive(state, POSTGRES):
-        state.postgres_dsn = None
-    if state.kafka_bootstrap is None and state.postgres_dsn is None:
-        return None
-    return state
-
-
-def dev_stack_bootstrap(state_dir: Path | None = None) -> str | None:
-    """The broker of a running ``compactor dev up`` stack, if any."""
-    state = running_stack(state_dir)
-    return state.kafka_bootstrap if state is not None else None
-
-
-def dev_stack_dsn(state_dir: Path | None = None) -> str | None:
-    """The PostgreSQL of a running ``compactor dev up`` stack, if any."""
-    state = running_stack(state_dir)
-    return state.postgres_dsn if state is not None else None
 
 
 async def kafka_answers(bootstrap: str, probe_seconds: float = 2.0) -> bool:
@@ -283,16 +216,6 @@ class ServiceReport:
 # --------------------------------------------------------------------------- up
 
 
-@dataclass
-class Explicit:
-    """Addresses given by the environment or config file: ``dev`` uses them, never starts."""
-
-    kafka_bootstrap: str | None
-    kafka_source: str
-    postgres_dsn: str | None
-    postgres_source: str
-
-
 async def _await_answer(
     name: str,
     proc: subprocess.Popen[bytes],
@@ -333,7 +256,7 @@ async def _start_postgres(state_dir: Path, say: Say) -> tuple[str, int]:
     log_path = (state_dir / "postgres.log").resolve()
     offset = log_path.stat().st_size if log_path.exists() else 0
     proc = _spawn(
-        [sys.executable, "-m", "core.storage.embedded", "--data-dir", str(data_dir)], log_path
+        [sys.executable, "-m", POSTGRES_LAUNCHER_MODULE, "--data-dir", str(data_dir)], log_path
     )
     say(f"starting PostgreSQL (embedded, data in {data_dir}, pid {proc.pid})")
     return await _await_answer(
@@ -368,7 +291,7 @@ async def _start_kafka(state_dir: Path, partitions: int, say: Say) -> tuple[str,
     argv = [
         sys.executable,
         "-m",
-        "streams.localstack",
+        KAFKA_LAUNCHER_MODULE,
         "kafka",
         "--data-dir",
         str(data_dir),
@@ -473,7 +396,7 @@ async def _up_locked(
 ) -> list[ServiceReport]:
     try:
         previous = read_state(state_dir)
-    except LocalStackError as error:
+    except StackStateError as error:
         say(f"ignoring {error}: starting afresh")
         previous = None
     state = previous or StackState()
@@ -513,7 +436,7 @@ async def _up_locked(
     needed: list[str] = []
     for name in wanted:
         address = state.kafka_bootstrap if name == KAFKA else state.postgres_dsn
-        if previous is not None and address and _service_alive(state, name):
+        if previous is not None and address and service_alive(state, name):
             healthy = await (kafka_answers(address) if name == KAFKA else postgres_answers(address))
             if healthy:
                 docker = state.launcher == DOCKER_COMPOSE
@@ -681,7 +604,7 @@ def _stop_service(state: StackState, name: str, say: Say) -> None:
     if name == POSTGRES:
         server = _postmaster_pid(root)
         if server is not None and pid_alive(server):
-            argv = _cmdline(server) or b""
+            argv = process_cmdline(server) or b""
             if b"postgres" in argv or not argv:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(server, signal.SIGINT)  # "fast" shutdown
@@ -692,7 +615,7 @@ def _stop_service(state: StackState, name: str, say: Say) -> None:
     elif name == KAFKA:
         broker = _broker_pid(root)
         if broker is not None and pid_alive(broker):
-            argv = _cmdline(broker) or b""
+            argv = process_cmdline(broker) or b""
             if str(root / "server.properties").encode() in argv:
                 stop_process(broker, timeout=30)
                 say(f"stopped a leftover Kafka broker (pid {broker})")
@@ -709,7 +632,7 @@ async def down(state_dir: Path, *, say: Say = print) -> bool:
     async with _state_lock(state_dir, say):
         try:
             state = read_state(state_dir)
-        except LocalStackError as error:
+        except StackStateError as error:
             raise DevStackError(
                 f"{error}; cannot tell what to stop: stop the processes named in "
                 f"{state_dir}/*.log by hand, then delete {state_path(state_dir)}"
@@ -739,7 +662,7 @@ async def status(state_dir: Path, explicit: Explicit) -> list[ServiceReport]:
     """What every other command would use, one report per service, checked for real."""
     try:
         state = read_state(state_dir)
-    except LocalStackError:
+    except StackStateError:
         state = None
     reports = []
     for name in SERVICES:

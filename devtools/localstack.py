@@ -3,8 +3,9 @@
 Why this exists: the service's contract with Kafka (keyed partitioning,
 consumer-group rebalances, offsets, exactly-once) is exactly what mocks get
 wrong, and neither CI nor developer machines here have a Docker engine. The
-broker's jars come from Maven Central through ``infra/kafka/pom.xml`` (the one
-registry every machine reaches), are cached per Kafka version, and the broker
+broker's jars come from Maven Central through ``devtools/kafka/pom.xml`` (the one
+registry every machine reaches; see :func:`find_kafka_pom`), are cached per
+Kafka version, and the broker
 runs as a plain ``java`` child process with its data under a directory the
 caller owns, so several brokers (parallel test sessions, ``dev up``) never
 share ports or files.
@@ -17,11 +18,8 @@ In-process::
 From a shell (CI), in the background; prints ``KAFKA_BOOTSTRAP=127.0.0.1:PORT``
 once clients can connect and stops the broker on SIGTERM or SIGINT::
 
-    python -m streams.localstack jars            # resolve the jars, print lib dir
-    python -m streams.localstack kafka --data-dir var/kafka --ready-file var/kafka.env &
-
-``write_state``/``read_state`` keep ``<state_dir>/stack.json`` so that a later
-``dev status``/``dev down`` finds what ``dev up`` started.
+    python -m devtools.localstack jars            # resolve the jars, print lib dir
+    python -m devtools.localstack kafka --data-dir var/kafka --ready-file var/kafka.env &
 """
 
 from __future__ import annotations
@@ -29,10 +27,8 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -49,18 +45,27 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
+from streams.kafka_probe import LOOPBACK, probe_brokers
+from streams.stack_state import pid_alive
+
+#: The checkout this module runs from (``docker-compose.yml`` lives there);
+#: meaningless in an installed wheel, which has no checkout.
 REPO_ROOT = Path(__file__).resolve().parent.parent
-KAFKA_INFRA_DIR = REPO_ROOT / "infra" / "kafka"
-KAFKA_POM = KAFKA_INFRA_DIR / "pom.xml"
-KAFKA_LOG4J_CONFIG = KAFKA_INFRA_DIR / "log4j2.properties"
+
+#: The broker's Maven pom and Log4j config are package data of ``devtools``
+#: (``devtools/kafka/``): the same path in a checkout and in an installed wheel.
+KAFKA_FILES_DIR = Path(__file__).resolve().parent / "kafka"
+PACKAGED_KAFKA_POM = KAFKA_FILES_DIR / "pom.xml"
+KAFKA_LOG4J_CONFIG = KAFKA_FILES_DIR / "log4j2.properties"
+#: Another pom to resolve the broker from (another Kafka version, say).
+KAFKA_POM_ENV = "COMPACTOR_KAFKA_POM"
 
 #: Marks a jar folder whose copy finished; holds the pom's digest so that a
 #: changed pom (new version, new logging backend) re-resolves.
 JARS_MARKER = ".resolved"
 
-LOOPBACK = "127.0.0.1"
 NODE_ID = 1
 MIN_JAVA_MAJOR = 17
 
@@ -90,6 +95,10 @@ class MissingToolError(LocalStackError):
 
 class BrokerStartError(LocalStackError):
     """The broker process exited or never answered; the message has its log tail."""
+
+
+class KafkaPomNotFoundError(LocalStackError):
+    """No pom to resolve the broker's jars from; the message lists every place looked at."""
 
 
 # --------------------------------------------------------------------------- tools
@@ -137,8 +146,31 @@ def find_mvn() -> str:
 # --------------------------------------------------------------------------- jars
 
 
-def kafka_version(pom: Path = KAFKA_POM) -> str:
+def find_kafka_pom() -> Path:
+    """The pom that pins the broker and its classpath.
+
+    ``$COMPACTOR_KAFKA_POM`` when set (and then only there: a mistyped
+    override must not quietly fall back to another Kafka version), otherwise
+    the pom shipped as package data of ``devtools``, which is where it lives
+    in a checkout and in an installed wheel alike.
+    """
+    override = os.environ.get(KAFKA_POM_ENV)
+    if override:
+        pom, looked = Path(override).expanduser(), f"${KAFKA_POM_ENV}={override}"
+    else:
+        pom, looked = PACKAGED_KAFKA_POM, f"${KAFKA_POM_ENV} (unset), then {PACKAGED_KAFKA_POM}"
+    if pom.is_file():
+        return pom
+    raise KafkaPomNotFoundError(
+        f"no Kafka pom found; looked at {looked}. Point ${KAFKA_POM_ENV} at a pom "
+        "(a checkout has devtools/kafka/pom.xml), or reinstall context-compactor: "
+        "its devtools package ships the pom"
+    )
+
+
+def kafka_version(pom: Path | None = None) -> str:
     """The pinned Kafka version, read from the pom so it is stated only once."""
+    pom = pom if pom is not None else find_kafka_pom()
     root = ET.parse(pom).getroot()
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     node = root.find("m:properties/m:kafka.version", ns)
@@ -160,7 +192,8 @@ def _pom_digest(pom: Path) -> str:
     return hashlib.sha256(pom.read_bytes()).hexdigest()
 
 
-def jars_ready(jars_dir: Path, pom: Path = KAFKA_POM) -> bool:
+def jars_ready(jars_dir: Path, pom: Path | None = None) -> bool:
+    pom = pom if pom is not None else find_kafka_pom()
     marker = jars_dir / JARS_MARKER
     try:
         return marker.read_text().strip() == _pom_digest(pom)
@@ -169,7 +202,7 @@ def jars_ready(jars_dir: Path, pom: Path = KAFKA_POM) -> bool:
 
 
 def ensure_kafka_jars(
-    jars_dir: Path | None = None, *, pom: Path = KAFKA_POM, timeout: float = 900.0
+    jars_dir: Path | None = None, *, pom: Path | None = None, timeout: float = 900.0
 ) -> Path:
     """The folder holding the broker's classpath, resolving it with Maven first if needed.
 
@@ -177,6 +210,7 @@ def ensure_kafka_jars(
     a file lock: two test sessions starting at once must neither run Maven
     twice into the same folder nor see a half-copied classpath.
     """
+    pom = pom if pom is not None else find_kafka_pom()
     target = jars_dir if jars_dir is not None else default_jars_dir(kafka_version(pom))
     if jars_ready(target, pom):
         return target
@@ -227,75 +261,6 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-# --------------------------------------------------------------------------- wire probe
-
-
-def _parse_bootstrap(bootstrap: str) -> list[tuple[str, int]]:
-    hosts: list[tuple[str, int]] = []
-    for item in bootstrap.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        item = item.removeprefix("kafka://").removeprefix("PLAINTEXT://")
-        host, _, port = item.rpartition(":")
-        hosts.append((host.strip("[]") or LOOPBACK, int(port)))
-    return hosts
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < size:
-        chunk = sock.recv(size - len(chunks))
-        if not chunk:
-            raise ConnectionError("broker closed the connection")
-        chunks += chunk
-    return bytes(chunks)
-
-
-def probe_brokers(host: str, port: int, timeout: float = 2.0) -> list[tuple[int, str, int]]:
-    """Ask one address for cluster metadata; returns ``(node_id, host, port)`` per broker.
-
-    A hand-rolled Metadata v4 request rather than a client library: it is
-    synchronous (usable from fixtures, CLIs and running event loops alike),
-    and unlike a bare TCP connect it only succeeds once the broker is
-    registered and serving, which is what "ready" has to mean.
-    """
-    client_id = b"localstack-probe"
-    header = struct.pack(">hhih", 3, 4, 1, len(client_id)) + client_id
-    body = struct.pack(">ib", 0, 0)  # no topics, no auto-creation
-    request = header + body
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.settimeout(timeout)
-        sock.sendall(struct.pack(">i", len(request)) + request)
-        (size,) = struct.unpack(">i", _recv_exact(sock, 4))
-        payload = _recv_exact(sock, size)
-    correlation_id, _throttle, count = struct.unpack_from(">iii", payload, 0)
-    if correlation_id != 1:
-        raise ConnectionError("unexpected correlation id in metadata response")
-    offset = 12
-    brokers: list[tuple[int, str, int]] = []
-    for _ in range(count):
-        (node_id, host_len) = struct.unpack_from(">ih", payload, offset)
-        offset += 6
-        broker_host = payload[offset : offset + host_len].decode()
-        offset += host_len
-        (broker_port, rack_len) = struct.unpack_from(">ih", payload, offset)
-        offset += 6 + max(rack_len, 0)
-        brokers.append((node_id, broker_host, broker_port))
-    return brokers
-
-
-def is_reachable(bootstrap: str, timeout: float = 2.0) -> bool:
-    """True if any bootstrap address answers a metadata request listing a broker."""
-    for host, port in _parse_bootstrap(bootstrap):
-        try:
-            if probe_brokers(host, port, timeout):
-                return True
-        except (OSError, ValueError, struct.error):
-            continue
-    return False
-
-
 # --------------------------------------------------------------------------- broker
 
 
@@ -308,26 +273,6 @@ def free_port(host: str = LOOPBACK) -> int:
 def new_cluster_id() -> str:
     """A Kafka cluster id (base64url of a UUID), made here to spare a JVM start."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still "exists"; it is not a running broker. But a JVM's
-    # main thread exits first: its leader shows "Z" while the other threads
-    # are still shutting down (and the process cannot be reaped yet), so a
-    # zombie only counts as gone once it has no other threads left.
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
-                return True
-        return len(os.listdir(f"/proc/{pid}/task")) > 1
-    except OSError:  # vanished while we looked
-        return os.path.exists(f"/proc/{pid}")
 
 
 def _runs_broker(pid: int, properties: Path) -> bool:
@@ -692,72 +637,6 @@ def start_kafka(
     raise AssertionError("unreachable")
 
 
-# --------------------------------------------------------------------------- state file
-
-
-@dataclasses.dataclass
-class StackState:
-    """What ``dev up`` started, for ``dev status``/``dev down`` in a later process.
-
-    ``launcher`` says how to stop it: ``"processes"`` (the recorded pids) or
-    ``"docker-compose"`` (containers, no pids: ``docker compose down``).
-    """
-
-    kafka_bootstrap: str | None = None
-    postgres_dsn: str | None = None
-    pids: dict[str, int] = dataclasses.field(default_factory=dict)
-    data_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
-    started_at: float = dataclasses.field(default_factory=time.time)
-    launcher: str = "processes"
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> StackState:
-        return cls(
-            kafka_bootstrap=data.get("kafka_bootstrap"),
-            postgres_dsn=data.get("postgres_dsn"),
-            pids={str(k): int(v) for k, v in dict(data.get("pids") or {}).items()},
-            data_dirs={str(k): str(v) for k, v in dict(data.get("data_dirs") or {}).items()},
-            started_at=float(data.get("started_at") or 0.0),
-            launcher=str(data.get("launcher") or "processes"),
-        )
-
-    def alive_pids(self) -> dict[str, int]:
-        return {name: pid for name, pid in self.pids.items() if pid_alive(pid)}
-
-
-def state_path(state_dir: Path) -> Path:
-    return Path(state_dir) / "stack.json"
-
-
-def write_state(state_dir: Path, state: StackState) -> Path:
-    """Atomically replace ``stack.json``, so a concurrent reader never sees half a file."""
-    path = state_path(state_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def read_state(state_dir: Path) -> StackState | None:
-    try:
-        data = json.loads(state_path(state_dir).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise LocalStackError(f"unreadable {state_path(state_dir)}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise LocalStackError(f"unreadable {state_path(state_dir)}: not an object")
-    return StackState.from_json(data)
-
-
-def clear_state(state_dir: Path) -> None:
-    state_path(state_dir).unlink(missing_ok=True)
-
-
 # --------------------------------------------------------------------------- CLI
 
 
@@ -808,7 +687,7 @@ def _run_foreground(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m streams.localstack", description="Local Kafka for tests and dev."
+        prog="python -m devtools.localstack", description="Local Kafka for tests and dev."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("jars", help="resolve the broker jars (Maven) and print their folder")
