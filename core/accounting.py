@@ -13,6 +13,7 @@ A pure state machine, so the stream agent only does I/O. Its invariants:
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Literal
 
@@ -110,6 +111,15 @@ def on_completion(
     return tally, False
 
 
+def reconcile_due(
+    tally: ConversationTally, budget: BudgetConfig, now: float, command_timeout: float
+) -> bool:
+    """Would ``on_reconcile`` send a command now? (What the reconcile timer asks.)"""
+    if tally.outstanding is not None:
+        return now - (tally.outstanding_since or 0.0) >= command_timeout
+    return not tally.stalled and over_budget(tally.token_total, budget)
+
+
 def on_reconcile(
     tally: ConversationTally, budget: BudgetConfig, now: float, command_timeout: float
 ) -> tuple[ConversationTally, bool]:
@@ -119,16 +129,41 @@ def on_reconcile(
     sent again under the same compaction id; a conversation over budget with
     nothing outstanding (and not stalled) gets a new one.
     """
-    if tally.outstanding is not None:
-        since = tally.outstanding_since or 0.0
-        if now - since >= command_timeout:
-            return tally.model_copy(update={"outstanding_since": now}), True
+    if not reconcile_due(tally, budget, now, command_timeout):
         return tally, False
-    if not tally.stalled and over_budget(tally.token_total, budget):
-        return _issue(tally, now), True
-    return tally, False
+    if tally.outstanding is not None:
+        return tally.model_copy(update={"outstanding_since": now}), True
+    return _issue(tally, now), True
 
 
 def resynced(tally: ConversationTally, token_total: int, message_count: int) -> ConversationTally:
     """The tally with counts taken from the store, the source of truth."""
     return tally.model_copy(update={"token_total": token_total, "message_count": message_count})
+
+
+def rebuilt(conversation_id: str, token_total: int, message_count: int) -> ConversationTally:
+    """A table entry made anew from the store's counts (a lost or new entry)."""
+    return resynced(ConversationTally(conversation_id=conversation_id), token_total, message_count)
+
+
+def on_resync(
+    tally: ConversationTally | None,
+    conversation_id: str,
+    token_total: int,
+    message_count: int,
+    budget: BudgetConfig,
+    now: float,
+) -> tuple[ConversationTally, bool]:
+    """Take the store's counts for an entry the table may have wrong; ``True`` to send.
+
+    Used for a conversation new to the table and for a redelivered message,
+    which the table may or may not have counted. An outstanding command is
+    never re-sent from here (only its timeout does that), so a burst of
+    redeliveries cannot multiply commands.
+    """
+    base = (
+        rebuilt(conversation_id, token_total, message_count)
+        if tally is None
+        else resynced(tally, token_total, message_count)
+    )
+    return on_reconcile(base, budget, now, command_timeout=math.inf)

@@ -21,6 +21,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict
 from core.compaction import SummaryBatch
 from core.messages import ConversationMessage
 
+CLIP_ARCHIVE_PREFIX = "[Context Summary"
 HEADER_TEMPLATE = (
     "[Context Summary — {messages} messages compressed across {cycles} compaction cycles]"
 )
@@ -39,6 +40,11 @@ _OMISSION_RE = re.compile(
 
 class ClipArchiveFormatError(ValueError):
     pass
+
+
+def is_clip_archive(message: ConversationMessage) -> bool:
+    """Recognised by role and header, so a clip-archive read back from any store counts."""
+    return message.role == "system" and message.content.startswith(CLIP_ARCHIVE_PREFIX)
 
 
 def format_timestamp(moment: datetime) -> str:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from core.clip_archive import is_clip_archive
 from core.messages import ConversationMessage
 from core.model.port import ModelMessage, ModelRequest
-from core.split import is_clip_archive
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are summarizing a conversation history to preserve essential context while "

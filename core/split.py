@@ -11,10 +11,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from core.clip_archive import is_clip_archive
 from core.messages import ConversationMessage
 from core.scoring import DEFAULT_SCORING, ImportanceScoringConfig, score_message
-
-CLIP_ARCHIVE_PREFIX = "[Context Summary"
 
 
 class HistorySplit(BaseModel):
@@ -23,10 +22,6 @@ class HistorySplit(BaseModel):
     to_compress: tuple[ConversationMessage, ...]
     to_keep: tuple[ConversationMessage, ...]
     prior_summary: ConversationMessage | None = None
-
-
-def is_clip_archive(message: ConversationMessage) -> bool:
-    return message.role == "system" and message.content.startswith(CLIP_ARCHIVE_PREFIX)
 
 
 def _tool_pair_spans(body: Sequence[ConversationMessage]) -> list[tuple[int, int]]:

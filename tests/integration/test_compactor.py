@@ -10,14 +10,13 @@ from typing import Any
 import pytest
 
 from core.budget import BudgetConfig, needs_compaction
-from core.clip_archive import parse_clip_archive
+from core.clip_archive import is_clip_archive, parse_clip_archive
 from core.compaction import CompactionConfig
 from core.compactor import create_compactor
 from core.messages import ConversationMessage, ToolCall
 from core.model.anthropic import AnthropicProvider
 from core.model.openai_compat import OpenAICompatProvider
 from core.prompts import DEFAULT_DIRECTIVE, DEFAULT_SYSTEM_PROMPT
-from core.split import is_clip_archive
 from core.storage.postgres import PostgresStore
 from core.tokens import estimate_history_tokens, estimate_message_tokens
 from tests.support.builders import message

@@ -11,10 +11,10 @@ from core.clip_archive import (
     build_clip_archive,
     clip_archive_message,
     format_timestamp,
+    is_clip_archive,
     parse_clip_archive,
 )
 from core.compaction import SummaryBatch
-from core.split import is_clip_archive
 
 pytestmark = pytest.mark.unit
 
