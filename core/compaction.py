@@ -164,4 +164,5 @@ class Compactor(Protocol):
         *,
         compaction_id: str | None = None,
         outbox: OutboxFactory | None = None,
+        check_applied: bool = True,
     ) -> CompactionResult: ...

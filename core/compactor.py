@@ -73,6 +73,33 @@ class _Summaries:
     usage: _Usage = field(default_factory=_Usage)
 
 
+class _Unchanged:
+    """Results that hand the caller its history back as it was."""
+
+    def __init__(
+        self, history: tuple[ConversationMessage, ...], compaction_id: str, counter: TokenCounter
+    ) -> None:
+        self._history = history
+        self._compaction_id = compaction_id
+        self._tokens = estimate_history_tokens(history, counter)
+
+    def __call__(
+        self, reason: str, *, failed: bool, already_applied: bool = False
+    ) -> CompactionResult:
+        return CompactionResult(
+            history=self._history,
+            tokens_estimate_before=self._tokens,
+            tokens_estimate_after=self._tokens,
+            failed=failed,
+            reason=reason,
+            compaction_id=self._compaction_id,
+            already_applied=already_applied,
+        )
+
+    def already_applied(self) -> CompactionResult:
+        return self("compaction already applied", failed=False, already_applied=True)
+
+
 class PipelineCompactor:
     """The seeds' pipeline behind the ``Compactor`` port; build it with ``create_compactor``."""
 
@@ -106,35 +133,27 @@ class PipelineCompactor:
         *,
         compaction_id: str | None = None,
         outbox: OutboxFactory | None = None,
+        check_applied: bool = True,
     ) -> CompactionResult:
         """Compact ``history``; ``outbox`` (or the compactor's own) makes the events
-        to publish, written in the compaction's transaction."""
+        to publish, written in the compaction's transaction.
+
+        ``check_applied=False`` is for a caller that has just asked the store
+        itself: the question costs a round trip, and the transaction answers
+        it again anyway.
+        """
         history = tuple(history)
         compaction_id = compaction_id or derive_compaction_id(conversation_id, history)
-        tokens_before = estimate_history_tokens(history, self._counter)
-
-        def unchanged(
-            reason: str, *, failed: bool, already_applied: bool = False
-        ) -> CompactionResult:
-            return CompactionResult(
-                history=history,
-                tokens_estimate_before=tokens_before,
-                tokens_estimate_after=tokens_before,
-                failed=failed,
-                reason=reason,
-                compaction_id=compaction_id,
-                already_applied=already_applied,
-            )
-
+        unchanged = _Unchanged(history, compaction_id, self._counter)
         if not self.breaker.try_acquire(conversation_id):
             retry_in = self.breaker.retry_in(conversation_id)
             return unchanged(f"circuit open: retry in {retry_in:.0f}s", failed=True)
 
         started = time.perf_counter()
         try:
-            if await self._messages.compaction_applied(compaction_id):
+            if check_applied and await self._messages.compaction_applied(compaction_id):
                 self.breaker.release(conversation_id)
-                return unchanged("compaction already applied", failed=False, already_applied=True)
+                return unchanged.already_applied()
             split = split_history(history, self._config.keep_recent, self._config.scoring)
             if not split.to_compress:
                 self.breaker.release(conversation_id)
@@ -161,8 +180,7 @@ class PipelineCompactor:
 
         self.breaker.record_success(conversation_id)
         if applied.outcome == "already_applied" or applied.stats is None:
-            return unchanged("compaction already applied", failed=False, already_applied=True)
-        new_history = (plan.clip_archive, *split.to_keep)
+            return unchanged.already_applied()
         log.info(
             "compacted %s: %d messages into %d batches, %d → %d tokens in %.2fs",
             conversation_id,
@@ -173,7 +191,7 @@ class PipelineCompactor:
             time.perf_counter() - started,
         )
         return CompactionResult(
-            history=new_history,
+            history=(plan.clip_archive, *split.to_keep),
             batches_created=len(batches),
             messages_compressed=plan.messages_compressed,
             tokens_estimate_before=plan.tokens_estimate_before,

@@ -1,11 +1,15 @@
 """What the compactor and the service need from storage.
 
 Writes are idempotent by message id or compaction id, because every caller
-upstream (Kafka) delivers at least once.
+upstream (Kafka) delivers at least once. The worker depends on these ports
+only: ``core.storage.postgres.PostgresStore`` implements all of them, and
+``tests.support.memory_store.InMemoryStore`` does too, so the worker's
+components can be tested without a database.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -105,3 +109,41 @@ class MemoryStore(Protocol):
     async def memory_read(
         self, query: str, conversation_id: str | None = None, limit: int = 5
     ) -> MemorySearchResult: ...
+
+
+class OutboxStore(Protocol):
+    """The transactional outbox: events written with a compaction, published after it."""
+
+    async def pending_outbox(
+        self, *, compaction_id: str | None = None, limit: int = 100
+    ) -> list[OutboxRow]:
+        """Unpublished rows, oldest first (optionally of one compaction)."""
+        ...
+
+    async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
+        """Every row of one compaction, published or not, in order."""
+        ...
+
+    async def mark_published(self, ids: Sequence[int]) -> None:
+        """A row published before keeps its first time."""
+        ...
+
+
+class TallySource(Protocol):
+    """The store's own counts, which the token table caches."""
+
+    async def conversation_totals(self, conversation_id: str) -> tuple[int, int]:
+        """(estimated tokens, rows) of the conversation as the model would now see it."""
+        ...
+
+    async def conversation_token_total(self, conversation_id: str) -> int: ...
+
+    async def last_seq(self, conversation_id: str) -> int | None:
+        """The arrival number of the newest message: a compaction's as-of cut."""
+        ...
+
+
+class WorkerStore(MessageStore, MemoryStore, OutboxStore, TallySource, Protocol):
+    """Everything the streaming worker asks of storage."""
+
+    async def close(self) -> None: ...

@@ -1,4 +1,4 @@
-"""PostgreSQL adapter for ``MessageStore`` and ``MemoryStore``.
+"""PostgreSQL adapter for every storage port (``WorkerStore``).
 
 Everything one compaction writes happens in one transaction, keyed by
 ``compaction_id`` so a redelivered command is a no-op, and serialised per
@@ -31,9 +31,8 @@ from core.storage.ports import (
     HistoryConflictError,
     MemoryHit,
     MemorySearchResult,
-    MemoryStore,
-    MessageStore,
     OutboxRow,
+    WorkerStore,
 )
 from core.tokens import estimate_message_tokens
 
@@ -132,7 +131,7 @@ class _Candidate:
 
 
 class PostgresStore:
-    """``MessageStore`` and ``MemoryStore`` over one asyncpg pool.
+    """Every storage port over one asyncpg pool.
 
     With an ``embedder``, batches are embedded on archive and ``memory_read``
     fuses vector and full-text ranks; without one, search is full-text only.
@@ -274,10 +273,8 @@ class PostgresStore:
         self, plan: CompactionPlan, outbox: OutboxFactory | None = None
     ) -> ApplyResult:
         _check_plan(plan)
-        if await self.compaction_applied(plan.compaction_id):
-            # Redelivered command: skip the embedding round-trip. The transaction
-            # below re-checks, so a race here is harmless.
-            return ApplyResult(outcome="already_applied")
+        # Callers ask ``compaction_applied`` before planning (it saves the LLM
+        # calls); the insert into ``compactions`` below is what decides.
         vectors, model = await self._embed_batches(plan.new_batches)
 
         async with self._pool.acquire() as conn, conn.transaction():
@@ -744,6 +741,6 @@ def _preview(ids: Sequence[str], shown: int = 5) -> str:
 
 if TYPE_CHECKING:
 
-    def _implements_ports(store: PostgresStore) -> tuple[MessageStore, MemoryStore]:
-        """Never called: makes mypy prove the store satisfies both ports."""
-        return store, store
+    def _implements_ports(store: PostgresStore) -> WorkerStore:
+        """Never called: makes mypy prove the store satisfies every port."""
+        return store
