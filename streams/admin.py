@@ -39,13 +39,7 @@ async def ensure_topics(
     described with no partitions while its metadata propagates, so the
     description is retried until every topic shows some (or ``settle_seconds``).
     """
-    wanted = [
-        names.messages,
-        names.commands,
-        names.control,
-        names.clip_archives,
-        names.dead_letters,
-    ]
+    wanted = names.all()
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:

@@ -1,9 +1,25 @@
-"""Topic names. Every topic is keyed by conversation id and has the same
-partition count, so one conversation is always handled by one worker."""
+"""The service's topics, defined once.
+
+Every topic is keyed by conversation id and has the same partition count, so
+one conversation is always handled by one worker. Outbox rows name a topic by
+its role ("clip_archives", "control") so the database never holds a prefix.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Literal
+
+TopicRole = Literal["messages", "commands", "control", "clip_archives", "dead_letters"]
+
+# role → (name without prefix, what it carries); the one place topics are listed.
+TOPICS: dict[TopicRole, tuple[str, str]] = {
+    "messages": ("messages", "in: message events"),
+    "commands": ("compaction-commands", "internal: compaction commands"),
+    "control": ("accounting-control", "internal: completions, reconcile requests"),
+    "clip_archives": ("clip-archives", "out: clip-archive events"),
+    "dead_letters": ("dead-letters", "out: dead letters"),
+}
 
 
 @dataclass(frozen=True)
@@ -16,17 +32,19 @@ class TopicNames:
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:
-        return cls(
-            messages=f"{prefix}messages",
-            commands=f"{prefix}compaction-commands",
-            control=f"{prefix}accounting-control",
-            clip_archives=f"{prefix}clip-archives",
-            dead_letters=f"{prefix}dead-letters",
-        )
+        return cls(**{role: f"{prefix}{suffix}" for role, (suffix, _) in TOPICS.items()})
+
+    def all(self) -> list[str]:
+        """Every topic name, in the order of ``TOPICS``."""
+        return [getattr(self, f.name) for f in fields(self)]
+
+    def described(self) -> dict[str, str]:
+        """Topic name → what it carries."""
+        return {getattr(self, role): about for role, (_, about) in TOPICS.items()}
 
     def logical(self, name: str) -> str:
         """Map an outbox row's logical topic ("clip_archives", "control") to its name."""
-        value = getattr(self, name, None)
-        if not isinstance(value, str):
+        if name not in TOPICS:
             raise KeyError(f"unknown logical topic {name!r}")
+        value: str = getattr(self, name)
         return value

@@ -2,41 +2,67 @@
 
 ``/conversations/{id}`` reads the token table, which is partitioned: a request
 reaching the wrong worker is forwarded to the one that owns the key (the
-owner of the conversation's messages partition).
+owner of the conversation's messages partition). The bodies are built by
+plain functions, so their shape is testable without a server.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import faust
 from faust.web import Request, Response, View
 
-from core.budget import over_budget
-from core.split import is_clip_archive
+from core.accounting import ConversationTally
+from core.budget import BudgetConfig, over_budget
+from core.clip_archive import is_clip_archive
+from core.messages import ConversationMessage
+from core.settings import Settings
 from core.tokens import estimate_history_tokens
+from streams.wiring import LazyRuntime
+from streams.worker import Components
 
-if TYPE_CHECKING:
-    from streams.app import Service
+
+def conversation_body(tally: ConversationTally, budget: BudgetConfig) -> dict[str, Any]:
+    return {
+        "conversation_id": tally.conversation_id,
+        "token_total": tally.token_total,
+        "message_count": tally.message_count,
+        "budget_tokens": budget.budget_tokens,
+        "over_budget": over_budget(tally.token_total, budget),
+        "compactions": tally.compactions,
+        "generation": tally.generation,
+        "compaction_outstanding": tally.outstanding,
+    }
 
 
-def register_views(app: faust.App, service: Service, conversations: Any) -> None:
-    budget = service.budget
-    # The owner of a conversation's table entry is the owner of its messages
-    # partition (the entry is written while processing that partition), so
-    # requests are routed by the messages topic, whose keys are the raw UTF-8
-    # conversation id as producers send it. Faust's table_route would hash
-    # the table's own key encoding instead (JSON: '"conv-1"'), which lands on
-    # another partition for most keys: with several workers, most lookups
-    # went to a worker without the entry and answered 404.
-    messages_topic = app.topic(
-        service.names.messages,
-        key_type=bytes,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-    )
+def history_body(conversation_id: str, history: Sequence[ConversationMessage]) -> dict[str, Any]:
+    first = history[0] if history else None
+    return {
+        "conversation_id": conversation_id,
+        "token_estimate": estimate_history_tokens(history),
+        "clip_archive": first.model_dump(mode="json")
+        if first is not None and is_clip_archive(first)
+        else None,
+        "messages": [m.model_dump(mode="json", exclude_none=True) for m in history],
+    }
 
+
+def unknown(conversation_id: str) -> dict[str, str]:
+    return {"error": f"unknown conversation {conversation_id!r}"}
+
+
+def register_views(
+    app: faust.App, settings: Settings, components: Components[Any], resources: LazyRuntime
+) -> None:
+    register_operations(app, components, resources)
+    register_conversations(app, settings, components, resources)
+
+
+def register_operations(
+    app: faust.App, components: Components[Any], resources: LazyRuntime
+) -> None:
     @app.page("/healthz")
     class Health(View):
         async def get(self, request: Request) -> Response:
@@ -45,7 +71,7 @@ def register_views(app: faust.App, service: Service, conversations: Any) -> None
                 {
                     "status": "ok",
                     "app_id": app.conf.id,
-                    "summariser": service.resolved_model.kind,
+                    "summariser": resources.resolved_model.kind,
                     "assigned_partitions": sorted(
                         f"{tp.topic}:{tp.partition}" for tp in assignment
                     ),
@@ -55,45 +81,46 @@ def register_views(app: faust.App, service: Service, conversations: Any) -> None
     @app.page("/metrics")
     class Metrics(View):
         async def get(self, request: Request) -> Response:
-            return self.bytes(service.metrics.render(), content_type="text/plain; version=0.0.4")
+            return self.bytes(components.metrics.render(), content_type="text/plain; version=0.0.4")
+
+
+def register_conversations(
+    app: faust.App, settings: Settings, components: Components[Any], resources: LazyRuntime
+) -> None:
+    budget = settings.budget
+    tallies = components.table
+    # The owner of a conversation's table entry is the owner of its messages
+    # partition (the entry is written while processing that partition), so
+    # requests are routed by the messages topic, whose keys are the raw UTF-8
+    # conversation id as producers send it. Faust's table_route would hash
+    # the table's own key encoding instead (JSON: '"conv-1"'), which lands on
+    # another partition for most keys: with several workers, most lookups
+    # went to a worker without the entry and answered 404.
+    messages_topic = app.topic(
+        components.names.messages,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
 
     @app.page("/conversations/{conversation_id}")
     class Conversation(View):
         @app.topic_route(topic=messages_topic, match_info="conversation_id")  # type: ignore[arg-type]
         async def get(self, request: Request, conversation_id: str) -> Response:
-            raw = conversations.get(conversation_id)
-            if raw is None:
-                return self.json({"error": f"unknown conversation {conversation_id!r}"}, status=404)
-            return self.json(
-                {
-                    "conversation_id": conversation_id,
-                    "token_total": raw["token_total"],
-                    "message_count": raw["message_count"],
-                    "budget_tokens": budget.budget_tokens,
-                    "over_budget": over_budget(raw["token_total"], budget),
-                    "compactions": raw["compactions"],
-                    "generation": raw["generation"],
-                    "compaction_outstanding": raw["outstanding"],
-                }
-            )
+            tally = tallies.get(conversation_id)
+            if tally is None:
+                return self.json(unknown(conversation_id), status=404)
+            return self.json(conversation_body(tally, budget))
 
     @app.page("/conversations/{conversation_id}/history")
     class History(View):
         async def get(self, request: Request, conversation_id: str) -> Response:
-            store = await service.store()
+            store = await resources.store()
             history = await store.load_history(conversation_id)
             if not history:
-                return self.json({"error": f"unknown conversation {conversation_id!r}"}, status=404)
-            return self.json(
-                {
-                    "conversation_id": conversation_id,
-                    "token_estimate": estimate_history_tokens(history),
-                    "clip_archive": history[0].model_dump(mode="json")
-                    if is_clip_archive(history[0])
-                    else None,
-                    "messages": [m.model_dump(mode="json", exclude_none=True) for m in history],
-                }
-            )
+                return self.json(unknown(conversation_id), status=404)
+            return self.json(history_body(conversation_id, history))
 
     @app.page("/memory/search")
     class MemorySearch(View):
@@ -101,7 +128,7 @@ def register_views(app: faust.App, service: Service, conversations: Any) -> None
             query = request.query.get("q", "")
             try:
                 limit = int(request.query.get("limit", "5"))
-                store = await service.store()
+                store = await resources.store()
                 result = await store.memory_read(
                     query, conversation_id=request.query.get("conversation_id"), limit=limit
                 )

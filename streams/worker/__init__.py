@@ -1,0 +1,117 @@
+"""The worker's components, each testable against in-memory ports without Kafka.
+
+=================  ==============================================================
+``accounting``     decode → store → tally → command (the table's single writer)
+``processor``      run one compaction command; ``CommandIntake`` feeds the scheduler
+``outbox``         the events a compaction publishes, and their relay
+``dead_letters``   unusable records → the dead-letter topic, with the reason
+``timers``         reconciliation (lost commands, failed compactions)
+``consumer``       rebalance handling and lag, against Faust's consumer
+``tally_table``    the token table as ``ConversationTally`` values
+``records``        records and their decoding; ``publisher``: the one way to send
+=================  ==============================================================
+
+``assemble`` wires them; ``streams.app`` registers them with Faust and the
+offline ``compactor compact`` drives the same ones in-process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from core.settings import Settings
+from streams.metrics import Metrics
+from streams.scheduler import CompactionScheduler
+from streams.topics import TopicNames
+from streams.worker.accounting import Accounting, AccountingRules
+from streams.worker.dead_letters import DeadLetters
+from streams.worker.outbox import OutboxRelay
+from streams.worker.processor import CommandIntake, Processor
+from streams.worker.publisher import Publisher
+from streams.worker.resources import Resources
+from streams.worker.tally_table import TallyTable
+from streams.worker.timers import Reconciler
+
+Token = TypeVar("Token")
+
+
+@dataclass
+class Components(Generic[Token]):
+    names: TopicNames
+    metrics: Metrics
+    table: TallyTable
+    dead_letters: DeadLetters
+    accounting: Accounting
+    relay: OutboxRelay
+    processor: Processor
+    intake: CommandIntake[Token]
+    reconciler: Reconciler
+
+
+def assemble(
+    settings: Settings,
+    *,
+    table: MutableMapping[str, Any],
+    publisher: Publisher,
+    resources: Resources,
+    ack: Callable[[Token], Awaitable[None]],
+    metrics: Metrics | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Components[Token]:
+    """The components over the given table, publisher and resources.
+
+    ``ack`` acknowledges a command record once it and every earlier one of
+    its partition are done (see ``streams.scheduler``).
+    """
+    service = settings.service
+    names = TopicNames.with_prefix(settings.kafka.topic_prefix)
+    metrics = metrics or Metrics()
+    tallies = TallyTable(table)
+    dead_letters = DeadLetters(publisher, metrics, clock)
+    rules = AccountingRules(
+        budget=settings.budget,
+        max_content_chars=service.max_content_chars,
+        command_timeout_seconds=service.command_timeout_seconds,
+    )
+    relay = OutboxRelay(resources, publisher, metrics)
+    processor = Processor(
+        resources=resources,
+        publisher=publisher,
+        relay=relay,
+        metrics=metrics,
+        budget=settings.budget,
+        clock=clock,
+    )
+    scheduler: CompactionScheduler[Token] = CompactionScheduler(
+        ack, max_concurrent=service.max_concurrent_compactions
+    )
+    return Components(
+        names=names,
+        metrics=metrics,
+        table=tallies,
+        dead_letters=dead_letters,
+        accounting=Accounting(
+            names=names,
+            rules=rules,
+            resources=resources,
+            table=tallies,
+            publisher=publisher,
+            dead_letters=dead_letters,
+            metrics=metrics,
+            clock=clock,
+        ),
+        relay=relay,
+        processor=processor,
+        intake=CommandIntake(processor, scheduler, dead_letters),
+        reconciler=Reconciler(
+            table=tallies,
+            publisher=publisher,
+            budget=settings.budget,
+            interval_seconds=service.reconcile_interval_seconds,
+            command_timeout_seconds=service.command_timeout_seconds,
+            clock=clock,
+        ),
+    )

@@ -1,0 +1,135 @@
+"""The events a compaction publishes, and the relay that publishes them.
+
+They are written to the outbox in the compaction's own transaction, then
+relayed to Kafka: a crash between commit and publish loses nothing, because
+the relay timer publishes whatever is left unpublished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from core.clip_archive import is_clip_archive
+from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, OutboxRecord
+from core.messages import ConversationMessage
+from streams.events import BatchInfo, ClipArchiveEvent, CompactionCommand, CompactionCompleted
+from streams.metrics import Metrics
+from streams.worker.publisher import Publisher
+from streams.worker.resources import Resources
+
+log = logging.getLogger("compactor.worker")
+
+
+def clip_archive_event(
+    command: CompactionCommand,
+    history: Sequence[ConversationMessage],
+    plan: CompactionPlan,
+    created: datetime,
+) -> ClipArchiveEvent:
+    deleted = set(plan.deleted_message_ids)
+    return ClipArchiveEvent(
+        compaction_id=plan.compaction_id,
+        conversation_id=plan.conversation_id,
+        generation=command.generation,
+        clip_archive=plan.clip_archive,
+        kept_message_ids=tuple(m.id for m in history if m.id not in deleted),
+        compressed_message_ids=tuple(
+            m.id for m in history if m.id in deleted and not is_clip_archive(m)
+        ),
+        batches=tuple(
+            BatchInfo(
+                id=b.id,
+                label=b.label,
+                depth=b.batch.depth,
+                start_time=b.batch.start_time,
+                end_time=b.batch.end_time,
+                message_count=b.batch.message_count,
+                superseded_by=b.superseded_by,
+            )
+            for b in plan.new_batches
+        ),
+        tokens_before=plan.tokens_estimate_before,
+        tokens_after=plan.tokens_estimate_after,
+        created_at=created,
+    )
+
+
+def outbox_events(
+    command: CompactionCommand,
+    history: Sequence[ConversationMessage],
+    clock: Callable[[], float] = time.time,
+) -> OutboxFactory:
+    """What a committed compaction publishes: its clip-archive and its completion.
+
+    The completion carries the token counts measured inside the transaction,
+    so the accounting agent's tally moves by exactly what was written.
+    """
+
+    def build(plan: CompactionPlan, stats: AppliedStats) -> list[OutboxRecord]:
+        created = datetime.fromtimestamp(clock(), UTC)
+        completed = CompactionCompleted(
+            compaction_id=plan.compaction_id,
+            conversation_id=plan.conversation_id,
+            generation=command.generation,
+            status="compacted",
+            messages_compressed=plan.messages_compressed,
+            rows_removed=len(plan.deleted_message_ids),
+            rows_added=1,
+            tokens_removed=stats.tokens_removed,
+            tokens_added=stats.tokens_added,
+            completed_at=created,
+        )
+        clip_event = clip_archive_event(command, history, plan, created)
+        key = plan.conversation_id
+        return [
+            OutboxRecord(topic="clip_archives", key=key, payload=clip_event.model_dump_json()),
+            OutboxRecord(topic="control", key=key, payload=completed.model_dump_json()),
+        ]
+
+    return build
+
+
+class OutboxRelay:
+    def __init__(self, resources: Resources, publisher: Publisher, metrics: Metrics) -> None:
+        self._resources = resources
+        self._publisher = publisher
+        self._metrics = metrics
+        self._lock = asyncio.Lock()
+
+    async def relay(self, compaction_id: str | None = None, *, again: bool = False) -> int:
+        """Publish unpublished outbox rows, then mark them (at least once).
+
+        ``again`` publishes every row of ``compaction_id``, published or not.
+        A command that comes back for an applied compaction (redelivered, or
+        re-sent by reconciliation because no completion arrived) means the
+        completion may have been lost on its way (a crash, a rebalance); if it
+        were not sent again the table would wait for it forever, re-sending
+        the command every ``command_timeout_seconds``. Duplicates are harmless:
+        the accounting agent applies a completion once, and clip-archive
+        consumers de-duplicate by compaction id.
+        """
+        store = await self._resources.store()
+        async with self._lock:
+            if again and compaction_id is not None:
+                rows = await store.outbox_rows(compaction_id)
+            else:
+                rows = await store.pending_outbox(compaction_id=compaction_id, limit=500)
+            for row in rows:
+                await self._publisher.publish(row.topic, row.key.encode(), row.payload.encode())
+                self._metrics.outbox_published.labels(row.topic).inc()
+            await store.mark_published([row.id for row in rows])
+        return len(rows)
+
+    async def tick(self) -> None:
+        """The timer's pass: rows a crash left unpublished between commit and publish."""
+        try:
+            published = await self.relay()
+        except Exception as error:  # the database may be briefly away; try next tick
+            log.warning("outbox relay failed: %s", error)
+            return
+        if published:
+            log.info("relayed %d outbox rows", published)

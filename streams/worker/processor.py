@@ -1,0 +1,185 @@
+"""The processor: run one compaction command, publish what it produced.
+
+Commands reach ``CommandIntake`` from the commands topic; the scheduler runs
+them concurrently across conversations (one at a time per conversation) and
+acks each in offset order once it and every earlier command have finished.
+``Processor.compact`` is idempotent by compaction id: a replayed command
+republishes its compaction's events instead of compacting again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Generic, Literal, TypeVar
+
+from core.budget import BudgetConfig, over_budget
+from streams.events import CompactionCommand, CompactionCompleted
+from streams.metrics import Metrics
+from streams.scheduler import CompactionScheduler
+from streams.worker.dead_letters import DeadLetters
+from streams.worker.outbox import OutboxRelay, outbox_events
+from streams.worker.publisher import Publisher
+from streams.worker.records import InvalidRecord, Record, decode_command
+from streams.worker.resources import Resources
+
+log = logging.getLogger("compactor.worker")
+
+OutcomeStatus = Literal["compacted", "noop", "replayed", "failed"]
+
+
+@dataclass(frozen=True)
+class CompactionOutcome:
+    status: OutcomeStatus
+    reason: str = ""
+    messages_compressed: int = 0
+    batches_created: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+
+
+class Processor:
+    def __init__(
+        self,
+        *,
+        resources: Resources,
+        publisher: Publisher,
+        relay: OutboxRelay,
+        metrics: Metrics,
+        budget: BudgetConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._resources = resources
+        self._publisher = publisher
+        self._relay = relay
+        self._metrics = metrics
+        self._budget = budget
+        self._clock = clock
+
+    async def compact(self, command: CompactionCommand) -> CompactionOutcome:
+        store = await self._resources.store()
+        if await store.compaction_applied(command.compaction_id):
+            return await self._replayed(command)
+        conversation_id = command.conversation_id
+        total = await store.conversation_token_total(conversation_id)
+        if not over_budget(total, self._budget):
+            return await self._complete_without_compaction(command, "under_budget")
+        history = await store.load_history(conversation_id, up_to_seq=command.up_to_seq)
+        compactor = await self._resources.compactor()
+        metrics = self._metrics
+        metrics.compactions_started.inc()
+        metrics.in_flight.inc()
+        try:
+            result = await compactor.compress(
+                history,
+                conversation_id,
+                compaction_id=command.compaction_id,
+                outbox=outbox_events(command, history, self._clock),
+                check_applied=False,
+            )
+        finally:
+            metrics.in_flight.dec()
+        metrics.llm_tokens.labels("input").inc(result.llm_input_tokens)
+        metrics.llm_tokens.labels("output").inc(result.llm_output_tokens)
+        if result.failed:
+            reason = result.reason or "unknown"
+            metrics.compactions_failed.labels(reason.split(":", 1)[0]).inc()
+            log.warning(
+                "compaction %s of %s failed, history unchanged; reconciliation will retry: %s",
+                command.compaction_id,
+                conversation_id,
+                reason,
+            )
+            return CompactionOutcome("failed", reason)
+        if result.already_applied:
+            return await self._replayed(command)
+        if result.messages_compressed == 0:
+            return await self._complete_without_compaction(command, "nothing_to_compress")
+        await self._relay.relay(command.compaction_id)
+        metrics.compactions_succeeded.inc()
+        issued = (datetime.fromtimestamp(self._clock(), UTC) - command.issued_at).total_seconds()
+        metrics.compaction_latency.observe(max(0.0, issued))
+        return CompactionOutcome(
+            "compacted",
+            messages_compressed=result.messages_compressed,
+            batches_created=result.batches_created,
+            tokens_before=result.tokens_estimate_before,
+            tokens_after=result.tokens_estimate_after,
+        )
+
+    async def _replayed(self, command: CompactionCommand) -> CompactionOutcome:
+        self._metrics.compactions_noop.labels("replayed").inc()
+        await self._relay.relay(command.compaction_id, again=True)
+        return CompactionOutcome("replayed", "compaction already applied")
+
+    async def _complete_without_compaction(
+        self, command: CompactionCommand, reason: str
+    ) -> CompactionOutcome:
+        self._metrics.compactions_noop.labels(reason).inc()
+        noop = CompactionCompleted(
+            compaction_id=command.compaction_id,
+            conversation_id=command.conversation_id,
+            generation=command.generation,
+            status="noop",
+            messages_compressed=0,
+            rows_removed=0,
+            rows_added=0,
+            tokens_removed=0,
+            tokens_added=0,
+            completed_at=datetime.fromtimestamp(self._clock(), UTC),
+        )
+        await self._publisher.publish(
+            "control", command.conversation_id.encode(), noop.model_dump_json().encode()
+        )
+        log.info(
+            "compaction %s of %s: nothing to do (%s)",
+            command.compaction_id,
+            command.conversation_id,
+            reason,
+        )
+        return CompactionOutcome("noop", reason)
+
+
+Token = TypeVar("Token")
+
+
+class CommandIntake(Generic[Token]):
+    """Hands decoded commands to the scheduler; an unusable one is dead-lettered.
+
+    Dead-lettered records still go through the scheduler (with no work), so
+    their offsets are acked in order with the commands around them.
+    """
+
+    def __init__(
+        self,
+        processor: Processor,
+        scheduler: CompactionScheduler[Token],
+        dead_letters: DeadLetters,
+    ) -> None:
+        self._processor = processor
+        self.scheduler = scheduler
+        self._dead_letters = dead_letters
+
+    async def submit(self, record: Record, partition: Hashable, token: Token) -> None:
+        work = None
+        conversation_id = None
+        try:
+            command = decode_command(record)
+        except InvalidRecord as error:
+            await self._dead_letters.send(record, error)
+        else:
+            conversation_id = command.conversation_id
+
+            async def work() -> None:
+                await self._processor.compact(command)
+
+        await self.scheduler.submit(
+            partition=partition,
+            offset=record.offset,
+            token=token,
+            conversation_id=conversation_id,
+            work=work,
+        )

@@ -1,0 +1,268 @@
+"""In-memory implementations of the storage ports and the worker's other edges.
+
+``InMemoryStore`` follows ``PostgresStore``'s contract (the adapter tests in
+``tests/integration/test_postgres_store.py`` pin that contract on the real
+database): idempotent writes by message id and compaction id, a compaction
+applied all-or-nothing, ``HistoryConflictError`` when its messages are gone,
+exact token deltas handed to the outbox factory, and a compacted message that
+never comes back on redelivery. Search is a plain term-overlap ranking: good
+enough for components, not a model of PostgreSQL's full-text search.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from core.clip_archive import is_clip_archive
+from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, StoredBatch
+from core.messages import ConversationMessage
+from core.storage.ports import (
+    ApplyResult,
+    HistoryConflictError,
+    MemoryHit,
+    MemorySearchResult,
+    OutboxRow,
+    WorkerStore,
+)
+from core.tokens import estimate_message_tokens
+
+
+@dataclass
+class _Row:
+    message: ConversationMessage
+    tokens: int
+    seq: int
+
+
+@dataclass
+class _Outbox:
+    row: OutboxRow
+    published: bool = False
+
+
+@dataclass
+class InMemoryStore:
+    """Every storage port (``WorkerStore``) over dicts.
+
+    ``fail_next`` makes the next call of the named method raise, to test the
+    callers' error paths.
+    """
+
+    messages: dict[str, _Row] = field(default_factory=dict)
+    batches: dict[str, StoredBatch] = field(default_factory=dict)
+    compactions: set[str] = field(default_factory=set)
+    outbox: list[_Outbox] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    fail_next: dict[str, Exception] = field(default_factory=dict)
+    closed: bool = False
+    _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        error = self.fail_next.pop(name, None)
+        if error is not None:
+            raise error
+
+    # -- MessageStore ---------------------------------------------------------
+
+    async def save_message(self, message: ConversationMessage, token_estimate: int) -> bool:
+        self._call("save_message")
+        if token_estimate < 0:
+            raise ValueError("token_estimate must be >= 0")
+        compacted = any(
+            message.id in b.batch.source_message_ids
+            for b in self.batches.values()
+            if b.conversation_id == message.conversation_id
+        )
+        if message.id in self.messages or compacted:
+            return False
+        self.messages[message.id] = _Row(message, token_estimate, next(self._seq))
+        return True
+
+    async def load_history(
+        self,
+        conversation_id: str,
+        *,
+        as_of: datetime | None = None,
+        up_to_seq: int | None = None,
+    ) -> list[ConversationMessage]:
+        self._call("load_history")
+        rows = [r for r in self.messages.values() if r.message.conversation_id == conversation_id]
+        clips = [r.message for r in rows if is_clip_archive(r.message)]
+        body = [
+            r.message
+            for r in rows
+            if not is_clip_archive(r.message)
+            and (as_of is None or r.message.created_at <= as_of)
+            and (up_to_seq is None or r.seq <= up_to_seq)
+        ]
+        return [*clips, *sorted(body, key=lambda m: (m.created_at, m.id))]
+
+    async def compaction_applied(self, compaction_id: str) -> bool:
+        self._call("compaction_applied")
+        return compaction_id in self.compactions
+
+    async def apply_compaction(
+        self, plan: CompactionPlan, outbox: OutboxFactory | None = None
+    ) -> ApplyResult:
+        self._call("apply_compaction")
+        if plan.compaction_id in self.compactions:
+            return ApplyResult(outcome="already_applied")
+        missing = [i for i in plan.deleted_message_ids if i not in self.messages]
+        stale = [old for old, _ in plan.superseded if self._live_batch(old) is None]
+        if missing or stale or plan.clip_archive.id in self.messages:
+            raise HistoryConflictError(
+                f"compaction {plan.compaction_id}: gone {missing}, superseded {stale}"
+            )
+        removed = sum(self.messages.pop(i).tokens for i in plan.deleted_message_ids)
+        for old, new in plan.superseded:
+            self.batches[old] = self.batches[old].model_copy(update={"superseded_by": new})
+        for stored in plan.new_batches:
+            self.batches.setdefault(stored.id, stored)
+        added = estimate_message_tokens(plan.clip_archive)
+        self.messages[plan.clip_archive.id] = _Row(plan.clip_archive, added, next(self._seq))
+        self.compactions.add(plan.compaction_id)
+        stats = AppliedStats(tokens_removed=removed, tokens_added=added)
+        for record in outbox(plan, stats) if outbox is not None else ():
+            row = OutboxRow(
+                id=len(self.outbox) + 1,
+                compaction_id=plan.compaction_id,
+                topic=record.topic,
+                key=record.key,
+                payload=record.payload,
+            )
+            self.outbox.append(_Outbox(row))
+        return ApplyResult(outcome="applied", stats=stats)
+
+    def _live_batch(self, batch_id: str) -> StoredBatch | None:
+        batch = self.batches.get(batch_id)
+        return batch if batch is not None and batch.superseded_by is None else None
+
+    # -- MemoryStore ------------------------------------------------------------
+
+    async def live_batches(self, conversation_id: str) -> list[StoredBatch]:
+        self._call("live_batches")
+        return [
+            b
+            for b in self.batches.values()
+            if b.conversation_id == conversation_id and b.superseded_by is None
+        ]
+
+    async def memory_read(
+        self, query: str, conversation_id: str | None = None, limit: int = 5
+    ) -> MemorySearchResult:
+        self._call("memory_read")
+        terms = set(query.lower().split())
+        if not terms:
+            raise ValueError("memory_read needs a non-empty query")
+        scored = []
+        for stored in self.batches.values():
+            if conversation_id is not None and stored.conversation_id != conversation_id:
+                continue
+            overlap = len(terms & set(stored.batch.content.lower().split()))
+            if overlap:
+                scored.append((overlap, stored))
+        scored.sort(key=lambda pair: -pair[0])
+        hits = tuple(
+            MemoryHit(
+                batch_id=s.id,
+                label=s.label,
+                conversation_id=s.conversation_id,
+                content=s.batch.content,
+                depth=s.batch.depth,
+                start_time=s.batch.start_time,
+                end_time=s.batch.end_time,
+                message_count=s.batch.message_count,
+                score=1.0 / (rank + 1),
+                text_rank=rank + 1,
+                vector_rank=None,
+                superseded=s.superseded_by is not None,
+            )
+            for rank, (_, s) in enumerate(scored[:limit])
+        )
+        return MemorySearchResult(hits=hits, mode="full_text")
+
+    # -- OutboxStore ------------------------------------------------------------
+
+    async def pending_outbox(
+        self, *, compaction_id: str | None = None, limit: int = 100
+    ) -> list[OutboxRow]:
+        self._call("pending_outbox")
+        rows = [
+            o.row
+            for o in self.outbox
+            if not o.published and compaction_id in (None, o.row.compaction_id)
+        ]
+        return rows[:limit]
+
+    async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
+        self._call("outbox_rows")
+        return [o.row for o in self.outbox if o.row.compaction_id == compaction_id]
+
+    async def mark_published(self, ids: Sequence[int]) -> None:
+        self._call("mark_published")
+        for entry in self.outbox:
+            if entry.row.id in ids:
+                entry.published = True
+
+    # -- TallySource --------------------------------------------------------------
+
+    async def conversation_totals(self, conversation_id: str) -> tuple[int, int]:
+        self._call("conversation_totals")
+        rows = [r for r in self.messages.values() if r.message.conversation_id == conversation_id]
+        return sum(r.tokens for r in rows), len(rows)
+
+    async def conversation_token_total(self, conversation_id: str) -> int:
+        return (await self.conversation_totals(conversation_id))[0]
+
+    async def last_seq(self, conversation_id: str) -> int | None:
+        self._call("last_seq")
+        seqs = [
+            r.seq for r in self.messages.values() if r.message.conversation_id == conversation_id
+        ]
+        return max(seqs, default=None)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@dataclass(frozen=True)
+class Published:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+@dataclass
+class RecordingPublisher:
+    """``streams.worker.publisher.Publisher`` that keeps what was sent, in order."""
+
+    sent: list[Published] = field(default_factory=list)
+    fail_next: Exception | None = None
+
+    async def publish(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> None:
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise error
+        self.sent.append(Published(topic, key, value, tuple(headers or ())))
+
+    def on(self, topic: str) -> list[Published]:
+        return [p for p in self.sent if p.topic == topic]
+
+
+if TYPE_CHECKING:
+
+    def _implements_ports(store: InMemoryStore) -> WorkerStore:
+        """Never called: makes mypy prove the in-memory store satisfies every port."""
+        return store
