@@ -18,25 +18,22 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from core.budget import over_budget
-from core.clip_archive import parse_clip_archive
+from core.clip_archive import is_clip_archive, parse_clip_archive
 from core.messages import ConversationMessage
 from core.settings import ConfigError, Settings, load_settings
-from core.split import is_clip_archive
-from core.tokens import estimate_history_tokens, estimate_message_tokens
+from core.storage.ports import MessageStore
+from core.tokens import estimate_history_tokens
 from streams import schemas
 from streams.admin import TopicMismatchError, ensure_topics
-from streams.events import MessageEvent
 from streams.kafka_probe import is_reachable
+from streams.offline import OfflineCompactionError, OfflineRun, conversations_in
 from streams.replay import Progress, PublishError, publish, read_events
-from streams.runtime import (
-    configured_bootstrap,
-    explicit_addresses,
-    open_runtime,
-)
+from streams.runtime import configured_bootstrap, explicit_addresses
 from streams.stack_state import DEFAULT_STATE_DIR, DEV_STATE_DIR_ENV, default_state_dir
 from streams.tail import TailError, tail
 from streams.topics import TopicNames
+from streams.wiring import open_runtime
+from streams.worker.processor import CompactionOutcome
 
 log = logging.getLogger("compactor.cli")
 
@@ -63,58 +60,51 @@ async def cmd_migrate(settings: Settings, _: argparse.Namespace) -> int:
 async def cmd_compact(settings: Settings, args: argparse.Namespace) -> int:
     """Load a transcript into PostgreSQL and compact every conversation over budget.
 
-    Messages are replayed one by one, as the stream would deliver them, and a
-    conversation is compacted as soon as it goes over budget.
+    The transcript goes through the streaming worker's own accounting and
+    processor (``streams.offline``), message by message, so a conversation is
+    compacted exactly when the worker would compact it.
     """
     transcript = read_events(Path(args.file))
     if transcript.bad:
         raise CommandError("\n".join(str(bad) for bad in transcript.bad[:20]))
-    events = transcript.events
     budget = settings.budget
     async with open_runtime(settings) as runtime:
-        compactor = runtime.compactor()
         print(
             f"summariser: {runtime.resolved_model.kind} ({runtime.resolved_model.reason}); "
             f"budget {budget.budget_tokens} tokens "
             f"({budget.context_budget} x {budget.model_max_tokens})"
         )
-        by_conversation: dict[str, list[MessageEvent]] = defaultdict(list)
-        for event in events:
-            by_conversation[event.conversation_id].append(event)
-        for conversation_id, conversation_events in by_conversation.items():
-            compactions = 0
-            for event in conversation_events:
-                message = event.to_message()
-                await runtime.store.save_message(message, estimate_message_tokens(message))
-                history = await runtime.store.load_history(conversation_id)
-                tokens = estimate_history_tokens(history)
-                if not over_budget(tokens, budget):
-                    continue
-                result = await compactor.compress(history, conversation_id)
-                if result.failed:
-                    print(
-                        f"compaction of {conversation_id} failed: {result.reason}", file=sys.stderr
-                    )
-                    return 1
-                if result.already_applied or not result.messages_compressed:
-                    continue
-                compactions += 1
-                print(
-                    f"compaction {compactions} of {conversation_id}: "
-                    f"{result.messages_compressed} messages → {result.batches_created} batches, "
-                    f"{result.tokens_estimate_before} → {result.tokens_estimate_after} tokens"
-                )
-            history = await runtime.store.load_history(conversation_id)
-            tokens_now = estimate_history_tokens(history)
-            print(f"\n=== {conversation_id}: history now ({tokens_now} tokens) ===")
-            print(render_history(history))
-            if history and is_clip_archive(history[0]):
-                parsed = parse_clip_archive(history[0].content)
-                print(
-                    f"\nclip-archive: {parsed.messages_compressed} messages in "
-                    f"{parsed.total_batches} batches over {parsed.cycles} cycles"
-                )
+        counts: dict[str, int] = defaultdict(int)
+
+        def report(conversation_id: str, outcome: CompactionOutcome) -> None:
+            counts[conversation_id] += 1
+            print(
+                f"compaction {counts[conversation_id]} of {conversation_id}: "
+                f"{outcome.messages_compressed} messages → {outcome.batches_created} batches, "
+                f"{outcome.tokens_before} → {outcome.tokens_after} tokens"
+            )
+
+        run = OfflineRun(settings, runtime.store, runtime.compactor, on_compaction=report)
+        for conversation_id, events in conversations_in(transcript.events).items():
+            try:
+                await run.replay(events)
+            except OfflineCompactionError as error:
+                print(str(error), file=sys.stderr)
+                return 1
+            await _print_compacted(runtime.store, conversation_id)
     return 0
+
+
+async def _print_compacted(store: MessageStore, conversation_id: str) -> None:
+    history = await store.load_history(conversation_id)
+    print(f"\n=== {conversation_id}: history now ({estimate_history_tokens(history)} tokens) ===")
+    print(render_history(history))
+    if history and is_clip_archive(history[0]):
+        parsed = parse_clip_archive(history[0].content)
+        print(
+            f"\nclip-archive: {parsed.messages_compressed} messages in "
+            f"{parsed.total_batches} batches over {parsed.cycles} cycles"
+        )
 
 
 async def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
@@ -196,13 +186,7 @@ async def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
     bootstrap = await _kafka(settings)
     counts = await _ensure_topics(settings, bootstrap)
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
-    roles = {
-        names.messages: "in: message events",
-        names.commands: "internal: compaction commands",
-        names.control: "internal: completions, reconcile requests",
-        names.clip_archives: "out: clip-archive events",
-        names.dead_letters: "out: dead letters",
-    }
+    roles = names.described()
     width = max(len(name) for name in roles)
     for name, role in roles.items():
         print(f"{name:<{width}}  {counts.get(name, 0)} partitions  {role}")
