@@ -125,6 +125,47 @@ async def _wait_idle(base: str, conversations: list[str], seconds: float) -> dic
     raise DemoError(f"conversations still compacting after {seconds:.0f}s: {last}")
 
 
+async def _show_results(
+    bootstrap: str,
+    names: TopicNames,
+    base: str,
+    conversations: list[str],
+    states: dict[str, Any],
+) -> None:
+    """The clip-archive events on the topic, then each conversation as the model sees it."""
+    events: list[ClipArchiveEvent] = []
+    await tail(
+        bootstrap=bootstrap,
+        topic=names.clip_archives,
+        from_beginning=True,
+        idle_timeout=3,
+        as_json=True,
+        emit=lambda line: events.append(ClipArchiveEvent.model_validate_json(line)),
+    )
+    say(f"\n=== {len(events)} clip-archive event(s) on {names.clip_archives} ===")
+    for event in events:
+        say(summarise(event))
+    for conversation_id in conversations:
+        state = states[conversation_id]
+        history = await asyncio.to_thread(
+            _get_json, f"{base}/conversations/{conversation_id}/history"
+        )
+        say(
+            f"\n=== {conversation_id}: {state['token_total']} tokens "
+            f"(budget {state['budget_tokens']}), {state['compactions']} compaction(s) ==="
+        )
+        if history.get("clip_archive"):
+            say("\n--- clip-archive (system message) ---")
+            say(history["clip_archive"]["content"])
+            say("--- end of clip-archive ---")
+        say("\n--- kept messages ---")
+        for message in history["messages"]:
+            if message["id"] == (history.get("clip_archive") or {}).get("id"):
+                continue
+            text = " ".join(message["content"].split())
+            say(f"{message['role']:>9}: {text[:160]}{'…' if len(text) > 160 else ''}")
+
+
 async def run_demo(settings: Settings, config_path: Path, transcript_path: Path) -> int:
     transcript = read_events(transcript_path)
     if transcript.bad or not transcript.events:
@@ -176,37 +217,7 @@ async def run_demo(settings: Settings, config_path: Path, transcript_path: Path)
         conversations = sorted({event.conversation_id for event in transcript.events})
         states = await _wait_idle(base, conversations, 180)
 
-        events: list[ClipArchiveEvent] = []
-        await tail(
-            bootstrap=bootstrap,
-            topic=names.clip_archives,
-            from_beginning=True,
-            idle_timeout=3,
-            as_json=True,
-            emit=lambda line: events.append(ClipArchiveEvent.model_validate_json(line)),
-        )
-        say(f"\n=== {len(events)} clip-archive event(s) on {names.clip_archives} ===")
-        for event in events:
-            say(summarise(event))
-        for conversation_id in conversations:
-            state = states[conversation_id]
-            history = await asyncio.to_thread(
-                _get_json, f"{base}/conversations/{conversation_id}/history"
-            )
-            say(
-                f"\n=== {conversation_id}: {state['token_total']} tokens "
-                f"(budget {state['budget_tokens']}), {state['compactions']} compaction(s) ==="
-            )
-            if history.get("clip_archive"):
-                say("\n--- clip-archive (system message) ---")
-                say(history["clip_archive"]["content"])
-                say("--- end of clip-archive ---")
-            say("\n--- kept messages ---")
-            for message in history["messages"]:
-                if message["id"] == (history.get("clip_archive") or {}).get("id"):
-                    continue
-                text = " ".join(message["content"].split())
-                say(f"{message['role']:>9}: {text[:160]}{'…' if len(text) > 160 else ''}")
+        await _show_results(bootstrap, names, base, conversations, states)
         return 0
     finally:
         if worker is not None and worker.poll() is None:
