@@ -273,8 +273,13 @@ class PostgresStore:
         self, plan: CompactionPlan, outbox: OutboxFactory | None = None
     ) -> ApplyResult:
         _check_plan(plan)
+        # The insert into ``compactions`` below decides whether this is a replay.
         # Callers ask ``compaction_applied`` before planning (it saves the LLM
-        # calls); the insert into ``compactions`` below is what decides.
+        # calls), so asking again here only pays off when it also saves an
+        # embedding round trip.
+        embeds = self._embedder is not None and bool(plan.new_batches)
+        if embeds and await self.compaction_applied(plan.compaction_id):
+            return ApplyResult(outcome="already_applied")
         vectors, model = await self._embed_batches(plan.new_batches)
 
         async with self._pool.acquire() as conn, conn.transaction():
