@@ -89,6 +89,9 @@ class KafkaSettings(_Section):
     replication_factor: int = Field(default=1, ge=1)
     session_timeout_seconds: float = Field(default=30.0, gt=0)
     heartbeat_interval_seconds: float = Field(default=3.0, gt=0)
+    # Largest request the worker's producer sends; dead letters of larger
+    # records are truncated to fit (the original size goes in a header).
+    max_request_bytes: int = Field(default=1_048_576, ge=65_536)
 
 
 class ServiceSettings(_Section):

@@ -136,7 +136,8 @@ class ClipArchiveEvent(BaseModel):
 
 class DeadLetterHeaders(BaseModel):
     """Headers of a dead-letter record; its value is the original bytes, untouched,
-    so the record can be fixed and re-driven."""
+    so the record can be fixed and re-driven (unless ``dlq.truncated``: a record
+    larger than a producer request keeps its first bytes and its size)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -146,6 +147,9 @@ class DeadLetterHeaders(BaseModel):
     source_partition: int = Field(alias="dlq.source_partition")
     source_offset: int = Field(alias="dlq.source_offset")
     failed_at: AwareDatetime = Field(alias="dlq.failed_at")
+    original_size: int = Field(default=0, ge=0, alias="dlq.original_size")  # bytes of the value
+    # The value is the original's first bytes only: the whole did not fit a request.
+    truncated: bool = Field(default=False, alias="dlq.truncated")
 
     def to_kafka(self) -> list[tuple[str, bytes]]:
         return [

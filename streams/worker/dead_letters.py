@@ -2,6 +2,9 @@
 
 The value keeps the original bytes so the record can be fixed and re-driven;
 the reason, error type and source coordinates travel as ``dlq.*`` headers.
+A record too large for one producer request (the broker may accept larger
+ones than our producer may send) is dead-lettered with its first bytes and
+``dlq.truncated``: it must leave a trace, never vanish with a failed send.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
+
 from streams.events import DeadLetterHeaders
 from streams.metrics import Metrics
 from streams.worker.publisher import Publisher
@@ -18,16 +23,52 @@ from streams.worker.records import InvalidRecord, Record
 
 log = logging.getLogger("compactor.worker")
 
+# Room left in a request for the key, the headers and the batch framing.
+REQUEST_OVERHEAD_BYTES = 16 * 1024
+# Keys are conversation ids; a longer one is garbage and is cut to this.
+MAX_KEY_BYTES = 4096
+# What is kept of a value the broker refused even truncated to the request size
+# (its topic's max.message.bytes is smaller than our producer's limit).
+LAST_RESORT_BYTES = 8 * 1024
+
 
 class DeadLetters:
     def __init__(
-        self, publisher: Publisher, metrics: Metrics, clock: Callable[[], float] = time.time
+        self,
+        publisher: Publisher,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+        *,
+        max_request_bytes: int = 1_048_576,
     ) -> None:
         self._publisher = publisher
         self._metrics = metrics
         self._clock = clock
+        self._max_value = max(LAST_RESORT_BYTES, max_request_bytes - REQUEST_OVERHEAD_BYTES)
 
     async def send(self, record: Record, error: InvalidRecord) -> None:
+        value = record.value or b""
+        try:
+            await self._send(record, error, self._max_value)
+        except (MessageSizeTooLargeError, RecordTooLargeError):
+            if len(value) <= LAST_RESORT_BYTES:
+                raise
+            await self._send(record, error, LAST_RESORT_BYTES)
+        self._metrics.dead_lettered.labels(record.topic, error.error_type).inc()
+        log.warning(
+            "dead-lettered %s[%d]@%d (%d bytes): %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            len(value),
+            error.reason,
+        )
+
+    async def _send(self, record: Record, error: InvalidRecord, max_value: int) -> None:
+        value, key = record.value, record.key
+        truncated = (value is not None and len(value) > max_value) or (
+            key is not None and len(key) > MAX_KEY_BYTES
+        )
         headers = DeadLetterHeaders.model_validate(
             {
                 "dlq.reason": error.reason,
@@ -36,14 +77,13 @@ class DeadLetters:
                 "dlq.source_partition": record.partition,
                 "dlq.source_offset": record.offset,
                 "dlq.failed_at": datetime.fromtimestamp(self._clock(), UTC),
+                "dlq.original_size": len(value or b""),
+                "dlq.truncated": truncated,
             }
         )
-        await self._publisher.publish("dead_letters", record.key, record.value, headers.to_kafka())
-        self._metrics.dead_lettered.labels(record.topic, error.error_type).inc()
-        log.warning(
-            "dead-lettered %s[%d]@%d: %s",
-            record.topic,
-            record.partition,
-            record.offset,
-            error.reason,
+        await self._publisher.publish(
+            "dead_letters",
+            None if key is None else key[:MAX_KEY_BYTES],
+            None if value is None else value[:max_value],
+            headers.to_kafka(),
         )

@@ -51,6 +51,8 @@ def test_dead_letter_headers_are_described_by_their_kafka_names() -> None:
         "dlq.source_partition",
         "dlq.source_offset",
         "dlq.failed_at",
+        "dlq.original_size",
+        "dlq.truncated",
     }
 
 
