@@ -80,30 +80,51 @@ def on_message(
     return tally, False
 
 
+def completes_outstanding(tally: ConversationTally, completion_id: str) -> bool:
+    """Only the outstanding command's completion changes the tally."""
+    return tally.outstanding is not None and completion_id == tally.outstanding
+
+
 def on_completion(
-    tally: ConversationTally, completion: Completion, budget: BudgetConfig, now: float
+    tally: ConversationTally,
+    completion: Completion,
+    budget: BudgetConfig,
+    now: float,
+    store_totals: tuple[int, int] | None = None,
 ) -> tuple[ConversationTally, bool]:
     """Apply the outstanding command's completion; ``True`` when the next one must be sent.
 
     Still over budget after a real compaction (a long tail of new messages)
     means compacting again right away; after a ``noop`` it means waiting.
+
+    ``store_totals`` are the store's (tokens, rows) read now, after the
+    compaction committed. They are exact where the completion's deltas are
+    not: a tally resynced from the store after the commit (a redelivered
+    message did that) already lacks the removed tokens, and subtracting them
+    again left it below the store, so the conversation was never compacted
+    again. Without them (tests, a store that cannot count) the deltas apply.
     """
-    if completion.compaction_id != tally.outstanding:
+    if not completes_outstanding(tally, completion.compaction_id):
         return tally, False
     compacted = completion.status == "compacted"
+    if store_totals is not None:
+        token_total, message_count = store_totals
+    else:
+        token_total = max(
+            0, tally.token_total - completion.tokens_removed + completion.tokens_added
+        )
+        message_count = max(
+            0, tally.message_count - completion.rows_removed + completion.rows_added
+        )
     tally = tally.model_copy(
         update={
-            "token_total": max(
-                0, tally.token_total - completion.tokens_removed + completion.tokens_added
-            ),
-            "message_count": max(
-                0, tally.message_count - completion.rows_removed + completion.rows_added
-            ),
+            "token_total": token_total,
+            "message_count": message_count,
             "generation": tally.generation + 1,
             "compactions": tally.compactions + (1 if compacted else 0),
             "outstanding": None,
             "outstanding_since": None,
-            "stalled": not compacted and over_budget(tally.token_total, budget),
+            "stalled": not compacted and over_budget(token_total, budget),
         }
     )
     if compacted and completion.messages_compressed > 0 and over_budget(tally.token_total, budget):

@@ -28,11 +28,9 @@ from streams.runtime import configured_bootstrap
 from streams.topics import TOPICS, TopicNames
 from streams.wiring import LazyRuntime
 from streams.worker import Components, assemble
-from streams.worker.consumer import LagMeter, Rebalance
+from streams.worker.consumer import CommandToken, LagMeter, Rebalance, ack_command, assigned
 from streams.worker.publisher import FaustPublisher
 from streams.worker.records import record_of
-
-CommandToken = tuple[faust.StreamT[bytes], faust.EventT[bytes]]
 
 
 def create_app(settings: Settings, servers: str) -> faust.App:
@@ -51,6 +49,11 @@ def create_app(settings: Settings, servers: str) -> faust.App:
         broker_session_timeout=settings.kafka.session_timeout_seconds,
         broker_heartbeat_interval=settings.kafka.heartbeat_interval_seconds,
         producer_acks=-1,
+        # A rebalance does not wait for records being processed: revoked work is
+        # abandoned (every write is idempotent and the new owner redoes it), so
+        # neither a slow LLM call nor a database outage can hold up the group.
+        stream_wait_empty=False,
+        producer_max_request_size=settings.kafka.max_request_bytes,
         web_enabled=True,
         web_host=svc.web_host,
         web_port=svc.web_port,
@@ -69,11 +72,6 @@ def raw_topic(app: faust.App, *names: str, partitions: int | None = None) -> fau
         value_serializer="raw",
         partitions=partitions,
     )
-
-
-async def ack_command(token: CommandToken) -> None:
-    stream, event = token
-    await stream.ack(event)
 
 
 def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
@@ -107,8 +105,9 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         publisher=FaustPublisher(topics),
         resources=resources,
         ack=ack_command,
+        still_assigned=lambda record: assigned(app, record),
     )
-    register(app, settings, components, resources, topics["commands"])
+    register(app, settings, components, resources, topics)
     app.components = components  # type: ignore[attr-defined]
     return app
 
@@ -118,23 +117,30 @@ def register(
     settings: Settings,
     components: Components[CommandToken],
     resources: LazyRuntime,
-    commands_topic: faust.TopicT,
+    topics: dict[str, faust.TopicT],
 ) -> None:
     """Agents, timers and signal handlers, each a thin call into a component."""
     names = components.names
     accounting, intake = components.accounting, components.intake
+    control_topic = topics["control"]
     rebalance = Rebalance(
         lambda: app.consumer, intake.scheduler, {names.messages, names.control, names.commands}
     )
     lag = LagMeter(lambda: app.consumer, components.metrics)
 
-    @app.agent(raw_topic(app, names.messages, names.control), concurrency=1)
-    async def accounting_agent(stream: faust.StreamT[bytes]) -> None:
-        """Writes the table, so it runs with concurrency 1 (acks stay in order)."""
+    @app.agent(raw_topic(app, names.messages), concurrency=1)
+    async def accounting_messages(stream: faust.StreamT[bytes]) -> None:
+        """Concurrency 1: acks stay in order; ``handle`` returns once the record is durable."""
         async for event in stream.events():
             await accounting.handle(record_of(event))
 
-    @app.agent(commands_topic, concurrency=1)
+    @app.agent(control_topic, concurrency=1)
+    async def accounting_control(stream: faust.StreamT[bytes]) -> None:
+        """Completions and reconcile requests, never queued behind a message backlog."""
+        async for event in stream.events():
+            await accounting.handle(record_of(event))
+
+    @app.agent(topics["commands"], concurrency=1)
     async def processor_agent(stream: faust.StreamT[bytes]) -> None:
         """Hands commands to the scheduler; acks come from it, in offset order."""
         manual: faust.StreamT[bytes] = stream.noack()  # type: ignore[attr-defined]

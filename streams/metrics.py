@@ -69,6 +69,17 @@ class Metrics:
         self.outbox_published = Counter(
             "compactor_outbox_published_total", "Outbox rows published", ["topic"], registry=r
         )
+        self.accounting_retries = Counter(
+            "compactor_accounting_retries_total",
+            "Records whose accounting failed and is retried (not acknowledged)",
+            ["error_type"],
+            registry=r,
+        )
+        self.accounting_waiting = Gauge(
+            "compactor_accounting_waiting",
+            "1 while accounting is retrying a record (database or broker away)",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

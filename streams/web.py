@@ -67,15 +67,18 @@ def register_operations(
     class Health(View):
         async def get(self, request: Request) -> Response:
             assignment = app.consumer.assignment() if app.consumer is not None else set()
+            health = components.health
             return self.json(
                 {
-                    "status": "ok",
+                    "status": "ok" if health.ok else "degraded",
+                    "problems": health.describe(),
                     "app_id": app.conf.id,
                     "summariser": resources.resolved_model.kind,
                     "assigned_partitions": sorted(
                         f"{tp.topic}:{tp.partition}" for tp in assignment
                     ),
-                }
+                },
+                status=200 if health.ok else 503,
             )
 
     @app.page("/metrics")

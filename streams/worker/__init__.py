@@ -17,6 +17,7 @@ offline ``compactor compact`` drives the same ones in-process.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -28,9 +29,11 @@ from streams.scheduler import CompactionScheduler
 from streams.topics import TopicNames
 from streams.worker.accounting import Accounting, AccountingRules
 from streams.worker.dead_letters import DeadLetters
+from streams.worker.health import Health
 from streams.worker.outbox import OutboxRelay
 from streams.worker.processor import CommandIntake, Processor
 from streams.worker.publisher import Publisher
+from streams.worker.records import Record
 from streams.worker.resources import Resources
 from streams.worker.tally_table import TallyTable
 from streams.worker.timers import Reconciler
@@ -42,6 +45,7 @@ Token = TypeVar("Token")
 class Components(Generic[Token]):
     names: TopicNames
     metrics: Metrics
+    health: Health
     table: TallyTable
     dead_letters: DeadLetters
     accounting: Accounting
@@ -60,17 +64,23 @@ def assemble(
     ack: Callable[[Token], Awaitable[None]],
     metrics: Metrics | None = None,
     clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    still_assigned: Callable[[Record], bool] = lambda _: True,
 ) -> Components[Token]:
     """The components over the given table, publisher and resources.
 
     ``ack`` acknowledges a command record once it and every earlier one of
-    its partition are done (see ``streams.scheduler``).
+    its partition are done (see ``streams.scheduler``); ``still_assigned``
+    tells accounting whether to keep retrying a record through an outage.
     """
     service = settings.service
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
     metrics = metrics or Metrics()
+    health = Health(clock)
     tallies = TallyTable(table)
-    dead_letters = DeadLetters(publisher, metrics, clock)
+    dead_letters = DeadLetters(
+        publisher, metrics, clock, max_request_bytes=settings.kafka.max_request_bytes
+    )
     rules = AccountingRules(
         budget=settings.budget,
         max_content_chars=service.max_content_chars,
@@ -91,6 +101,7 @@ def assemble(
     return Components(
         names=names,
         metrics=metrics,
+        health=health,
         table=tallies,
         dead_letters=dead_letters,
         accounting=Accounting(
@@ -101,7 +112,10 @@ def assemble(
             publisher=publisher,
             dead_letters=dead_letters,
             metrics=metrics,
+            health=health,
             clock=clock,
+            sleep=sleep,
+            still_assigned=still_assigned,
         ),
         relay=relay,
         processor=processor,

@@ -1,27 +1,36 @@
 """Accounting: decode → store → tally → command, one record at a time.
 
-It is the table's only writer, so it runs as one agent with concurrency 1
-over the messages and control topics (acks stay in order). Every rule about
-the tally lives in ``core.accounting``; this class only does the I/O around
+It is the table's only writer. Messages and control events each have an
+agent with concurrency 1 (acks stay in order), so a completion never waits
+behind a backlog of messages; the two agents take a per-conversation lock,
+which keeps each entry's read-modify-write single-file. Every rule about the
+tally lives in ``core.accounting``; this class only does the I/O around
 them: store the message, read and write the table entry, send the command.
+
+A record is only acknowledged once its effect is durable: while PostgreSQL or
+the broker is away the same record is retried (see ``streams.worker.retry``),
+which also holds back the rest of its partition. ``/healthz`` says so.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from core.accounting import (
     Completion,
     ConversationTally,
+    completes_outstanding,
     on_completion,
     on_message,
     on_reconcile,
     on_resync,
     rebuilt,
+    resynced,
 )
 from core.budget import BudgetConfig
 from core.tokens import estimate_message_tokens
@@ -29,9 +38,12 @@ from streams.events import CompactionCommand, CompactionCompleted, MessageEvent
 from streams.metrics import Metrics
 from streams.topics import TopicNames
 from streams.worker.dead_letters import DeadLetters
+from streams.worker.health import Health
+from streams.worker.keyed_lock import KeyedLock
 from streams.worker.publisher import Publisher
 from streams.worker.records import InvalidRecord, Record, decode_control, decode_message
 from streams.worker.resources import Resources
+from streams.worker.retry import backoff_seconds, is_outage
 from streams.worker.tally_table import TallyTable
 
 log = logging.getLogger("compactor.worker")
@@ -49,6 +61,9 @@ class AccountingRules:
     budget: BudgetConfig
     max_content_chars: int
     command_timeout_seconds: float
+    # A failure that is not an outage (a bug, a record breaking an assumption)
+    # is retried this often, then the record is dead-lettered with the error.
+    max_attempts: int = 5
 
 
 class Accounting:
@@ -62,7 +77,10 @@ class Accounting:
         publisher: Publisher,
         dead_letters: DeadLetters,
         metrics: Metrics,
+        health: Health | None = None,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        still_assigned: Callable[[Record], bool] = lambda _: True,
     ) -> None:
         self._names = names
         self._rules = rules
@@ -71,19 +89,81 @@ class Accounting:
         self._publisher = publisher
         self._dead_letters = dead_letters
         self._metrics = metrics
+        self._health = health or Health(clock)
         self._clock = clock
+        self._sleep = sleep
+        self._still_assigned = still_assigned
+        self._locks = KeyedLock()
 
     async def handle(self, record: Record) -> None:
-        """Account one record; an unusable one is dead-lettered with its reason."""
+        """Account one record, durably: returns only once its effect is written.
+
+        An unusable record is dead-lettered with its reason; one that keeps
+        failing for another reason than an outage is dead-lettered with the
+        error after ``max_attempts``; during an outage it waits, for as long
+        as its partition stays assigned here.
+        """
+        async with self._locks.hold(record.key):
+            failures = 0
+            last: Exception | None = None
+            while True:
+                try:
+                    if last is not None and self._gives_up(last, failures):
+                        await self._dead_letter(record, processing_error(last, failures))
+                    else:
+                        await self._account(record)
+                except Exception as error:
+                    failures += 1
+                    last = error
+                    self._waiting(record, error, failures)
+                    if not self._still_assigned(record):
+                        log.warning("abandoning %s: its partition was revoked", describe(record))
+                        return
+                    await self._sleep(backoff_seconds(failures - 1))
+                    continue
+                if failures:
+                    self._recovered(record, failures)
+                return
+
+    def _gives_up(self, error: Exception, failures: int) -> bool:
+        return not is_outage(error) and failures >= self._rules.max_attempts
+
+    async def _account(self, record: Record) -> None:
         try:
             if record.topic == self._names.messages:
                 await self.on_message(record)
             else:
                 await self.on_control(record)
         except InvalidRecord as error:
-            if record.topic == self._names.messages:
-                self._metrics.events_in.labels("dead_lettered").inc()
-            await self._dead_letters.send(record, error)
+            await self._dead_letter(record, error)
+
+    async def _dead_letter(self, record: Record, error: InvalidRecord) -> None:
+        await self._dead_letters.send(record, error)
+        if record.topic == self._names.messages:
+            self._metrics.events_in.labels("dead_lettered").inc()
+
+    def _waiting(self, record: Record, error: Exception, failures: int) -> None:
+        kind = type(error).__name__
+        self._metrics.accounting_retries.labels(kind).inc()
+        self._metrics.accounting_waiting.set(1)
+        outage = "outage" if is_outage(error) else "error"
+        self._health.report(
+            "accounting", f"{outage} on {describe(record)}, attempt {failures}: {kind}: {error}"
+        )
+        if failures == 1 or failures % 20 == 0:  # once, then every few minutes
+            log.warning(
+                "accounting %s failed (%s, attempt %d), retrying the same record: %s: %s",
+                describe(record),
+                outage,
+                failures,
+                kind,
+                error,
+            )
+
+    def _recovered(self, record: Record, failures: int) -> None:
+        self._metrics.accounting_waiting.set(0)
+        self._health.clear("accounting")
+        log.warning("accounting resumed at %s after %d failed attempts", describe(record), failures)
 
     async def on_message(self, record: Record) -> None:
         parsed = decode_message(record, self._rules.max_content_chars)
@@ -110,17 +190,23 @@ class Accounting:
         control = decode_control(record)
         conversation_id = control.conversation_id
         tally = self._table.get(conversation_id)
-        if tally is None:
-            store = await self._resources.store()
-            tally = rebuilt(conversation_id, *await store.conversation_totals(conversation_id))
+        store = await self._resources.store()
         now = self._clock()
         budget = self._rules.budget
         if isinstance(control, CompactionCompleted):
-            tally, issue = on_completion(tally, completion_of(control), budget, now)
+            if tally is None:
+                tally = rebuilt(conversation_id, *await store.conversation_totals(conversation_id))
+            totals = None
+            if completes_outstanding(tally, control.compaction_id):
+                totals = await store.conversation_totals(conversation_id)
+            tally, issue = on_completion(tally, completion_of(control), budget, now, totals)
             reason = "continue"
         else:
-            timeout = self._rules.command_timeout_seconds
-            tally, issue = on_reconcile(tally, budget, now, timeout)
+            # Reconciliation does not trust the table: the store's counts repair
+            # an entry that drifted, before deciding.
+            totals = await store.conversation_totals(conversation_id)
+            tally = rebuilt(conversation_id, *totals) if tally is None else resynced(tally, *totals)
+            tally, issue = on_reconcile(tally, budget, now, self._rules.command_timeout_seconds)
             reason = "reconcile"
         self._table.put(tally)
         if issue:
@@ -149,6 +235,17 @@ class Accounting:
             tally.token_total,
             self._rules.budget.budget_tokens,
         )
+
+
+def describe(record: Record) -> str:
+    return f"{record.topic}[{record.partition}]@{record.offset}"
+
+
+def processing_error(error: Exception, failures: int) -> InvalidRecord:
+    return InvalidRecord(
+        f"could not be processed after {failures} attempts: {type(error).__name__}: {error}"[:1000],
+        "processing_error",
+    )
 
 
 def completion_of(event: CompactionCompleted) -> Completion:

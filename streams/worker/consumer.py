@@ -11,10 +11,27 @@ import logging
 from collections.abc import Callable, Collection, Hashable
 from typing import Any
 
+from faust.types import TP
+
 from streams.metrics import Metrics
 from streams.scheduler import CompactionScheduler
+from streams.worker.records import Record
 
 log = logging.getLogger("compactor.worker")
+
+# A command record and the stream it came from: what the scheduler acks.
+CommandToken = tuple[Any, Any]  # (faust.StreamT[bytes], faust.EventT[bytes])
+
+
+async def ack_command(token: CommandToken) -> None:
+    stream, event = token
+    await stream.ack(event)
+
+
+def assigned(app: Any, record: Record) -> bool:
+    """Is the record's partition still this worker's? (During a rebalance: yes, until
+    the new assignment says otherwise.)"""
+    return TP(record.topic, record.partition) in app.consumer.assignment()
 
 
 class Rebalance:

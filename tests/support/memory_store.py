@@ -58,6 +58,7 @@ class InMemoryStore:
     outbox: list[_Outbox] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     fail_next: dict[str, Exception] = field(default_factory=dict)
+    outage: dict[str, int] = field(default_factory=dict)
     closed: bool = False
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -66,6 +67,14 @@ class InMemoryStore:
         error = self.fail_next.pop(name, None)
         if error is not None:
             raise error
+        remaining = self.outage.get(name, 0)
+        if remaining:
+            self.outage[name] = remaining - 1
+            raise ConnectionResetError(f"{name}: the database is away")
+
+    def fail_times(self, name: str, times: int) -> None:
+        """The next ``times`` calls of ``name`` fail as if the database were away."""
+        self.outage[name] = times
 
     # -- MessageStore ---------------------------------------------------------
 

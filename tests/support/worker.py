@@ -270,7 +270,8 @@ class WorkerProcess:
             status, body = await self.get("/healthz", timeout=3.0)
         except (aiohttp.ClientError, TimeoutError):
             return None
-        return body if status == 200 and isinstance(body, dict) else None
+        # 503 is a worker that answers but reports a problem (a database outage…).
+        return body if status in (200, 503) and isinstance(body, dict) else None
 
     async def assigned(self, topic: str) -> set[int] | None:
         health = await self.health()

@@ -73,6 +73,8 @@ class Harness:
     clock: Clock
     components: Components[int]
     acked: list[int] = field(default_factory=list)
+    slept: list[float] = field(default_factory=list)
+    assigned: bool = True
     offsets: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
 
     def record(self, topic: str, key: str | bytes | None, value: bytes | str) -> Record:
@@ -134,6 +136,14 @@ def harness(model: Any = None, **service: Any) -> Harness:
     async def ack(token: int) -> None:
         acked.append(token)
 
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.now += seconds
+
+    harness: Harness
+
     components: Components[int] = assemble(
         config,
         table=table,
@@ -141,8 +151,11 @@ def harness(model: Any = None, **service: Any) -> Harness:
         resources=Opened(store, compactor),
         ack=ack,
         clock=clock,
+        sleep=sleep,
+        still_assigned=lambda _: harness.assigned,
     )
-    return Harness(store, publisher, table, clock, components, acked)
+    harness = Harness(store, publisher, table, clock, components, acked, slept)
+    return harness
 
 
 def compacted(compaction_id: str, generation: int) -> CompactionCompleted:
@@ -212,9 +225,10 @@ async def test_a_completion_is_applied_once() -> None:
     outstanding = h.tally().outstanding
     assert outstanding is not None
     completed = compacted(outstanding, generation=0)
+    del h.store.messages["c1-m0000"], h.store.messages["c1-m0001"]  # what it compacted
     await h.control(completed)
     after = h.tally()
-    assert (after.token_total, after.message_count) == (120, 2)
+    assert (after.token_total, after.message_count) == (100, 1)  # the store's counts
     assert (after.generation, after.compactions, after.outstanding) == (1, 1, None)
     await h.control(completed)  # redelivered
     assert h.tally() == after
@@ -400,6 +414,34 @@ async def test_the_completion_brings_the_tally_to_the_store_s_total() -> None:
     assert tally.generation == 1 and tally.compactions == 1
 
 
+async def test_a_duplicate_between_commit_and_completion_leaves_the_tally_exact() -> None:
+    """Issue: the duplicate's resync already saw the compaction, and the completion's
+    deltas then took the removed tokens off a second time (a tally below the store,
+    never compacted again)."""
+    h = harness()
+    command = await over_budget(h)
+    await h.components.processor.compact(command)
+    await h.message(0, words(20, "topic0-"))  # redelivered; it was compacted
+    (completed,) = h.completions()
+    await h.control(completed)
+    total, count = await h.store.conversation_totals("c1")
+    tally = h.tally()
+    assert (tally.token_total, tally.message_count) == (total, count)
+
+
+async def test_a_reconcile_request_repairs_a_drifted_entry() -> None:
+    h = harness()
+    for i in range(3):
+        await h.message(i, "x" * 40)
+    h.components.table.put(h.tally().model_copy(update={"token_total": 5}))  # drifted low
+    for i in range(3, 8):
+        await h.message(i, "x" * 40)  # 5 + 50 tokens in the table, 80 in the store
+    assert h.commands() == []
+    await h.control(ReconcileRequest(conversation_id="c1", requested_at=T0))
+    total, count = await h.store.conversation_totals("c1")
+    assert (h.tally().token_total, h.tally().message_count) == (total, count)
+
+
 async def test_the_intake_dead_letters_a_bad_command_and_acks_in_offset_order() -> None:
     h = harness()
     command = await over_budget(h)
@@ -445,3 +487,139 @@ def test_the_tally_table_converts_both_ways_and_skips_empty_entries() -> None:
     table.delete("c1")
     table.delete("c1")  # deleting twice is fine: reconciliation and erasure may race
     assert "c1" not in raw
+
+
+# -- never acknowledging a record whose write failed ------------------------------------
+
+
+async def test_a_database_outage_is_waited_out_on_the_same_record() -> None:
+    h = harness()
+    h.store.fail_times("save_message", 6)
+    await h.message(0, "hello there")
+    assert list(h.store.messages) == ["c1-m0000"]
+    assert h.tally().token_total == 3
+    assert h.slept == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4]  # backoff, never a give-up
+    metrics = h.components.metrics
+    assert metrics.accounting_retries.labels("ConnectionResetError")._value.get() == 6
+    assert metrics.accounting_waiting._value.get() == 0
+    assert h.components.health.ok
+    assert h.publisher.on("dead_letters") == []
+
+
+async def test_health_reports_the_outage_while_it_lasts() -> None:
+    h = harness()
+    seen: list[list[dict[str, object]]] = []
+
+    async def sleep(seconds: float) -> None:
+        seen.append(h.components.health.describe())
+
+    h.components.accounting._sleep = sleep
+    h.store.fail_times("conversation_totals", 1)
+    await h.message(0, "hello there")
+    (problems,) = seen
+    (problem,) = problems
+    assert problem["component"] == "accounting"
+    assert "outage" in str(problem["detail"]) and "ConnectionResetError" in str(problem["detail"])
+    assert h.components.health.ok
+
+
+async def test_a_record_that_keeps_failing_for_another_reason_is_dead_lettered() -> None:
+    h = harness()
+    original = h.store._call
+
+    def failing(name: str) -> None:
+        if name == "save_message":
+            raise ValueError("boom")  # not an outage: a bug, or a record breaking an assumption
+        original(name)
+
+    h.store._call = failing  # type: ignore[method-assign]
+    await h.message(0, "hello there")
+    (letter,) = h.publisher.on("dead_letters")
+    headers = DeadLetterHeaders.from_kafka(list(letter.headers))
+    assert headers.error_type == "processing_error"
+    assert "after 5 attempts: ValueError: boom" in headers.reason
+    assert len(h.slept) == 5
+
+
+async def test_a_revoked_partition_stops_the_wait() -> None:
+    h = harness()
+    h.store.fail_times("save_message", 1000)
+    h.assigned = False
+    await h.message(0, "hello there")  # returns: the new owner redoes it
+    assert h.store.messages == {} and h.table == {}
+
+
+async def test_a_failed_dead_letter_send_is_retried_not_dropped() -> None:
+    h = harness()
+    h.publisher.fail_next = ConnectionResetError("broker away")
+    await h.components.accounting.handle(h.record(NAMES.messages, "c1", b"{not json"))
+    (letter,) = h.publisher.on("dead_letters")
+    assert letter.value == b"{not json"
+    assert h.components.metrics.events_in.labels("dead_lettered")._value.get() == 1
+
+
+# -- oversized records -------------------------------------------------------------------
+
+
+async def test_a_record_larger_than_a_request_is_dead_lettered_truncated_with_its_size() -> None:
+    h = harness(max_content_chars=10)
+    h.components.dead_letters._max_value = 50_000
+    big = b'{"x": "' + b"y" * 2_000_000 + b'"}'
+    await h.components.accounting.handle(h.record(NAMES.messages, "c1", big))
+    (letter,) = h.publisher.on("dead_letters")
+    headers = DeadLetterHeaders.from_kafka(list(letter.headers))
+    assert headers.truncated and headers.original_size == len(big)
+    assert letter.value == big[:50_000]
+    assert headers.error_type == "invalid_event"
+
+
+async def test_a_dead_letter_the_broker_refuses_as_too_large_is_sent_shorter() -> None:
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    h = harness()
+    h.publisher.fail_next = MessageSizeTooLargeError()
+    big = b"\xff" * 100_000
+    await h.components.accounting.handle(h.record(NAMES.messages, "c1", big))
+    (letter,) = h.publisher.on("dead_letters")
+    headers = DeadLetterHeaders.from_kafka(list(letter.headers))
+    assert headers.truncated and headers.original_size == 100_000
+    assert letter.value == big[:8192]
+
+
+async def test_small_dead_letters_are_copied_whole() -> None:
+    h = harness()
+    await h.components.accounting.handle(h.record(NAMES.messages, "c1", b"{not json"))
+    headers = DeadLetterHeaders.from_kafka(list(h.publisher.sent[0].headers))
+    assert not headers.truncated and headers.original_size == 9
+
+
+# -- one conversation at a time across the two accounting agents ----------------------------
+
+
+async def test_the_keyed_lock_serialises_one_key_and_forgets_idle_keys() -> None:
+    import asyncio
+
+    from streams.worker.keyed_lock import KeyedLock
+
+    locks = KeyedLock()
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def hold(key: str, name: str) -> None:
+        async with locks.hold(key):
+            order.append(f"{name} in")
+            if name == "first":
+                await release.wait()
+            order.append(f"{name} out")
+
+    first = asyncio.create_task(hold("a", "first"))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(hold("a", "second"))
+    other = asyncio.create_task(hold("b", "other"))
+    await other
+    await asyncio.sleep(0)
+    assert order == ["first in", "other in", "other out"]
+    release.set()
+    await asyncio.gather(first, second)
+    assert order[3:] == ["first out", "second in", "second out"]
+    assert len(locks) == 0
