@@ -2,17 +2,12 @@
 and registers the worker's components (``streams.worker``) as agents, timers
 and signal handlers. Behaviour lives in the components, not here.
 
-    messages ──► accounting agent ──► PostgreSQL (messages)
-        ▲          │  table: conversations (changelog-backed)
-        │          └──► compaction-commands ──► processor ──► compactor ──► PostgreSQL
-        │                                                       (batches, deletes,
-    accounting-control ◄── completions (outbox relay) ◄─────────  clip-archive, outbox)
-                                                     └──► clip-archives (out)
-    malformed records ──► dead-letters (original bytes + dlq.* headers)
+Agents: accounting (messages; control, apart so completions never queue
+behind messages) and the processor (commands). Timers: reconciliation,
+outbox relay, lag. The picture is in docs/architecture.md.
 
-Every write is idempotent by message id or compaction id, because Kafka
-delivers at least once. The table is a cache of PostgreSQL: an entry that is
-missing (a lost changelog, a new app id) is rebuilt from it on next use.
+Every write is idempotent by message id or compaction id (Kafka delivers at
+least once); the table is a cache of PostgreSQL, rebuilt from it when lost.
 """
 
 from __future__ import annotations
@@ -24,11 +19,12 @@ from typing import Any
 import faust
 
 from core.settings import ConfigError, Settings
+from streams.log_limits import limit_repeats
 from streams.runtime import configured_bootstrap
 from streams.topics import TOPICS, TopicNames
 from streams.wiring import LazyRuntime
-from streams.worker import Components, assemble
-from streams.worker.consumer import CommandToken, LagMeter, Rebalance, ack_command, assigned
+from streams.worker import Components, assemble, consumer
+from streams.worker.consumer import CommandToken
 from streams.worker.publisher import FaustPublisher
 from streams.worker.records import record_of
 
@@ -104,8 +100,9 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         table=conversations,
         publisher=FaustPublisher(topics),
         resources=resources,
-        ack=ack_command,
-        still_assigned=lambda record: assigned(app, record),
+        ack=consumer.ack_command,
+        still_assigned=lambda record: consumer.assigned(app, record),
+        owns=consumer.owns_conversation(app, names.control, partitions),
     )
     register(app, settings, components, resources, topics)
     app.components = components  # type: ignore[attr-defined]
@@ -123,10 +120,10 @@ def register(
     names = components.names
     accounting, intake = components.accounting, components.intake
     control_topic = topics["control"]
-    rebalance = Rebalance(
+    rebalance = consumer.Rebalance(
         lambda: app.consumer, intake.scheduler, {names.messages, names.control, names.commands}
     )
-    lag = LagMeter(lambda: app.consumer, components.metrics)
+    lag = consumer.LagMeter(lambda: app.consumer, components.metrics)
 
     @app.agent(raw_topic(app, names.messages), concurrency=1)
     async def accounting_messages(stream: faust.StreamT[bytes]) -> None:
@@ -166,6 +163,11 @@ def register(
     @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
     async def measure_lag() -> None:
         lag.tick()
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def quiet_outage_logs() -> None:
+        """After Faust has set up logging, so its configuration cannot drop the filter."""
+        limit_repeats()
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close_resources(sender: faust.App, **kwargs: Any) -> None:
