@@ -142,6 +142,11 @@ class TallySource(Protocol):
         """The arrival number of the newest message: a compaction's as-of cut."""
         ...
 
+    async def conversations_over(self, threshold: int) -> list[tuple[str, int]]:
+        """(conversation, tokens) of every conversation over ``threshold``, largest first:
+        what reconciliation compares the table with."""
+        ...
+
 
 class WorkerStore(MessageStore, MemoryStore, OutboxStore, TallySource, Protocol):
     """Everything the streaming worker asks of storage."""

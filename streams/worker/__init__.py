@@ -66,12 +66,14 @@ def assemble(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     still_assigned: Callable[[Record], bool] = lambda _: True,
+    owns: Callable[[str], bool] = lambda _: True,
 ) -> Components[Token]:
     """The components over the given table, publisher and resources.
 
     ``ack`` acknowledges a command record once it and every earlier one of
     its partition are done (see ``streams.scheduler``); ``still_assigned``
-    tells accounting whether to keep retrying a record through an outage.
+    tells accounting whether to keep retrying a record through an outage, and
+    ``owns`` reconciliation whether a conversation is this worker's.
     """
     service = settings.service
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
@@ -126,6 +128,8 @@ def assemble(
             budget=settings.budget,
             interval_seconds=service.reconcile_interval_seconds,
             command_timeout_seconds=service.command_timeout_seconds,
+            resources=resources,
+            owns=owns,
             clock=clock,
         ),
     )

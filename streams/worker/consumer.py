@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Collection, Hashable
 from typing import Any
 
+from aiokafka.partitioner import DefaultPartitioner
 from faust.types import TP
 
 from streams.metrics import Metrics
@@ -26,6 +27,19 @@ CommandToken = tuple[Any, Any]  # (faust.StreamT[bytes], faust.EventT[bytes])
 async def ack_command(token: CommandToken) -> None:
     stream, event = token
     await stream.ack(event)
+
+
+def owns_conversation(app: Any, control_topic: str, partitions: int) -> Any:
+    """Does this worker own a conversation? Its control partition is assigned here
+    (keys are partitioned by murmur2, as every Kafka client's default does)."""
+    partitioner = DefaultPartitioner()
+    every = list(range(partitions))
+
+    def owns(conversation_id: str) -> bool:
+        partition = partitioner(conversation_id.encode(), every, every)
+        return TP(control_topic, partition) in app.consumer.assignment()
+
+    return owns
 
 
 def assigned(app: Any, record: Record) -> bool:

@@ -1,25 +1,34 @@
 """Reconciliation: nudge conversations whose command got lost or whose compaction failed.
 
 Only a request is sent: the accounting agent owns the table and decides
-(``core.accounting.on_reconcile``); this pass only asks ``reconcile_due``.
+(``core.accounting.on_reconcile``, after taking the store's counts); this
+pass only asks ``reconcile_due``. Every few passes it also asks the store
+which conversations are over budget, so an entry that drifted below the
+store's count (or was lost) is repaired instead of being trusted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 from core.accounting import reconcile_due
-from core.budget import BudgetConfig
+from core.budget import BudgetConfig, over_budget
 from streams.events import ReconcileRequest
 from streams.worker.publisher import Publisher
+from streams.worker.resources import Resources
 from streams.worker.tally_table import TallyTable
+
+log = logging.getLogger("compactor.worker")
 
 # Entries checked between two yields to the event loop: a large table must not
 # freeze the agents and views sharing it (1.3 s at 100 000 RocksDB entries).
 YIELD_EVERY = 500
+# Passes between two comparisons with the store (one aggregate query each).
+STORE_CHECK_EVERY = 10
 
 
 class Reconciler:
@@ -31,6 +40,8 @@ class Reconciler:
         budget: BudgetConfig,
         interval_seconds: float,
         command_timeout_seconds: float,
+        resources: Resources | None = None,
+        owns: Callable[[str], bool] = lambda _: True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._table = table
@@ -39,6 +50,9 @@ class Reconciler:
         self._interval = interval_seconds
         self._timeout = command_timeout_seconds
         self._clock = clock
+        self._resources = resources
+        self._owns = owns
+        self._passes = 0
         self._last_request: dict[str, float] = {}
 
     async def tick(self) -> int:
@@ -48,16 +62,45 @@ class Reconciler:
         for scanned, (conversation_id, tally) in enumerate(self._table.items()):
             if scanned % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
-            if not reconcile_due(tally, self._budget, now, self._timeout):
-                continue
-            if now - self._last_request.get(conversation_id, 0.0) < self._interval:
-                continue
-            self._last_request[conversation_id] = now
-            request = ReconcileRequest(
-                conversation_id=conversation_id, requested_at=datetime.fromtimestamp(now, UTC)
-            )
-            await self._publisher.publish(
-                "control", conversation_id.encode(), request.model_dump_json().encode()
-            )
-            sent += 1
+            if reconcile_due(tally, self._budget, now, self._timeout):
+                sent += await self._request(conversation_id, now)
+        self._passes += 1
+        resources = self._resources
+        if resources is not None and self._passes % STORE_CHECK_EVERY == 1:
+            sent += await self._check_against_store(resources, now)
         return sent
+
+    async def _check_against_store(self, resources: Resources, now: float) -> int:
+        """Conversations the store has over budget that the table does not (or lacks)."""
+        try:
+            store = await resources.store()
+            over = await store.conversations_over(self._budget.budget_tokens)
+        except Exception as error:  # the database may be away: next pass
+            log.warning("reconciliation could not ask the store: %s", error)
+            return 0
+        sent = 0
+        for conversation_id, total in over:
+            tally = self._table.get(conversation_id)
+            if tally is not None and over_budget(tally.token_total, self._budget):
+                continue  # the table agrees; reconcile_due decides
+            if tally is None and not self._owns(conversation_id):
+                continue  # another worker's conversation
+            if tally is not None and tally.stalled:
+                continue
+            log.info(
+                "table disagrees with the store on %s (%d tokens): resync", conversation_id, total
+            )
+            sent += await self._request(conversation_id, now)
+        return sent
+
+    async def _request(self, conversation_id: str, now: float) -> int:
+        if now - self._last_request.get(conversation_id, 0.0) < self._interval:
+            return 0
+        self._last_request[conversation_id] = now
+        request = ReconcileRequest(
+            conversation_id=conversation_id, requested_at=datetime.fromtimestamp(now, UTC)
+        )
+        await self._publisher.publish(
+            "control", conversation_id.encode(), request.model_dump_json().encode()
+        )
+        return 1

@@ -235,6 +235,15 @@ class InMemoryStore:
         ]
         return max(seqs, default=None)
 
+    async def conversations_over(self, threshold: int) -> list[tuple[str, int]]:
+        self._call("conversations_over")
+        totals: dict[str, int] = {}
+        for row in self.messages.values():
+            cid = row.message.conversation_id
+            totals[cid] = totals.get(cid, 0) + row.tokens
+        over = [(cid, total) for cid, total in totals.items() if total > threshold]
+        return sorted(over, key=lambda pair: (-pair[1], pair[0]))
+
     async def close(self) -> None:
         self.closed = True
 

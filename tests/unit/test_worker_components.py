@@ -623,3 +623,29 @@ async def test_the_keyed_lock_serialises_one_key_and_forgets_idle_keys() -> None
     await asyncio.gather(first, second)
     assert order[3:] == ["first out", "second in", "second out"]
     assert len(locks) == 0
+
+
+# -- reconciliation compares with the store ------------------------------------------------
+
+
+async def test_reconciliation_repairs_an_entry_the_store_has_over_budget() -> None:
+    h = harness()
+    for i in range(3):
+        await h.message(i, "x" * 400)  # 300 tokens: over budget, a command goes out
+    h.components.table.put(
+        ConversationTally(conversation_id="c1", token_total=10, message_count=3)
+    )  # drifted low, nothing outstanding: the table alone would never act again
+    assert await h.components.reconciler.tick() == 1  # the first pass asks the store
+    (request,) = [p for p in h.publisher.on("control")]
+    await h.control(ReconcileRequest.model_validate_json(request.value or b""))
+    assert h.tally().token_total == 300
+    assert len(h.commands()) == 2  # asked again, with the store's counts
+
+
+async def test_reconciliation_leaves_other_workers_conversations_alone() -> None:
+    h = harness()
+    for i in range(3):
+        await h.message(i, "x" * 400)
+    h.table.clear()  # not in this worker's table ...
+    h.components.reconciler._owns = lambda _: False  # ... and not its partition
+    assert await h.components.reconciler.tick() == 0
