@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -43,7 +44,7 @@ from devtools.localstack import (
     find_java,
     stop_process,
 )
-from streams.kafka_probe import is_reachable
+from streams.kafka_probe import LOOPBACK, is_reachable
 from streams.stack_state import (
     DEFAULT_STATE_DIR,
     DEV_STATE_DIR_ENV,
@@ -84,6 +85,8 @@ POSTGRES_READY_TIMEOUT = 90.0
 COMPOSE_READY_TIMEOUT = 240.0
 
 Say = Callable[[str], None]
+#: The broker's client and controller ports; None lets the launcher pick a free one.
+KafkaPorts = tuple[int | None, int | None]
 
 
 class DevStackError(RuntimeError):
@@ -283,7 +286,10 @@ def _dsn_after(log_path: Path, offset: int) -> str | None:
     return match.group(1) if match else None
 
 
-async def _start_kafka(state_dir: Path, partitions: int, say: Say) -> tuple[str, int]:
+async def _start_kafka(
+    state_dir: Path, partitions: int, say: Say, ports: KafkaPorts = (None, None)
+) -> tuple[str, int]:
+    """Start the broker on ``ports`` (client, controller; None: a free one)."""
     data_dir = (state_dir / KAFKA).resolve()
     log_path = (state_dir / "kafka.log").resolve()
     ready = (state_dir / "kafka.ready").resolve()
@@ -302,8 +308,12 @@ async def _start_kafka(state_dir: Path, partitions: int, say: Say) -> tuple[str,
         "--ready-timeout",
         str(KAFKA_READY_TIMEOUT - 10),
     ]
+    for option, port in zip(("--port", "--controller-port"), ports, strict=True):
+        if port is not None:
+            argv += [option, str(port)]
     proc = _spawn(argv, log_path)
-    say(f"starting Kafka (KRaft, data in {data_dir}, pid {proc.pid})")
+    where = f", port {ports[0]} as before" if ports[0] is not None else ""
+    say(f"starting Kafka (KRaft, data in {data_dir}{where}, pid {proc.pid})")
     return await _await_answer(
         "Kafka",
         proc,
@@ -314,6 +324,78 @@ async def _start_kafka(state_dir: Path, partitions: int, say: Say) -> tuple[str,
         stop_grace=20,
         interval=0.3,
     )
+
+
+def _port_free(port: int) -> bool:
+    """Whether the broker could listen on ``port`` (a TIME_WAIT left by a dead one is fine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_holder(port: int) -> str | None:
+    """``pid N (command)`` of the process listening on ``port``, as far as ``/proc`` tells."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                if len(fields) > 9 and fields[3] == "0A" and fields[1].endswith(f":{port:04X}"):
+                    inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in (proc_dir / "fd").iterdir()):
+                argv = (process_cmdline(int(proc_dir.name)) or b"").replace(b"\0", b" ")
+                return f"pid {proc_dir.name} ({argv.decode(errors='replace').strip()[:100]})"
+    return None
+
+
+def _recorded_controller_port(data_dir: Path) -> int | None:
+    """The controller port in the broker's last ``server.properties``, if there is one."""
+    listeners = _read_line_value(data_dir / "server.properties", "listeners=") or ""
+    match = re.search(r"CONTROLLER://[^,]*:(\d+)", listeners)
+    return int(match.group(1)) if match else None
+
+
+def _reuse_kafka_ports(state_dir: Path, state: StackState, say: Say) -> KafkaPorts:
+    """The ports a restarted broker must take again: the ones recorded before.
+
+    Workers and other commands were given the recorded bootstrap address, and a
+    broker on a new port is one they never find again. So a recorded client port
+    taken by another process is an error naming it, never a quiet move; the
+    controller port, which only the broker itself uses, moves with a note.
+    """
+    if state.launcher != PROCESSES or not state.kafka_bootstrap:
+        return (None, None)
+    _stop_service(state, KAFKA, say)  # a broker JVM its killed launcher left behind
+    try:
+        port = int(state.kafka_bootstrap.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return (None, None)
+    if not _port_free(port):
+        holder = _port_holder(port) or "another process"
+        raise DevStackError(
+            f"cannot restart Kafka on {state.kafka_bootstrap}, the address recorded in "
+            f"{state_path(state_dir)} that workers and other commands were given: port {port} "
+            f"is now taken by {holder}.\nTo fix: stop that process and run `compactor dev up` "
+            "again; or run `compactor dev down` and `compactor dev up` to start the stack on "
+            "new ports (then restart whatever was given the old address)"
+        )
+    controller = _recorded_controller_port((state_dir / KAFKA).resolve())
+    if controller is not None and not _port_free(controller):
+        holder = _port_holder(controller) or "another process"
+        say(
+            f"Kafka's controller port {controller} (internal, clients never use it) is taken "
+            f"by {holder}: the broker gets a new one, its client port stays {port}"
+        )
+        controller = None
+    return (port, controller)
 
 
 def _java_tools_problem() -> str | None:
@@ -384,8 +466,10 @@ async def up(
     """Bring Kafka and PostgreSQL up (or confirm they are), and return one report per service.
 
     Idempotent: services recorded in ``stack.json`` that still run and answer
-    are left alone; dead or hung ones are replaced. The state file is written
-    after each start, so a failure half-way still lets ``dev down`` clean up.
+    are left alone; dead or hung ones are restarted on their recorded address
+    and data directory (running workers reconnect to them; see
+    :func:`_reuse_kafka_ports`). The state file is written after each start, so
+    a failure half-way still lets ``dev down`` clean up.
     """
     async with _state_lock(state_dir, say):
         return await _up_locked(state_dir, explicit, partitions, say)
@@ -526,13 +610,16 @@ async def _start_needed(
             write_state(state_dir, state)
             return list(wanted)
 
+    ports: KafkaPorts = (None, None)
+    if KAFKA in needed:
+        ports = await asyncio.to_thread(_reuse_kafka_ports, state_dir, state, say)
     state.launcher = PROCESSES
     state.started_at = time.time()
     starts: dict[str, asyncio.Task[tuple[str, int]]] = {}
     if POSTGRES in needed:
         starts[POSTGRES] = asyncio.create_task(_start_postgres(state_dir, say))
     if KAFKA in needed:
-        starts[KAFKA] = asyncio.create_task(_start_kafka(state_dir, partitions, say))
+        starts[KAFKA] = asyncio.create_task(_start_kafka(state_dir, partitions, say, ports))
     await asyncio.wait(starts.values())
     errors: list[str] = []
     for name, task in starts.items():
@@ -541,6 +628,9 @@ async def _start_needed(
             errors.append(str(error))
             continue
         address, pid = task.result()
+        _warn_if_moved(
+            name, state.kafka_bootstrap if name == KAFKA else state.postgres_dsn, address, say
+        )
         state.pids[name] = pid
         state.data_dirs[name] = str((state_dir / name).resolve())
         if name == KAFKA:
@@ -554,6 +644,22 @@ async def _start_needed(
         hint = f"\n({', '.join(up_now)} is up; `compactor dev down` stops it)" if up_now else ""
         raise DevStackError("\n".join(errors) + hint)
     return list(needed)
+
+
+def _warn_if_moved(name: str, before: str | None, now: str, say: Say) -> None:
+    """Say so when a restarted service is not where it was recorded.
+
+    Kafka comes back on its recorded port and the embedded PostgreSQL on the
+    socket its data directory implies, so this should not happen; if it does
+    (pgserver chose another socket directory, say), whatever runs with the old
+    address needs restarting, and silence would hide why it cannot connect.
+    """
+    if before and before != now:
+        shown = redact_dsn if name == POSTGRES else str
+        say(
+            f"warning: {name} moved from {shown(before)} to {shown(now)}: restart anything "
+            "(workers, tail) that was given the old address"
+        )
 
 
 # --------------------------------------------------------------------------- down

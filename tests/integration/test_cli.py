@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -29,8 +30,8 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.structs import ConsumerRecord
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from core.messages import ConversationMessage, ToolCall
 from devtools import devstack
@@ -510,3 +511,62 @@ async def test_dev_up_only_checks_configured_services(
     assert "PostgreSQL at postgresql://nobody:***@127.0.0.1:1/none" in refused.stderr
     assert "does not answer" in refused.stderr
     assert "secret" not in refused.stderr
+
+
+async def test_dev_up_restarts_a_killed_broker_on_the_same_address_with_its_data(
+    tmp_path: Path, dev_state: Path
+) -> None:
+    """Workers keep the bootstrap address they were given: after a crash, the broker
+    must come back there, with the topics and committed offsets it had."""
+    require_local_kafka_tools()
+    env = clean_env()
+    up = await compactor("dev", "--state-dir", str(dev_state), "up", env=env, cwd=tmp_path)
+    assert up.returncode == 0, up.stdout + up.stderr
+    before = read_state(dev_state)
+    assert before is not None and before.kafka_bootstrap
+    bootstrap = before.kafka_bootstrap
+    topic, group = f"t{uuid.uuid4().hex[:10]}.survivor", f"g{uuid.uuid4().hex[:10]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 2, 1)])
+    finally:
+        await admin.close()
+    await produce(bootstrap, topic, [("k", b"before the crash")])
+    [record] = await consume(bootstrap, topic, 1)
+    committer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    await committer.start()
+    try:
+        partition = TopicPartition(topic, record.partition)
+        committer.assign([partition])
+        await committer.commit({partition: record.offset + 1})
+    finally:
+        await committer.stop()
+
+    broker_pid = int((dev_state / "kafka" / "broker.pid").read_text())
+    os.kill(broker_pid, signal.SIGKILL)
+    for _ in range(300):  # its launcher notices and exits: the recorded pid is dead
+        if not pid_alive(broker_pid) and not pid_alive(before.pids["kafka"]):
+            break
+        await asyncio.sleep(0.1)
+    assert not pid_alive(before.pids["kafka"])
+
+    again = await compactor("dev", "--state-dir", str(dev_state), "up", env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    after = read_state(dev_state)
+    assert after is not None
+    assert after.kafka_bootstrap == bootstrap
+    assert "as before" in again.stdout and "moved" not in again.stdout
+    assert after.pids["kafka"] != before.pids["kafka"]
+    assert (after.postgres_dsn, after.pids["postgres"]) == (
+        before.postgres_dsn,
+        before.pids["postgres"],
+    )
+    assert await describe(bootstrap, [topic]) == {topic: 2}
+    assert [r.value for r in await consume(bootstrap, topic, 1)] == [b"before the crash"]
+    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    await reader.start()
+    try:
+        assert await reader.committed(partition) == record.offset + 1
+    finally:
+        await reader.stop()

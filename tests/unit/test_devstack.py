@@ -8,15 +8,18 @@ reboot, pid reused) must never send them to a dead address.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from core.settings import Settings, parse_settings
 from devtools import devstack
+from devtools.localstack import free_port
 from streams import stack_state
 from streams.runtime import configured_bootstrap, configured_dsn
 from streams.stack_state import StackState, write_state
@@ -201,3 +204,167 @@ async def test_without_java_but_with_docker_up_and_down_use_compose(
     assert await devstack.down(state_dir, say=lambda _: None)
     assert calls[-1] == ("down",)
     assert stack_state.running_stack(state_dir) is None
+
+
+# --------------------------------------------------------------------------- restarts
+
+
+@dataclass
+class FakeLaunch:
+    """``dev up`` with its launchers replaced: records each argv, answers at once."""
+
+    argvs: list[list[str]]
+    said: list[str]
+
+    def of(self, module: str) -> list[list[str]]:
+        return [argv for argv in self.argvs if module in argv]
+
+
+@pytest.fixture
+def fake_launch(monkeypatch: pytest.MonkeyPatch, fake_service: int) -> FakeLaunch:
+    launch = FakeLaunch([], [])
+
+    class Proc:
+        pid = fake_service
+
+        def poll(self) -> int | None:
+            return None
+
+    def spawn(argv: list[str], log_path: Path) -> Proc:
+        launch.argvs.append(argv)
+        if stack_state.KAFKA_LAUNCHER_MODULE in argv:
+            port = argv[argv.index("--port") + 1] if "--port" in argv else "45678"
+            ready = Path(argv[argv.index("--ready-file") + 1])
+            ready.write_text(f"KAFKA_BOOTSTRAP=127.0.0.1:{port}\n")
+        else:
+            with log_path.open("a") as log:
+                log.write(f"POSTGRES_DSN={DEV_DSN}\n")
+        return Proc()
+
+    async def answers(address: str, probe_seconds: float = 1.0) -> bool:
+        return True
+
+    async def migrated(dsn: str) -> list[str]:
+        return []
+
+    monkeypatch.setattr(devstack, "_java_tools_problem", lambda: None)
+    monkeypatch.setattr(devstack, "_spawn", spawn)
+    monkeypatch.setattr(devstack, "kafka_answers", answers)
+    monkeypatch.setattr(devstack, "postgres_answers", answers)
+    monkeypatch.setattr(devstack, "migrate", migrated)
+    return launch
+
+
+def dead_pid() -> int:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    return gone.pid
+
+
+def record_dead_stack(state_dir: Path, port: int, controller_port: int) -> StackState:
+    """A stack ``dev up`` started before, whose launchers have both died since."""
+    kafka_dir = state_dir / "kafka"
+    kafka_dir.mkdir(parents=True)
+    (kafka_dir / "server.properties").write_text(
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}\n"
+    )
+    state = StackState(
+        kafka_bootstrap=f"127.0.0.1:{port}",
+        postgres_dsn=DEV_DSN,
+        pids={"kafka": dead_pid(), "postgres": dead_pid()},
+        data_dirs={"kafka": str(kafka_dir.resolve()), "postgres": str(state_dir / "postgres")},
+    )
+    write_state(state_dir, state)
+    return state
+
+
+def option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+@pytest.fixture
+def listening() -> Iterator[Callable[[], int]]:
+    """Opens loopback sockets that listen, as another process's server would."""
+    sockets: list[socket.socket] = []
+
+    def open_one() -> int:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        sockets.append(sock)
+        return int(sock.getsockname()[1])
+
+    yield open_one
+    for sock in sockets:
+        sock.close()
+
+
+async def test_a_dead_broker_comes_back_on_its_recorded_ports_and_data_dir(
+    tmp_path: Path, fake_launch: FakeLaunch
+) -> None:
+    state_dir = tmp_path / "dev"
+    port, controller = free_port(), free_port()
+    record_dead_stack(state_dir, port, controller)
+    explicit = stack_state.Explicit(None, "-", None, "-")
+
+    reports = await devstack.up(state_dir, explicit, say=fake_launch.said.append)
+
+    [kafka] = fake_launch.of(stack_state.KAFKA_LAUNCHER_MODULE)
+    assert option(kafka, "--port") == str(port)
+    assert option(kafka, "--controller-port") == str(controller)
+    assert option(kafka, "--data-dir") == str((state_dir / "kafka").resolve())
+    [postgres] = fake_launch.of(stack_state.POSTGRES_LAUNCHER_MODULE)
+    assert option(postgres, "--data-dir") == str((state_dir / "postgres").resolve())
+    assert [(r.name, r.source, r.address) for r in reports] == [
+        ("kafka", "started", f"127.0.0.1:{port}"),
+        ("postgres", "started", DEV_DSN),
+    ]
+    state = stack_state.read_state(state_dir)
+    assert state is not None and state.kafka_bootstrap == f"127.0.0.1:{port}"
+    assert state.postgres_dsn == DEV_DSN
+    assert not [line for line in fake_launch.said if "moved" in line]
+
+
+async def test_a_fresh_stack_lets_the_broker_pick_free_ports(
+    tmp_path: Path, fake_launch: FakeLaunch
+) -> None:
+    explicit = stack_state.Explicit(None, "-", None, "-")
+    await devstack.up(tmp_path / "dev", explicit, say=fake_launch.said.append)
+    [kafka] = fake_launch.of(stack_state.KAFKA_LAUNCHER_MODULE)
+    assert "--port" not in kafka and "--controller-port" not in kafka
+
+
+async def test_a_recorded_broker_port_taken_by_another_process_is_an_error_naming_it(
+    tmp_path: Path, fake_launch: FakeLaunch, listening: Callable[[], int]
+) -> None:
+    state_dir = tmp_path / "dev"
+    port = listening()
+    before = record_dead_stack(state_dir, port, free_port())
+    explicit = stack_state.Explicit(None, "-", None, "-")
+
+    with pytest.raises(devstack.DevStackError) as caught:
+        await devstack.up(state_dir, explicit, say=fake_launch.said.append)
+
+    message = str(caught.value)
+    assert f"127.0.0.1:{port}" in message and f"port {port} is now taken by" in message
+    assert f"pid {os.getpid()}" in message  # this test process listens there
+    assert "`compactor dev down` and `compactor dev up`" in message
+    assert fake_launch.argvs == []  # nothing started, nothing moved
+    assert stack_state.read_state(state_dir) == before
+
+
+async def test_a_taken_controller_port_moves_but_the_client_port_stays(
+    tmp_path: Path, fake_launch: FakeLaunch, listening: Callable[[], int]
+) -> None:
+    state_dir = tmp_path / "dev"
+    port, controller = free_port(), listening()
+    record_dead_stack(state_dir, port, controller)
+    explicit = stack_state.Explicit(None, "-", None, "-")
+
+    reports = await devstack.up(state_dir, explicit, say=fake_launch.said.append)
+
+    [kafka] = fake_launch.of(stack_state.KAFKA_LAUNCHER_MODULE)
+    assert option(kafka, "--port") == str(port)
+    assert "--controller-port" not in kafka
+    assert any(f"controller port {controller}" in line for line in fake_launch.said)
+    assert reports[0].address == f"127.0.0.1:{port}"
