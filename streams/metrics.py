@@ -6,7 +6,11 @@ one process (tests, benchmarks) never collide.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from core.provider_guard import GUARD_STATES, CallOutcome, GuardState, ProviderGuard
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -81,5 +85,65 @@ class Metrics:
             registry=r,
         )
 
+        self._provider_metrics(r)
+
+    def _provider_metrics(self, r: CollectorRegistry) -> None:
+        self.llm_provider_state = Gauge(
+            "compactor_llm_provider_state",
+            "1 for the provider guard's state: closed, paused (retry-after), "
+            "open (breaker cooling down), half_open (one probe allowed)",
+            ["state"],
+            registry=r,
+        )
+        self.llm_calls_in_flight = Gauge(
+            "compactor_llm_calls_in_flight", "LLM calls running now (worker-wide)", registry=r
+        )
+        self.llm_calls_waiting = Gauge(
+            "compactor_llm_calls_waiting",
+            "LLM calls waiting for a slot or for a retry-after pause to end",
+            registry=r,
+        )
+        self.llm_calls_refused = Counter(
+            "compactor_llm_calls_refused_total",
+            "LLM calls the provider guard refused, by its state then",
+            ["state"],
+            registry=r,
+        )
+        self.llm_calls = Counter(
+            "compactor_llm_calls_total",
+            "LLM calls made, by outcome (success, rate_limited, server_error, "
+            "timeout, auth, rejected)",
+            ["outcome"],
+            registry=r,
+        )
+
+    def watch_provider_guard(self, guard: ProviderGuard) -> None:
+        """Report ``guard`` (the runtime compactor's ``provider_guard``).
+
+        Gauges read it at scrape time (the breaker goes from open to half-open
+        by the clock alone, with no event to report); counters are fed by its
+        observer. Watching another guard replaces the previous one.
+        """
+
+        def is_state(state: GuardState) -> Callable[[], float]:
+            return lambda: 1.0 if guard.state() == state else 0.0
+
+        for state in GUARD_STATES:
+            self.llm_provider_state.labels(state).set_function(is_state(state))
+        self.llm_calls_in_flight.set_function(lambda: guard.in_flight)
+        self.llm_calls_waiting.set_function(lambda: guard.waiting)
+        guard.observer = _GuardCounters(self)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _GuardCounters:
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def on_call(self, outcome: CallOutcome) -> None:
+        self._metrics.llm_calls.labels(outcome).inc()
+
+    def on_refused(self, state: GuardState) -> None:
+        self._metrics.llm_calls_refused.labels(state).inc()
