@@ -28,6 +28,7 @@ HEADER_TEMPLATE = (
 EARLIEST_HEADING = "## Earliest context"
 RECENT_HEADING = "## Recent context"
 OMISSION_TEMPLATE = "[... {count} earlier summaries omitted, searchable via memory_read ...]"
+SHORTENED_NOTE = "[... summary shortened to fit the context budget, in full via memory_read ...]"
 
 _HEADER_RE = re.compile(
     r"^\[Context Summary — (\d+) messages compressed across (\d+) compaction cycles\]$"
@@ -84,6 +85,14 @@ def build_clip_archive(
         sections.append(RECENT_HEADING)
         sections.extend(_format_batch(n, b) for n, b in recent)
     return "\n\n".join(sections)
+
+
+def shortened(content: str, keep_chars: int) -> str:
+    """The first ``keep_chars`` of a batch's text and a note that the rest is in
+    archival memory: what the clip-archive shows of a summary the model wrote
+    longer than the room the context budget leaves for it."""
+    kept = content[: max(0, keep_chars)].rstrip()
+    return f"{kept}\n{SHORTENED_NOTE}" if kept else SHORTENED_NOTE
 
 
 class ShownBatch(BaseModel):

@@ -71,7 +71,13 @@ class CompactionTuning(BaseModel):
     max_retries: int = Field(default=3, ge=0)
     retry_backoff_seconds: float = Field(default=1.0, ge=0)
     max_consecutive_failures: int = Field(default=3, ge=1)
-    circuit_cooldown_seconds: float = Field(default=300.0, ge=0)
+    circuit_cooldown_seconds: float = Field(default=60.0, ge=0)
+    # The provider guard (core/provider_guard.py), one per worker.
+    max_concurrent_llm_calls: int = Field(default=8, ge=1)
+    provider_failure_threshold: int = Field(default=5, ge=1)
+    provider_cooldown_seconds: float = Field(default=5.0, ge=0)
+    provider_max_cooldown_seconds: float = Field(default=15.0, ge=0)
+    provider_max_wait_seconds: float = Field(default=10.0, ge=0)
 
 
 class CompactionConfig(CompactionTuning):
@@ -147,6 +153,10 @@ class CompactionResult(BaseModel):
     tokens_added: int = 0
     llm_input_tokens: int = 0
     llm_output_tokens: int = 0
+    # The history this compaction left (or, when it could not compact, found)
+    # is over the target; ``reason`` says why it could not do better.
+    over_target: bool = False
+    target_tokens: int | None = None
 
 
 def batch_label(conversation_id: str, end_time: datetime) -> str:

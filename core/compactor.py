@@ -1,12 +1,18 @@
 """The compaction pipeline (imperative shell).
 
-split → chunk → fold-in summarise → re-summarise if too many batches →
-one atomic store write → the new history ``[clip_archive, *kept]``.
+split → chunk → fold-in summarise → re-summarise if too many batches → fit
+the target → one atomic store write → the new history ``[clip_archive, *kept]``.
 
 Every LLM call happens before the first write. If any of them fails, nothing
 is written and the caller gets its history back untouched with
 ``failed=True`` (context-compaction.AC1.7). The write itself is one
 transaction keyed by the compaction id, so a retried compaction is a no-op.
+
+Every LLM call goes through the worker's one ``ProviderGuard``, so a provider
+outage is met once for the whole worker rather than once per conversation.
+Given a budget, a compaction leaves the history at or under
+``BudgetConfig.target_tokens``: a history left over budget would be handed
+straight back as "nothing to compress", for ever.
 """
 
 from __future__ import annotations
@@ -19,18 +25,23 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from core.budget import BudgetConfig
 from core.chunking import Chunk, chunk_messages, halve, in_history_order
 from core.circuit import CircuitBreaker
 from core.clip_archive import (
+    SHORTENED_NOTE,
     ClipArchiveFormatError,
     build_clip_archive,
     clip_archive_message,
     parse_clip_archive,
+    shortened,
 )
 from core.compaction import (
+    AppliedStats,
     CompactionConfig,
     CompactionPlan,
     CompactionResult,
+    CompactionTuning,
     OutboxFactory,
     StoredBatch,
     SummaryBatch,
@@ -38,17 +49,26 @@ from core.compaction import (
 )
 from core.messages import ConversationMessage
 from core.model.port import (
+    ModelAuthError,
     ModelError,
     ModelProvider,
     ModelRateLimitError,
     ModelRequest,
+    ModelResponse,
     ModelResponseError,
+    ModelServerError,
     ModelTimeoutError,
 )
 from core.prompts import build_resummarization_request, build_summarization_request
+from core.provider_guard import GuardLimits, ProviderGuard, ProviderUnavailableError
 from core.split import HistorySplit, split_history
 from core.storage.ports import HistoryConflictError, MemoryStore, MessageStore
-from core.tokens import DEFAULT_COUNTER, TokenCounter, estimate_history_tokens
+from core.tokens import (
+    DEFAULT_COUNTER,
+    TokenCounter,
+    estimate_history_tokens,
+    estimate_message_tokens,
+)
 
 log = logging.getLogger("compactor")
 
@@ -62,29 +82,71 @@ def derive_compaction_id(conversation_id: str, history: Sequence[ConversationMes
 
 
 @dataclass
-class _Usage:
+class _Calls:
+    """One compaction's LLM spend, and how many answers the provider had given
+    (to anyone) when this compaction's calls first failed."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    answers_at_first_failure: int | None = None
 
 
 @dataclass
-class _Summaries:
-    batches: list[SummaryBatch] = field(default_factory=list)
-    usage: _Usage = field(default_factory=_Usage)
+class _Archive:
+    """The conversation's live batches as this compaction reshapes them."""
+
+    existing: list[StoredBatch]
+    fresh: list[StoredBatch]
+    live: list[StoredBatch] = field(init=False)
+    superseded: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.live = [*self.existing, *self.fresh]
+
+    def merge(self, sources: Sequence[StoredBatch], merged: StoredBatch) -> None:
+        """``merged`` replaces ``sources`` (a prefix of ``live``) in the clip-archive;
+        they leave it but stay searchable."""
+        ids = {s.id for s in sources}
+        existing_ids = {b.id for b in self.existing}
+        self.superseded += [(s.id, merged.id) for s in sources if s.id in existing_ids]
+        self.fresh = [
+            b.model_copy(update={"superseded_by": merged.id}) if b.id in ids else b
+            for b in self.fresh
+        ]
+        self.fresh.append(merged)
+        self.live = [merged, *(b for b in self.live if b.id not in ids)]
+
+
+@dataclass(frozen=True)
+class _Planned:
+    plan: CompactionPlan
+    batches: tuple[StoredBatch, ...]
+    over_target: str | None  # why the history stays over the target, if it does
 
 
 class _Unchanged:
     """Results that hand the caller its history back as it was."""
 
     def __init__(
-        self, history: tuple[ConversationMessage, ...], compaction_id: str, counter: TokenCounter
+        self,
+        history: tuple[ConversationMessage, ...],
+        compaction_id: str,
+        counter: TokenCounter,
+        target: int | None,
     ) -> None:
         self._history = history
         self._compaction_id = compaction_id
         self._tokens = estimate_history_tokens(history, counter)
+        self._counter = counter
+        self._target = target
 
     def __call__(
-        self, reason: str, *, failed: bool, already_applied: bool = False
+        self,
+        reason: str,
+        *,
+        failed: bool,
+        already_applied: bool = False,
+        over_target: bool = False,
     ) -> CompactionResult:
         return CompactionResult(
             history=self._history,
@@ -94,10 +156,25 @@ class _Unchanged:
             reason=reason,
             compaction_id=self._compaction_id,
             already_applied=already_applied,
+            over_target=over_target,
+            target_tokens=self._target,
         )
 
     def already_applied(self) -> CompactionResult:
         return self("compaction already applied", failed=False, already_applied=True)
+
+    def nothing_to_compress(self, conversation_id: str, split: HistorySplit) -> CompactionResult:
+        """Nothing to compress; said loudly when the history is over the target
+        anyway, since then every later command will find the same."""
+        if self._target is None or self._tokens <= self._target:
+            return self("nothing to compress", failed=False)
+        kept = estimate_history_tokens(split.to_keep, self._counter)
+        reason = (
+            f"nothing to compress, over target: {self._tokens} tokens > target {self._target}; "
+            f"the {len(split.to_keep)} messages kept verbatim take {kept}"
+        )
+        log.warning("compaction of %s: %s", conversation_id, reason)
+        return self(reason, failed=False, over_target=True)
 
 
 class PipelineCompactor:
@@ -113,6 +190,8 @@ class PipelineCompactor:
         model_name: str,
         counter: TokenCounter,
         breaker: CircuitBreaker,
+        guard: ProviderGuard,
+        budget: BudgetConfig | None,
         sleep: Callable[[float], Awaitable[None]],
         outbox: OutboxFactory | None,
     ) -> None:
@@ -124,7 +203,9 @@ class PipelineCompactor:
         self._model_name = model_name
         self._counter = counter
         self._sleep = sleep
+        self._target = budget.target_tokens if budget is not None else None
         self.breaker = breaker
+        self.provider_guard = guard
 
     async def compress(
         self,
@@ -144,22 +225,25 @@ class PipelineCompactor:
         """
         history = tuple(history)
         compaction_id = compaction_id or derive_compaction_id(conversation_id, history)
-        unchanged = _Unchanged(history, compaction_id, self._counter)
+        unchanged = _Unchanged(history, compaction_id, self._counter, self._target)
         if not self.breaker.try_acquire(conversation_id):
             retry_in = self.breaker.retry_in(conversation_id)
             return unchanged(f"circuit open: retry in {retry_in:.0f}s", failed=True)
 
         started = time.perf_counter()
+        calls = _Calls()
         try:
             if check_applied and await self._messages.compaction_applied(compaction_id):
                 self.breaker.release(conversation_id)
                 return unchanged.already_applied()
             split = split_history(history, self._config.keep_recent, self._config.scoring)
-            if not split.to_compress:
+            planned = None
+            if split.to_compress or self._may_refit(history, split):
+                planned = await self._plan(history, split, conversation_id, compaction_id, calls)
+            if planned is None:
                 self.breaker.release(conversation_id)
-                return unchanged("nothing to compress", failed=False)
-            plan, batches, usage = await self._plan(history, split, conversation_id, compaction_id)
-            applied = await self._messages.apply_compaction(plan, outbox or self._outbox)
+                return unchanged.nothing_to_compress(conversation_id, split)
+            applied = await self._messages.apply_compaction(planned.plan, outbox or self._outbox)
         except asyncio.CancelledError:
             self.breaker.release(conversation_id)
             raise
@@ -168,8 +252,10 @@ class PipelineCompactor:
             log.warning("compaction %s of %s conflicted: %s", compaction_id, conversation_id, error)
             return unchanged(f"history changed during compaction: {error}", failed=True)
         except Exception as error:
-            self.breaker.record_failure(conversation_id)
-            log.warning(
+            self._blame(error, conversation_id, calls)
+            # Refusals come by the thousand in an outage; the guard logs the outage once.
+            log.log(
+                logging.INFO if isinstance(error, ProviderUnavailableError) else logging.WARNING,
                 "compaction %s of %s failed, history left unchanged: %s: %s",
                 compaction_id,
                 conversation_id,
@@ -181,28 +267,76 @@ class PipelineCompactor:
         self.breaker.record_success(conversation_id)
         if applied.outcome == "already_applied" or applied.stats is None:
             return unchanged.already_applied()
+        return self._compacted(planned, split, applied.stats, calls, time.perf_counter() - started)
+
+    def _blame(self, error: Exception, conversation_id: str, calls: _Calls) -> None:
+        """Count a failure against the conversation's breaker only when it is the
+        conversation's: a provider outage is the provider guard's business, and
+        counting it against every conversation would shut them all out for a
+        cool-down after the provider is back.
+
+        Rate limits, refusals by the guard and a rejected key are never the
+        conversation's. A 5xx or a timeout is, when other calls got answers
+        while this compaction's kept failing (its request is the trouble:
+        too large, or one the provider chokes on); otherwise it is an outage.
+        """
+        if isinstance(error, ProviderUnavailableError | ModelRateLimitError | ModelAuthError):
+            provider_wide = True
+        elif isinstance(error, ModelServerError | ModelTimeoutError):
+            first = calls.answers_at_first_failure
+            provider_wide = first is None or self.provider_guard.successes <= first
+        else:
+            provider_wide = False
+        if provider_wide:
+            self.breaker.release(conversation_id)
+        else:
+            self.breaker.record_failure(conversation_id)
+
+    def _compacted(
+        self,
+        planned: _Planned,
+        split: HistorySplit,
+        stats: AppliedStats,
+        calls: _Calls,
+        elapsed: float,
+    ) -> CompactionResult:
+        plan = planned.plan
         log.info(
             "compacted %s: %d messages into %d batches, %d → %d tokens in %.2fs",
-            conversation_id,
+            plan.conversation_id,
             plan.messages_compressed,
-            len(batches),
+            len(planned.batches),
             plan.tokens_estimate_before,
             plan.tokens_estimate_after,
-            time.perf_counter() - started,
+            elapsed,
         )
+        if planned.over_target is not None:
+            log.warning("compaction of %s: %s", plan.conversation_id, planned.over_target)
         return CompactionResult(
             history=(plan.clip_archive, *split.to_keep),
-            batches_created=len(batches),
+            batches_created=len(planned.batches),
             messages_compressed=plan.messages_compressed,
             tokens_estimate_before=plan.tokens_estimate_before,
             tokens_estimate_after=plan.tokens_estimate_after,
-            compaction_id=compaction_id,
-            batches=batches,
+            compaction_id=plan.compaction_id,
+            batches=planned.batches,
             compressed_message_ids=tuple(m.id for m in split.to_compress),
-            tokens_removed=applied.stats.tokens_removed,
-            tokens_added=applied.stats.tokens_added,
-            llm_input_tokens=usage.input_tokens,
-            llm_output_tokens=usage.output_tokens,
+            tokens_removed=stats.tokens_removed,
+            tokens_added=stats.tokens_added,
+            llm_input_tokens=calls.input_tokens,
+            llm_output_tokens=calls.output_tokens,
+            reason=planned.over_target,
+            over_target=planned.over_target is not None,
+            target_tokens=self._target,
+        )
+
+    def _may_refit(self, history: tuple[ConversationMessage, ...], split: HistorySplit) -> bool:
+        """Nothing to compress, but a clip-archive that could shrink: a history an
+        earlier compaction (or an earlier version) left over the target."""
+        return (
+            self._target is not None
+            and split.prior_summary is not None
+            and estimate_history_tokens(history, self._counter) > self._target
         )
 
     async def _plan(
@@ -211,15 +345,17 @@ class PipelineCompactor:
         split: HistorySplit,
         conversation_id: str,
         compaction_id: str,
-    ) -> tuple[CompactionPlan, tuple[StoredBatch, ...], _Usage]:
+        calls: _Calls,
+    ) -> _Planned | None:
+        """Everything to write; ``None`` when there is nothing to compress and
+        the clip-archive cannot be made to fit either."""
         config = self._config
         position = {message.id: index for index, message in enumerate(history)}
         chunks = chunk_messages(
             split.to_compress, config.chunk_size, config.max_chunk_tokens, self._counter
         )
         prior = split.prior_summary.content if split.prior_summary else None
-        summaries = await self._summarize_chunks(chunks, position, prior)
-
+        summaries = await self._summarize_chunks(chunks, position, prior, calls)
         fresh = [
             StoredBatch(
                 id=f"{compaction_id}:{index}",
@@ -228,64 +364,151 @@ class PipelineCompactor:
                 batch=batch,
                 compaction_id=compaction_id,
             )
-            for index, batch in enumerate(summaries.batches)
+            for index, batch in enumerate(summaries)
         ]
         existing = await self._memory.live_batches(conversation_id)
-        live = [*existing, *fresh]
-        superseded: list[tuple[str, str]] = []
+        archive = _Archive(existing=existing, fresh=fresh)
+        if not archive.live:
+            return None
         threshold = config.clip_first + config.clip_last + config.resummarize_buffer
-        if len(live) > threshold:
-            cut = len(live) - config.clip_last
-            sources, tail = live[:cut], live[cut:]
-            merged = await self._resummarize(sources, conversation_id, compaction_id, summaries)
-            existing_ids = {batch.id for batch in existing}
-            superseded = [(s.id, merged.id) for s in sources if s.id in existing_ids]
-            source_ids = {s.id for s in sources}
-            fresh = [
-                b.model_copy(update={"superseded_by": merged.id}) if b.id in source_ids else b
-                for b in fresh
-            ]
-            fresh.append(merged)
-            live = [merged, *tail]
+        if len(archive.live) > threshold:
+            sources = archive.live[: len(archive.live) - config.clip_last]
+            merged = await self._resummarize(
+                sources, conversation_id, compaction_id, calls, suffix="resummarized"
+            )
+            archive.merge(sources, merged)
 
-        content = build_clip_archive(
-            [b.batch for b in live],
-            clip_first=config.clip_first,
-            clip_last=config.clip_last,
-            messages_compressed=sum(b.batch.message_count for b in live),
-            cycles=_previous_cycles(split.prior_summary, existing) + 1,
-        )
-        clip = clip_archive_message(
-            conversation_id=conversation_id,
-            compaction_id=compaction_id,
-            content=content,
-            created_at=min(b.batch.start_time for b in live),
-        )
+        cycles = _previous_cycles(split.prior_summary, existing) + 1
+        clip = self._clip([b.batch for b in archive.live], conversation_id, compaction_id, cycles)
+        kept_tokens = estimate_history_tokens(split.to_keep, self._counter)
+        over_target = None
+        if self._target is not None and self._tokens(clip) + kept_tokens > self._target:
+            room = self._target - kept_tokens
+            fitted = await self._fit(archive, room, conversation_id, compaction_id, calls, cycles)
+            if fitted is None and not split.to_compress:
+                return None
+            clip = fitted or clip
+            over_target = self._over_target_reason(clip, split.to_keep, kept_tokens)
+        plan = self._compaction_plan(history, split, archive, clip, compaction_id)
+        return _Planned(plan, tuple(archive.fresh), over_target)
+
+    def _compaction_plan(
+        self,
+        history: tuple[ConversationMessage, ...],
+        split: HistorySplit,
+        archive: _Archive,
+        clip: ConversationMessage,
+        compaction_id: str,
+    ) -> CompactionPlan:
         deleted = [m.id for m in split.to_compress]
         if split.prior_summary is not None:
             deleted.append(split.prior_summary.id)
-        plan = CompactionPlan(
+        return CompactionPlan(
             compaction_id=compaction_id,
-            conversation_id=conversation_id,
-            new_batches=tuple(fresh),
-            superseded=tuple(superseded),
+            conversation_id=clip.conversation_id,
+            new_batches=tuple(archive.fresh),
+            superseded=tuple(archive.superseded),
             deleted_message_ids=tuple(deleted),
             clip_archive=clip,
             messages_compressed=len(split.to_compress),
             tokens_estimate_before=estimate_history_tokens(history, self._counter),
             tokens_estimate_after=estimate_history_tokens((clip, *split.to_keep), self._counter),
         )
-        return plan, tuple(fresh), summaries.usage
+
+    def _clip(
+        self,
+        batches: Sequence[SummaryBatch],
+        conversation_id: str,
+        compaction_id: str,
+        cycles: int,
+    ) -> ConversationMessage:
+        content = build_clip_archive(
+            batches,
+            clip_first=self._config.clip_first,
+            clip_last=self._config.clip_last,
+            messages_compressed=sum(b.message_count for b in batches),
+            cycles=cycles,
+        )
+        return clip_archive_message(
+            conversation_id=conversation_id,
+            compaction_id=compaction_id,
+            content=content,
+            created_at=min(b.start_time for b in batches),
+        )
+
+    def _tokens(self, message: ConversationMessage) -> int:
+        return estimate_message_tokens(message, self._counter)
+
+    async def _fit(
+        self,
+        archive: _Archive,
+        room: int,
+        conversation_id: str,
+        compaction_id: str,
+        calls: _Calls,
+        cycles: int,
+    ) -> ConversationMessage | None:
+        """A clip-archive of at most ``room`` tokens, or ``None`` when not even one
+        showing nothing but its pointer to archival memory fits.
+
+        Every live batch is re-summarised into one, asking the model for no
+        more than fits; a model that writes past ``max_tokens`` (or a token
+        count that differs from the estimate) gets its text shortened in the
+        clip-archive only, the batch in archival memory keeps all of it.
+        Showing fewer batches would not do: the clip-archive already shows only
+        ``clip_first + clip_last``, and all of them may be at the size cap.
+        """
+        sources = list(archive.live)
+        least = self._clip(
+            [_merged(sources, SHORTENED_NOTE)], conversation_id, compaction_id, cycles
+        )
+        if self._tokens(least) > room:
+            return None
+        bare = self._clip([_merged(sources, "")], conversation_id, compaction_id, cycles)
+        max_tokens = max(1, min(self._config.max_summary_tokens, room - self._tokens(bare)))
+        fitted = await self._resummarize(
+            sources, conversation_id, compaction_id, calls, suffix="fitted", max_tokens=max_tokens
+        )
+        archive.merge(sources, fitted)
+        batch = fitted.batch
+        clip = self._clip([batch], conversation_id, compaction_id, cycles)
+        if self._tokens(clip) <= room:
+            return clip
+        low, high = 0, len(batch.content)  # the longest prefix that fits
+        while low < high:
+            middle = (low + high + 1) // 2
+            shown = batch.model_copy(update={"content": shortened(batch.content, middle)})
+            candidate = self._clip([shown], conversation_id, compaction_id, cycles)
+            low, high = (middle, high) if self._tokens(candidate) <= room else (low, middle - 1)
+        shown = batch.model_copy(update={"content": shortened(batch.content, low)})
+        return self._clip([shown], conversation_id, compaction_id, cycles)
+
+    def _over_target_reason(
+        self, clip: ConversationMessage, kept: Sequence[ConversationMessage], kept_tokens: int
+    ) -> str | None:
+        assert self._target is not None
+        after = self._tokens(clip) + kept_tokens
+        if after <= self._target:
+            return None
+        return (
+            f"over target: {after} tokens > target {self._target}; the {len(kept)} messages "
+            f"kept verbatim take {kept_tokens}, the clip-archive {self._tokens(clip)} "
+            f"(lower keep_recent or raise the budget)"
+        )
 
     async def _summarize_chunks(
-        self, chunks: Sequence[Chunk], position: dict[str, int], prior: str | None
-    ) -> _Summaries:
+        self,
+        chunks: Sequence[Chunk],
+        position: dict[str, int],
+        prior: str | None,
+        calls: _Calls,
+    ) -> list[SummaryBatch]:
         """Fold-in: each chunk's request carries the summary so far (context-compaction.AC1.3).
 
         A timed-out chunk is split in halves that go to the front of the queue,
         so fold-in order is preserved.
         """
-        out = _Summaries()
+        out: list[SummaryBatch] = []
         running = prior
         pending: deque[tuple[Chunk, int]] = deque((chunk, 0) for chunk in chunks)
         while pending:
@@ -299,7 +522,7 @@ class PipelineCompactor:
                 max_tokens=self._config.max_summary_tokens,
             )
             try:
-                text = await self._complete(request, out.usage)
+                text = await self._complete(request, calls)
             except ModelError as error:
                 await self._retry_or_raise(error, attempt)
                 if isinstance(error, ModelTimeoutError):
@@ -307,7 +530,7 @@ class PipelineCompactor:
                 else:
                     pending.appendleft((ordered, attempt + 1))
                 continue
-            out.batches.append(
+            out.append(
                 SummaryBatch(
                     content=text,
                     depth=0,
@@ -325,55 +548,60 @@ class PipelineCompactor:
         sources: Sequence[StoredBatch],
         conversation_id: str,
         compaction_id: str,
-        summaries: _Summaries,
+        calls: _Calls,
+        *,
+        suffix: str,
+        max_tokens: int | None = None,
     ) -> StoredBatch:
         request = build_resummarization_request(
             system_prompt=self._config.prompt,
             batch_contents=[s.batch.content for s in sources],
             model_name=self._model_name,
-            max_tokens=self._config.max_summary_tokens,
+            max_tokens=max_tokens or self._config.max_summary_tokens,
         )
         attempt = 0
         while True:
             try:
-                text = await self._complete(request, summaries.usage)
+                text = await self._complete(request, calls)
                 break
             except ModelError as error:
                 await self._retry_or_raise(error, attempt)
                 attempt += 1
-        merged = SummaryBatch(
-            content=text,
-            depth=max(s.batch.depth for s in sources) + 1,
-            start_time=min(s.batch.start_time for s in sources),
-            end_time=max(s.batch.end_time for s in sources),
-            message_count=sum(s.batch.message_count for s in sources),
-            source_message_ids=tuple(i for s in sources for i in s.batch.source_message_ids),
-        )
+        merged = _merged(sources, text)
         return StoredBatch(
-            id=f"{compaction_id}:resummarized",
+            id=f"{compaction_id}:{suffix}",
             label=batch_label(conversation_id, merged.end_time),
             conversation_id=conversation_id,
             batch=merged,
             compaction_id=compaction_id,
         )
 
-    async def _complete(self, request: ModelRequest, usage: _Usage) -> str:
+    async def _complete(self, request: ModelRequest, calls: _Calls) -> str:
+        guard = self.provider_guard
         try:
-            response = await asyncio.wait_for(
-                self._model.complete(request), timeout=self._config.timeout_seconds
-            )
-        except TimeoutError as error:
-            raise ModelTimeoutError(
-                f"no answer within {self._config.timeout_seconds}s", provider=self._model.name
-            ) from error
-        usage.input_tokens += response.usage.input_tokens
-        usage.output_tokens += response.usage.output_tokens
+            response = await guard.call(lambda: self._call_model(request))
+        except ModelError:
+            if calls.answers_at_first_failure is None:
+                calls.answers_at_first_failure = guard.successes
+            raise
+        calls.input_tokens += response.usage.input_tokens
+        calls.output_tokens += response.usage.output_tokens
         text = response.text.strip()
         if not text:
             raise ModelResponseError(
                 "the model returned an empty summary", provider=self._model.name
             )
         return text
+
+    async def _call_model(self, request: ModelRequest) -> ModelResponse:
+        try:
+            return await asyncio.wait_for(
+                self._model.complete(request), timeout=self._config.timeout_seconds
+            )
+        except TimeoutError as error:
+            raise ModelTimeoutError(
+                f"no answer within {self._config.timeout_seconds}s", provider=self._model.name
+            ) from error
 
     async def _retry_or_raise(self, error: ModelError, attempt: int) -> None:
         """The retry policy for every LLM call, so the two loops cannot drift:
@@ -384,15 +612,31 @@ class PipelineCompactor:
 
         The wait doubles per attempt, but never undercuts a rate limit's
         ``retry_after``: asking again sooner than the server said would only
-        earn another 429.
+        earn another 429. A ``retry_after`` longer than the provider guard
+        would let any call wait gives up at once instead: the guard refuses
+        every call until then anyway, and reconciliation retries later.
         """
         if not error.retryable or attempt >= self._config.max_retries:
             raise error
         delay = self._config.retry_backoff_seconds * 2**attempt
         if isinstance(error, ModelRateLimitError) and error.retry_after is not None:
+            if error.retry_after > self.provider_guard.limits.max_wait_seconds:
+                raise error
             delay = max(delay, error.retry_after)
         log.info("retrying LLM call in %.2fs after %s", delay, type(error).__name__)
         await self._sleep(delay)
+
+
+def _merged(sources: Sequence[StoredBatch], content: str) -> SummaryBatch:
+    """The batch that re-summarising ``sources`` into ``content`` makes."""
+    return SummaryBatch(
+        content=content,
+        depth=max(s.batch.depth for s in sources) + 1,
+        start_time=min(s.batch.start_time for s in sources),
+        end_time=max(s.batch.end_time for s in sources),
+        message_count=sum(s.batch.message_count for s in sources),
+        source_message_ids=tuple(i for s in sources for i in s.batch.source_message_ids),
+    )
 
 
 def _previous_cycles(prior: ConversationMessage | None, existing: Sequence[StoredBatch]) -> int:
@@ -409,6 +653,16 @@ def _previous_cycles(prior: ConversationMessage | None, existing: Sequence[Store
     return len({batch.compaction_id for batch in existing})
 
 
+def guard_limits(config: CompactionTuning) -> GuardLimits:
+    return GuardLimits(
+        max_concurrent=config.max_concurrent_llm_calls,
+        failure_threshold=config.provider_failure_threshold,
+        cooldown_seconds=config.provider_cooldown_seconds,
+        max_cooldown_seconds=config.provider_max_cooldown_seconds,
+        max_wait_seconds=config.provider_max_wait_seconds,
+    )
+
+
 def create_compactor(
     *,
     model: ModelProvider,
@@ -417,14 +671,21 @@ def create_compactor(
     config: CompactionConfig,
     model_name: str,
     counter: TokenCounter = DEFAULT_COUNTER,
+    budget: BudgetConfig | None = None,
     breaker: CircuitBreaker | None = None,
+    guard: ProviderGuard | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
     outbox: OutboxFactory | None = None,
 ) -> PipelineCompactor:
     """The pipeline over the given ports.
 
-    ``outbox`` turns a committed plan into events to publish; they are written
-    in the compaction's own transaction (see ``MessageStore.apply_compaction``).
+    ``budget`` sets the target every compaction must reach
+    (``BudgetConfig.target_tokens``); without it there is none. ``outbox``
+    turns a committed plan into events to publish; they are written in the
+    compaction's own transaction (see ``MessageStore.apply_compaction``).
+    ``sleep`` and ``clock`` drive every wait and cool-down, so a test can
+    replace both (they must agree: a sleep advances the clock).
     """
     return PipelineCompactor(
         model=model,
@@ -434,7 +695,11 @@ def create_compactor(
         model_name=model_name,
         counter=counter,
         breaker=breaker
-        or CircuitBreaker(config.max_consecutive_failures, config.circuit_cooldown_seconds),
+        or CircuitBreaker(
+            config.max_consecutive_failures, config.circuit_cooldown_seconds, clock=clock
+        ),
+        guard=guard or ProviderGuard(guard_limits(config), clock=clock, sleep=sleep),
+        budget=budget,
         sleep=sleep,
         outbox=outbox,
     )

@@ -85,6 +85,12 @@ class Metrics:
             registry=r,
         )
 
+        self.compactions_over_target = Counter(
+            "compactor_compactions_over_target_total",
+            "Compactions that left (or found) the history over the target: "
+            "the messages kept verbatim leave no room for a clip-archive",
+            registry=r,
+        )
         self._provider_metrics(r)
 
     def _provider_metrics(self, r: CollectorRegistry) -> None:

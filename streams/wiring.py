@@ -82,6 +82,7 @@ async def open_resources(settings: Settings) -> Runtime:
         memory_store=store,
         config=settings.summarization.compaction(),
         model_name=resolved.model,
+        budget=settings.budget,
     )
     return Runtime(settings, store, model, resolved, dsn, embedded, compactor)
 

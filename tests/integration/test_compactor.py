@@ -4,6 +4,7 @@ SDKs talking HTTP to the local wire-protocol server."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -45,13 +46,20 @@ async def llm() -> AsyncIterator[LLMTestServer]:
 
 
 class Sleeps:
-    """Records backoff instead of waiting, so retry tests take no wall time."""
+    """Records backoff instead of waiting, so retry tests take no wall time.
+
+    ``clock`` is the time the compactor sees: wall time plus what it "slept",
+    so the provider guard's pauses and cool-downs agree with the sleeps.
+    """
 
     def __init__(self) -> None:
         self.calls: list[float] = []
 
     async def __call__(self, seconds: float) -> None:
         self.calls.append(seconds)
+
+    def clock(self) -> float:
+        return time.monotonic() + sum(self.calls)
 
 
 def conversation(n: int, conv: str = "conv-1", start: int = 0) -> list[ConversationMessage]:
@@ -88,6 +96,8 @@ def make(
         "retry_backoff_seconds": 0.5,
     }
     defaults.update(config)
+    budget = defaults.pop("budget", None)
+    sleeps = sleeps or Sleeps()
     if provider == "anthropic":
         model: Any = AnthropicProvider("test-key", base_url=llm.base_url)
     else:
@@ -98,7 +108,9 @@ def make(
         memory_store=store,
         config=CompactionConfig(**defaults),
         model_name="claude-test",
-        sleep=sleeps or Sleeps(),
+        budget=budget,
+        sleep=sleeps,
+        clock=sleeps.clock,
     )
 
 
@@ -403,7 +415,8 @@ async def test_circuit_opens_after_consecutive_failures(
         max_consecutive_failures=2,
         circuit_cooldown_seconds=3600,
     )
-    llm.enqueue(ServerError(500), ServerError(500))
+    # A request the provider rejects is the conversation's own failure.
+    llm.enqueue(HTTPError(400, "prompt too long"), HTTPError(400, "prompt too long"))
     assert (await compactor.compress(msgs, "conv-1")).failed
     assert (await compactor.compress(msgs, "conv-1")).failed
     calls = len(llm.requests)
@@ -413,6 +426,45 @@ async def test_circuit_opens_after_consecutive_failures(
     other = conversation(6, conv="conv-2")
     await seed(pg_store, other)
     assert not (await compactor.compress(other, "conv-2")).failed
+
+
+async def test_a_provider_outage_opens_the_provider_breaker_not_the_conversations(
+    pg_store: PostgresStore, llm: LLMTestServer
+) -> None:
+    """5xx for everyone: after provider_failure_threshold failures in a row,
+    from three conversations, every compaction fails fast without a request;
+    no conversation's own circuit opened, so all compact once the probe works."""
+    convs = {f"conv-{i}": conversation(6, conv=f"conv-{i}") for i in range(1, 4)}
+    for msgs in convs.values():
+        await seed(pg_store, msgs)
+    sleeps = Sleeps()
+    compactor = make(
+        pg_store,
+        llm,
+        sleeps,
+        chunk_size=10,
+        max_retries=0,
+        max_consecutive_failures=1,
+        provider_failure_threshold=3,
+        provider_cooldown_seconds=30,
+    )
+    llm.enqueue(ServerError(500), ServerError(502), ServerError(503))
+    for conv, msgs in convs.items():
+        assert (await compactor.compress(msgs, conv)).failed
+    assert compactor.provider_guard.state() == "open"
+    sent = len(llm.requests)
+    refused = await compactor.compress(convs["conv-1"], "conv-1")
+    assert refused.failed and refused.reason is not None
+    assert refused.reason.startswith("ProviderUnavailableError: LLM provider open: retry in")
+    assert len(llm.requests) == sent  # failed fast
+    assert all(compactor.breaker.state(conv) == "closed" for conv in convs)
+
+    await sleeps(30)  # the cool-down passes: the next call is the probe
+    assert compactor.provider_guard.state() == "half_open"
+    for conv, msgs in convs.items():
+        result = await compactor.compress(msgs, conv)
+        assert not result.failed, result.reason
+    assert compactor.provider_guard.state() == "closed"
 
 
 async def test_history_changed_underneath_writes_nothing(
@@ -460,3 +512,82 @@ async def test_pipeline_through_openai_compatible_adapter(
     )
     assert second[-1] == {"role": "user", "content": DEFAULT_DIRECTIVE}
     assert calls[0].body["temperature"] == 0 and calls[0].body["max_tokens"] == 1024
+
+
+def at_the_cap(request: Any) -> str:
+    """Summaries as long as ``max_tokens`` allows: the replay where batches at the
+    ``max_summary_tokens`` cap left the clip-archive alone near the budget."""
+    words = "the team moved the payments deploy to tuesday because of the freeze "
+    chars = 4 * (request.max_tokens or 1024)
+    return (words * (chars // len(words) + 1))[:chars].strip()
+
+
+async def stored_total(store: PostgresStore, conv: str = "conv-1") -> int:
+    return await store.conversation_token_total(conv)
+
+
+async def test_every_cycle_leaves_the_history_under_the_target(pg_store: PostgresStore) -> None:
+    budget = BudgetConfig(context_budget=1.0, model_max_tokens=1200)  # target 960
+    async with LLMTestServer(responder=at_the_cap) as server:
+        compactor = make(
+            pg_store,
+            server,
+            chunk_size=3,
+            keep_recent=3,
+            max_summary_tokens=1024,
+            clip_first=1,
+            clip_last=1,
+            resummarize_buffer=1,
+            budget=budget,
+        )
+        history: list[ConversationMessage] = []
+        for cycle in range(3):
+            fresh = conversation(12, start=cycle * 12)
+            await seed(pg_store, fresh)
+            history = [*history, *fresh]
+            result = await compactor.compress(history, "conv-1")
+            assert not result.failed and not result.over_target, result.reason
+            assert result.tokens_estimate_after <= 960
+            assert await stored_total(pg_store) == result.tokens_estimate_after
+            history = await pg_store.load_history("conv-1")
+            assert history == list(result.history)
+            fitted = [r for r in server.requests_to(ANTHROPIC_PATH) if r.body["max_tokens"] < 1024]
+            assert fitted, "the clip-archive was re-summarised at a smaller max_tokens"
+            server.reset()
+    clip = parse_clip_archive(history[0].content)
+    assert (clip.cycles, clip.messages_compressed, clip.total_batches) == (3, 33, 1)
+    live = await pg_store.live_batches("conv-1")
+    assert len(live) == 1 and live[0].id.endswith(":fitted")
+    assert sum(b.batch.message_count for b in live) == 33
+    async with pg_store.pool.acquire() as conn:
+        superseded = await conn.fetchval(
+            "SELECT count(*) FROM archival_memory WHERE superseded_by IS NOT NULL"
+        )
+        total = await conn.fetchval("SELECT count(*) FROM archival_memory")
+    assert superseded == total - 1  # every earlier batch is still searchable
+    found = await pg_store.memory_read("payments freeze", conversation_id="conv-1")
+    assert found.hits
+
+
+async def test_a_history_left_over_budget_is_refitted_on_its_next_command(
+    pg_store: PostgresStore,
+) -> None:
+    """What an earlier version left behind: clip-archive + kept over the budget and
+    nothing left to compress. The next compaction shrinks the clip-archive."""
+    msgs = conversation(14)
+    await seed(pg_store, msgs)
+    async with LLMTestServer(responder=at_the_cap) as server:
+        stuck = await make(pg_store, server, chunk_size=4, max_summary_tokens=1024).compress(
+            msgs, "conv-1"
+        )
+        budget = BudgetConfig(context_budget=0.5, model_max_tokens=4000)  # target 1,600
+        assert await stored_total(pg_store) > budget.budget_tokens
+        result = await make(
+            pg_store, server, chunk_size=4, max_summary_tokens=1024, budget=budget
+        ).compress(stuck.history, "conv-1")
+    assert not result.failed and not result.over_target, result.reason
+    assert (result.messages_compressed, result.batches_created) == (0, 1)
+    assert await stored_total(pg_store) == result.tokens_estimate_after <= 1600
+    assert await pg_store.load_history("conv-1") == list(result.history)
+    assert result.history[1:] == stuck.history[1:]
+    assert await counts(pg_store) == (3, 4, 2)  # clip + 2 kept; 3 batches + the fitted one

@@ -1,0 +1,127 @@
+"""The compactor and the worker's one provider guard.
+
+Why: the guard only protects the provider if every compaction's calls go
+through the same one, and the per-conversation breaker must keep telling a
+conversation's own failures from an outage that hits everyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from core.compaction import CompactionConfig
+from core.compactor import PipelineCompactor, create_compactor
+from core.messages import ConversationMessage
+from core.model.port import ModelRequest, ModelResponse, ModelServerError
+from tests.support.builders import history
+from tests.support.memory_store import InMemoryStore
+
+pytestmark = pytest.mark.unit
+
+
+class GatedModel:
+    """Answers once ``gate`` opens, counting how many calls run at once;
+    ``fails`` decides per request whether to answer with a 5xx instead."""
+
+    name = "gated"
+
+    def __init__(self, fails: Callable[[ModelRequest], bool] = lambda request: False) -> None:
+        self.gate = asyncio.Event()
+        self.fails = fails
+        self.running = 0
+        self.peak = 0
+        self.calls = 0
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.calls += 1
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await self.gate.wait()
+        finally:
+            self.running -= 1
+        if self.fails(request):
+            raise ModelServerError("HTTP 500: boom", status=500)
+        return ModelResponse(text="a summary")
+
+
+def make(store: InMemoryStore, model: GatedModel, **config: object) -> PipelineCompactor:
+    settings: dict[str, object] = {"chunk_size": 2, "keep_recent": 2, "max_retries": 0}
+    settings.update(config)
+
+    async def no_wait(seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    return create_compactor(
+        model=model,
+        messages_store=store,
+        memory_store=store,
+        config=CompactionConfig.model_validate(settings),
+        model_name="m",
+        sleep=no_wait,
+    )
+
+
+async def seeded(
+    store: InMemoryStore, conversations: int, messages: int
+) -> dict[str, list[ConversationMessage]]:
+    out = {}
+    for c in range(conversations):
+        conv = f"c{c}"
+        msgs = history(messages, conversation_id=conv)
+        msgs = [
+            m.model_copy(update={"id": f"{conv}-{m.id}", "content": f"{conv}: {m.content}"})
+            for m in msgs
+        ]
+        for m in msgs:
+            await store.save_message(m, 10)
+        out[conv] = msgs
+    return out
+
+
+async def test_the_cap_holds_across_every_compaction_of_the_worker() -> None:
+    store = InMemoryStore()
+    model = GatedModel()
+    compactor = make(store, model, max_concurrent_llm_calls=3)
+    convs = await seeded(store, conversations=20, messages=8)
+    tasks = [asyncio.create_task(compactor.compress(msgs, c)) for c, msgs in convs.items()]
+    for _ in range(10):
+        await asyncio.sleep(0)
+    guard = compactor.provider_guard
+    assert (model.running, guard.in_flight, guard.waiting) == (3, 3, 17)
+    model.gate.set()
+    results = await asyncio.gather(*tasks)
+    assert not any(r.failed for r in results)
+    assert model.peak == 3
+    assert model.calls == 20 * 3  # 6 messages to compress per conversation, chunks of 2
+
+
+async def test_an_outage_trips_the_guard_once_and_spares_the_conversations() -> None:
+    store = InMemoryStore()
+    model = GatedModel(fails=lambda request: True)
+    model.gate.set()
+    compactor = make(store, model, provider_failure_threshold=3, max_consecutive_failures=1)
+    convs = await seeded(store, conversations=10, messages=8)
+    results = [await compactor.compress(msgs, c) for c, msgs in convs.items()]
+    assert all(r.failed for r in results)
+    assert model.calls == 3  # then every compaction was refused without a call
+    assert {(r.reason or "").split(":")[0] for r in results[3:]} == {"ProviderUnavailableError"}
+    assert all(compactor.breaker.state(c) == "closed" for c in convs)
+
+
+async def test_a_5xx_only_one_conversation_gets_counts_against_it() -> None:
+    """Others got answers while it kept failing: its request is the trouble."""
+    store = InMemoryStore()
+    convs = await seeded(store, conversations=2, messages=8)
+    model = GatedModel(fails=lambda request: any("c0: " in m.content for m in request.messages))
+    model.gate.set()
+    compactor = make(store, model, max_retries=2, max_consecutive_failures=1)
+    poisoned = asyncio.create_task(compactor.compress(convs["c0"], "c0"))
+    healthy = asyncio.create_task(compactor.compress(convs["c1"], "c1"))
+    first, second = await asyncio.gather(poisoned, healthy)
+    assert first.failed and not second.failed
+    assert compactor.breaker.state("c0") == "open"
+    assert compactor.provider_guard.state() == "closed"
