@@ -211,6 +211,14 @@ class LLMTestServer:
         self.embedding_dim = embedding_dim
         self.api_key = api_key
         self.requests: list[RecordedRequest] = []
+        # What a request gets when nothing scripted is waiting for it (by
+        # path): a failure here makes an outage that lasts as long as a test
+        # wants, instead of one scripted action per request.
+        self.default_action: Callable[[str], Action] | None = None
+        # Chat requests being answered now, and the most there ever were at
+        # once: what a client-side concurrency limit looks like from here.
+        self.chat_in_flight = 0
+        self.peak_chat_in_flight = 0
         self._port = port
         self._script: list[tuple[str | None, Action]] = []
         self._ids = itertools.count(1)
@@ -299,7 +307,7 @@ class LLMTestServer:
             if only is None or only == path:
                 del self._script[i]
                 return action
-        return Reply()
+        return self.default_action(path) if self.default_action is not None else Reply()
 
     # -- handlers ----------------------------------------------------------
 
@@ -327,6 +335,17 @@ class LLMTestServer:
         return await self._serve_chat("openai", recorded)
 
     async def _serve_chat(
+        self, protocol: Protocol, recorded: RecordedRequest
+    ) -> web.StreamResponse:
+        self.chat_in_flight += 1
+        self.peak_chat_in_flight = max(self.peak_chat_in_flight, self.chat_in_flight)
+        try:
+            return await self._answer_chat(protocol, recorded)
+        finally:
+            # Also when the client hung up first (handler cancellation).
+            self.chat_in_flight -= 1
+
+    async def _answer_chat(
         self, protocol: Protocol, recorded: RecordedRequest
     ) -> web.StreamResponse:
         if not self._authorised(protocol, recorded.headers):
