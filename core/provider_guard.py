@@ -91,11 +91,14 @@ class GuardObserver(Protocol):
 
 @dataclass(frozen=True)
 class GuardLimits:
-    max_concurrent: int = 8
-    failure_threshold: int = 5
-    cooldown_seconds: float = 5.0
-    max_cooldown_seconds: float = 15.0
-    max_wait_seconds: float = 10.0
+    """The guard's settings; their defaults live in ``[summarization]``
+    (``core.compactor.guard_limits`` maps them)."""
+
+    max_concurrent: int
+    failure_threshold: int
+    cooldown_seconds: float
+    max_cooldown_seconds: float
+    max_wait_seconds: float
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1 or self.failure_threshold < 1:
@@ -108,7 +111,7 @@ class ProviderGuard:
 
     def __init__(
         self,
-        limits: GuardLimits = GuardLimits(),
+        limits: GuardLimits,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,

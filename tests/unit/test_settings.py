@@ -135,3 +135,30 @@ def test_every_setting_is_in_the_configuration_reference() -> None:
             assert f"`{key}`" in text or f"_{short}`" in text or f"/ `{key}`" in text, (
                 f"[{section}].{key} missing"
             )
+
+
+def test_provider_guard_and_target_keys_reach_the_compactor() -> None:
+    from core.compactor import guard_limits
+
+    settings = parse_settings(
+        {
+            "summarization": {
+                "max_concurrent_llm_calls": 3,
+                "provider_failure_threshold": 7,
+                "provider_cooldown_seconds": 2.5,
+                "provider_max_cooldown_seconds": 40,
+                "provider_max_wait_seconds": 0,
+            },
+            "budget": {"context_budget": 0.5, "model_max_tokens": 2001, "target_ratio": 0.75},
+        }
+    )
+    limits = guard_limits(settings.summarization.compaction())
+    assert (limits.max_concurrent, limits.failure_threshold) == (3, 7)
+    assert (limits.cooldown_seconds, limits.max_cooldown_seconds) == (2.5, 40)
+    assert limits.max_wait_seconds == 0
+    assert (settings.budget.budget_tokens, settings.budget.target_tokens) == (1000, 750)
+    defaults = guard_limits(Settings().summarization.compaction())
+    assert (defaults.max_concurrent, defaults.failure_threshold) == (8, 5)
+    assert Settings().budget.target_ratio == 0.8
+    with pytest.raises(ConfigError, match=r"\[budget\]\.target_ratio = 0"):
+        parse_settings({"budget": {"target_ratio": 0}})
