@@ -9,7 +9,7 @@ Each benchmark starts what it needs and stops all of it on the way out:
 * PostgreSQL: ``$POSTGRES_DSN`` when set (its role needs CREATEDB), else a
   throwaway embedded server (``core.storage.embedded.start_temporary``). Either
   way every worker gets a fresh database, dropped at the end;
-* workers: the real worker (``streams.app.run_worker`` on a generated
+* workers: the real worker (``streams.run.run_worker`` on a generated
   config.toml) in a subprocess, through the end-to-end tests'
   ``tests.support.worker.WorkerProcess``, each with fresh topics (a unique
   topic prefix), a fresh consumer group and changelog (a unique app id) and a

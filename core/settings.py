@@ -101,8 +101,8 @@ class ServiceSettings(_Section):
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=0, le=65535)
     max_concurrent_compactions: int = Field(default=4, ge=1)
-    command_timeout_seconds: float = Field(default=120.0, gt=0)
-    reconcile_interval_seconds: float = Field(default=30.0, gt=0)
+    command_timeout_seconds: float = Field(default=30.0, gt=0)
+    reconcile_interval_seconds: float = Field(default=15.0, gt=0)
     outbox_relay_interval_seconds: float = Field(default=5.0, gt=0)
     max_content_chars: int = Field(default=1_000_000, ge=1)
 

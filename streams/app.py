@@ -12,7 +12,6 @@ least once); the table is a cache of PostgreSQL, rebuilt from it when lost.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import faust
 
 from core.settings import ConfigError, Settings
 from streams.log_limits import limit_repeats
+from streams.metrics import Metrics
 from streams.runtime import configured_bootstrap
 from streams.topics import TOPICS, TopicNames
 from streams.wiring import LazyRuntime
@@ -94,7 +94,8 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         key_type=str,
         help="Token tally per conversation (a cache of PostgreSQL)",
     )
-    resources = LazyRuntime(settings)
+    metrics = Metrics()
+    resources = LazyRuntime(settings, metrics)
     components: Components[CommandToken] = assemble(
         settings,
         table=conversations,
@@ -103,6 +104,7 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         ack=consumer.ack_command,
         still_assigned=lambda record: consumer.assigned(app, record),
         owns=consumer.owns_conversation(app, names.control, partitions),
+        metrics=metrics,
     )
     register(app, settings, components, resources, topics)
     app.components = components  # type: ignore[attr-defined]
@@ -177,23 +179,3 @@ def register(
     from streams.web import register_views
 
     register_views(app, settings, components, resources)
-
-
-def run_worker(settings: Settings, *, loglevel: str = "info") -> int:
-    """Create the topics, then run one worker until SIGTERM/SIGINT."""
-    from streams.admin import ensure_topics
-
-    app = build_app(settings)
-    Path(settings.service.data_dir).mkdir(parents=True, exist_ok=True)
-    bootstrap = ",".join(f"{url.host}:{url.port}" for url in app.conf.broker)
-    asyncio.run(
-        ensure_topics(
-            bootstrap,
-            TopicNames.with_prefix(settings.kafka.topic_prefix),
-            partitions=settings.kafka.partitions,
-            replication_factor=settings.kafka.replication_factor,
-        )
-    )
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
-    worker.execute_from_commandline()
-    return 0

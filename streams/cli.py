@@ -140,7 +140,7 @@ class CommandError(Exception):
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """Synchronous on purpose: Faust runs its own event loop and must own the process."""
-    from streams.app import run_worker  # Faust is heavy; only the worker needs it
+    from streams.run import run_worker  # Faust is heavy; only the worker needs it
 
     return run_worker(settings, loglevel=args.loglevel)
 

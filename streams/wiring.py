@@ -21,6 +21,7 @@ from core.model.port import ModelProvider
 from core.settings import ResolvedModel, Settings, resolve_model
 from core.storage.embedded import EmbeddedPostgres, resolve_dsn
 from core.storage.postgres import PostgresStore
+from streams.metrics import Metrics
 from streams.runtime import configured_dsn
 
 log = logging.getLogger("compactor.runtime")
@@ -103,9 +104,10 @@ class LazyRuntime:
     PostgreSQL nor a model; the first event that needs them opens them.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.resolved_model: ResolvedModel = resolve_model(settings.summarization)
+        self._metrics = metrics
         self._runtime: Runtime | None = None
         self._lock = asyncio.Lock()
 
@@ -113,7 +115,10 @@ class LazyRuntime:
         if self._runtime is None:
             async with self._lock:
                 if self._runtime is None:
-                    self._runtime = await open_resources(self.settings)
+                    runtime = await open_resources(self.settings)
+                    if self._metrics is not None:
+                        self._metrics.watch_provider_guard(runtime.compactor.provider_guard)
+                    self._runtime = runtime
         return self._runtime
 
     async def store(self) -> PostgresStore:

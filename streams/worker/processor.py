@@ -84,19 +84,15 @@ class Processor:
             metrics.in_flight.dec()
         metrics.llm_tokens.labels("input").inc(result.llm_input_tokens)
         metrics.llm_tokens.labels("output").inc(result.llm_output_tokens)
+        if result.over_target:
+            metrics.compactions_over_target.inc()
         if result.failed:
-            reason = result.reason or "unknown"
-            metrics.compactions_failed.labels(reason.split(":", 1)[0]).inc()
-            log.warning(
-                "compaction %s of %s failed, history unchanged; reconciliation will retry: %s",
-                command.compaction_id,
-                conversation_id,
-                reason,
-            )
-            return CompactionOutcome("failed", reason)
+            return self._failed(command, result.reason or "unknown")
         if result.already_applied:
             return await self._replayed(command)
-        if result.messages_compressed == 0:
+        if result.messages_compressed == 0 and result.batches_created == 0:
+            # (No message compressed but a new batch: the clip-archive was re-fitted
+            # under the target, a compaction like any other.)
             return await self._complete_without_compaction(command, "nothing_to_compress")
         await self._relay.relay(command.compaction_id)
         metrics.compactions_succeeded.inc()
@@ -109,6 +105,20 @@ class Processor:
             tokens_before=result.tokens_estimate_before,
             tokens_after=result.tokens_estimate_after,
         )
+
+    def _failed(self, command: CompactionCommand, reason: str) -> CompactionOutcome:
+        kind = reason.split(":", 1)[0]
+        self._metrics.compactions_failed.labels(kind).inc()
+        # A provider outage fails every compaction at once; the guard has said so.
+        level = logging.INFO if kind == "ProviderUnavailableError" else logging.WARNING
+        log.log(
+            level,
+            "compaction %s of %s failed, history unchanged; reconciliation will retry: %s",
+            command.compaction_id,
+            command.conversation_id,
+            reason,
+        )
+        return CompactionOutcome("failed", reason)
 
     async def _replayed(self, command: CompactionCommand) -> CompactionOutcome:
         self._metrics.compactions_noop.labels("replayed").inc()
