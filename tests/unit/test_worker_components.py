@@ -649,3 +649,25 @@ async def test_reconciliation_leaves_other_workers_conversations_alone() -> None
     h.table.clear()  # not in this worker's table ...
     h.components.reconciler._owns = lambda _: False  # ... and not its partition
     assert await h.components.reconciler.tick() == 0
+
+
+async def test_a_refitted_clip_archive_counts_as_a_compaction_not_a_noop() -> None:
+    from core.compaction import CompactionResult
+
+    class Refitting:
+        async def compress(self, history: Any, conversation_id: str, **_: Any) -> CompactionResult:
+            return CompactionResult(
+                history=tuple(history),
+                batches_created=1,
+                messages_compressed=0,
+                over_target=True,
+                compaction_id=_["compaction_id"],
+            )
+
+    h = harness()
+    command = await over_budget(h)
+    h.components.processor._resources = Opened(h.store, Refitting())
+    outcome = await h.components.processor.compact(command)
+    assert outcome.status == "compacted"
+    assert h.components.metrics.compactions_over_target._value.get() == 1
+    assert h.completions() == []  # its events come from its own outbox, not a noop
