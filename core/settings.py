@@ -105,6 +105,11 @@ class ServiceSettings(_Section):
     reconcile_interval_seconds: float = Field(default=15.0, gt=0)
     outbox_relay_interval_seconds: float = Field(default=5.0, gt=0)
     max_content_chars: int = Field(default=1_000_000, ge=1)
+    # A partition with work left that makes no progress this long (table
+    # recovery, or reading messages/control) is re-sought; after
+    # stall_reseeks_before_exit re-seeks that did not help the worker exits (1).
+    stall_seconds: float = Field(default=30.0, gt=0)
+    stall_reseeks_before_exit: int = Field(default=3, ge=1)
 
 
 class Settings(_Section):

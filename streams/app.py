@@ -23,7 +23,7 @@ from streams.metrics import Metrics
 from streams.runtime import configured_bootstrap
 from streams.topics import TOPICS, TopicNames
 from streams.wiring import LazyRuntime
-from streams.worker import Components, assemble, consumer
+from streams.worker import Components, assemble, consumer, faust_patches
 from streams.worker.consumer import CommandToken
 from streams.worker.publisher import FaustPublisher
 from streams.worker.records import record_of
@@ -78,6 +78,7 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
             "no Kafka broker configured: set KAFKA_BOOTSTRAP_SERVERS or [kafka].bootstrap_servers, "
             "or run `compactor dev up`"
         )
+    faust_patches.apply()
     app = create_app(settings, servers)
     partitions = settings.kafka.partitions
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
@@ -122,10 +123,7 @@ def register(
     names = components.names
     accounting, intake = components.accounting, components.intake
     control_topic = topics["control"]
-    rebalance = consumer.Rebalance(
-        lambda: app.consumer, intake.scheduler, {names.messages, names.control, names.commands}
-    )
-    lag = consumer.LagMeter(lambda: app.consumer, components.metrics)
+    side = consumer.ConsumerSide.of(app, settings.service, components)
 
     @app.agent(raw_topic(app, names.messages), concurrency=1)
     async def accounting_messages(stream: faust.StreamT[bytes]) -> None:
@@ -148,11 +146,31 @@ def register(
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: faust.App, revoked: set[Any], **kwargs: Any) -> None:
-        rebalance.on_revoked(set(revoked))
+        side.rebalance.on_revoked(set(revoked))
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]
     async def on_rebalanced(sender: faust.App, **kwargs: Any) -> None:
-        await rebalance.rewind_uncommitted()
+        await side.rebalance.rewind_uncommitted()
+
+    register_timers(app, settings, components, side)
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def close_resources(sender: faust.App, **kwargs: Any) -> None:
+        await intake.scheduler.drain()
+        await resources.close()
+
+    from streams.web import register_views
+
+    register_views(app, settings, components, resources)
+
+
+def register_timers(
+    app: faust.App,
+    settings: Settings,
+    components: Components[CommandToken],
+    side: consumer.ConsumerSide,
+) -> None:
+    """Each tick logs its own errors: an exception in a Faust timer stops the worker."""
 
     @app.timer(interval=settings.service.reconcile_interval_seconds)  # type: ignore[untyped-decorator]
     async def reconcile() -> None:
@@ -164,18 +182,13 @@ def register(
 
     @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
     async def measure_lag() -> None:
-        lag.tick()
+        side.lag.tick()
+
+    @app.timer(interval=2.0)  # type: ignore[untyped-decorator]
+    async def watch_progress() -> None:
+        await side.watchdog.tick()
 
     @app.task  # type: ignore[untyped-decorator]
     async def quiet_outage_logs() -> None:
         """After Faust has set up logging, so its configuration cannot drop the filter."""
         limit_repeats()
-
-    @app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def close_resources(sender: faust.App, **kwargs: Any) -> None:
-        await intake.scheduler.drain()
-        await resources.close()
-
-    from streams.web import register_views
-
-    register_views(app, settings, components, resources)

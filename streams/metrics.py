@@ -73,10 +73,32 @@ class Metrics:
         self.outbox_published = Counter(
             "compactor_outbox_published_total", "Outbox rows published", ["topic"], registry=r
         )
+        self.compactions_over_target = Counter(
+            "compactor_compactions_over_target_total",
+            "Compactions that left (or found) the history over the target: "
+            "the messages kept verbatim leave no room for a clip-archive",
+            registry=r,
+        )
+        self._fault_metrics(r)
+        self._provider_metrics(r)
+
+    def _fault_metrics(self, r: CollectorRegistry) -> None:
+        """Outages waited out, stalls healed."""
         self.accounting_retries = Counter(
             "compactor_accounting_retries_total",
             "Records whose accounting failed and is retried (not acknowledged)",
             ["error_type"],
+            registry=r,
+        )
+        self.watchdog_heals = Counter(
+            "compactor_watchdog_heals_total",
+            "Partitions re-sought because they made no progress (table recovery or reading)",
+            ["what"],
+            registry=r,
+        )
+        self.watchdog_exits = Counter(
+            "compactor_watchdog_exits_total",
+            "Times the worker exited because re-seeking a stuck partition did not help",
             registry=r,
         )
         self.accounting_waiting = Gauge(
@@ -84,14 +106,6 @@ class Metrics:
             "1 while accounting is retrying a record (database or broker away)",
             registry=r,
         )
-
-        self.compactions_over_target = Counter(
-            "compactor_compactions_over_target_total",
-            "Compactions that left (or found) the history over the target: "
-            "the messages kept verbatim leave no room for a clip-archive",
-            registry=r,
-        )
-        self._provider_metrics(r)
 
     def _provider_metrics(self, r: CollectorRegistry) -> None:
         self.llm_provider_state = Gauge(

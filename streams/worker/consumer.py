@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.partitioner import DefaultPartitioner
 from faust.types import TP
 
+from core.settings import ServiceSettings
 from streams.metrics import Metrics
 from streams.scheduler import CompactionScheduler
 from streams.worker.records import Record
+from streams.worker.watchdog import Watchdog, WatchdogLimits
 
 log = logging.getLogger("compactor.worker")
 
@@ -114,3 +117,32 @@ class LagMeter:
             read = read_offsets.get(tp)
             lag = highwater - (read + 1 if read is not None else 0)
             self._metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, lag))
+
+
+@dataclass
+class ConsumerSide:
+    """What watches Faust's consumer: rebalances, lag and progress."""
+
+    rebalance: Rebalance
+    lag: LagMeter
+    watchdog: Watchdog
+
+    @classmethod
+    def of(cls, app: Any, service: ServiceSettings, components: Any) -> ConsumerSide:
+        names = components.names
+        return cls(
+            rebalance=Rebalance(
+                lambda: app.consumer,
+                components.intake.scheduler,
+                {names.messages, names.control, names.commands},
+            ),
+            lag=LagMeter(lambda: app.consumer, components.metrics),
+            watchdog=Watchdog(
+                lambda: app,
+                health=components.health,
+                metrics=components.metrics,
+                watched_topics={names.messages, names.control},
+                limits=WatchdogLimits(service.stall_seconds, service.stall_reseeks_before_exit),
+                crash=app.crash,
+            ),
+        )

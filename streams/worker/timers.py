@@ -56,7 +56,15 @@ class Reconciler:
         self._last_request: dict[str, float] = {}
 
     async def tick(self) -> int:
-        """One pass over the table; the number of requests sent."""
+        """One pass (a timer): the number of requests sent. An error (the broker is
+        away) waits for the next pass; it must not take the worker down."""
+        try:
+            return await self._pass()
+        except Exception as error:
+            log.warning("reconciliation pass failed, next in %.0fs: %s", self._interval, error)
+            return 0
+
+    async def _pass(self) -> int:
         now = self._clock()
         sent = 0
         for scanned, (conversation_id, tally) in enumerate(self._table.items()):

@@ -1,0 +1,44 @@
+"""The active-partition snapshot patch: aiokafka never sees Faust's live set.
+
+Why: Faust handed aiokafka the set it empties on a rebalance, and to aiokafka
+an empty set means "every partition": a fetch in flight then swallowed the
+changelog records table recovery was waiting for, and the worker stayed in
+recovery (reproduced in 6 of 6 runs with the window widened, 0 of 6 patched).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from faust.transport.consumer import ThreadDelegateConsumer
+from faust.types import TP
+
+from streams.worker import faust_patches
+
+pytestmark = pytest.mark.unit
+
+
+class RecordingThread:
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    async def getmany(self, active: Any, timeout: float) -> dict[TP, list[Any]]:
+        self.seen.append(active)
+        return {}
+
+
+async def test_aiokafka_gets_a_copy_and_nothing_is_fetched_for_an_empty_set() -> None:
+    assert faust_patches.snapshot_active_partitions()
+    assert faust_patches.snapshot_active_partitions()  # applying twice is a no-op
+    thread = RecordingThread()
+    consumer = SimpleNamespace(_thread=thread)
+    live = {TP("t", 0)}
+    await ThreadDelegateConsumer._getmany(consumer, live, 0.01)  # type: ignore[arg-type]
+    (seen,) = thread.seen
+    assert seen == live and seen is not live  # Faust may empty ``live``: not aiokafka's copy
+    assert await ThreadDelegateConsumer._getmany(consumer, set(), 0.01) == {}  # type: ignore[arg-type]
+    assert len(thread.seen) == 1  # an empty set would have meant "every partition"
+    await ThreadDelegateConsumer._getmany(consumer, None, 0.01)  # type: ignore[arg-type]
+    assert thread.seen[-1] is None  # None (no flow control) passes through

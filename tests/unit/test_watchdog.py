@@ -1,0 +1,229 @@
+"""The watchdog against a fake Faust app: stalls are healed, then escalated.
+
+Why: a rebalance once left a worker in table recovery for over a minute (a
+fetch in flight swallowed the changelog records recovery waited for), and
+nothing noticed; the worker must never need a human to get going again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from faust.types import TP
+
+from streams.metrics import Metrics
+from streams.worker.health import Health, Problem
+from streams.worker.watchdog import StallTracker, Watchdog, WatchdogLimits, WorkerStuckError
+
+pytestmark = pytest.mark.unit
+
+CHANGELOG = TP("app-conversations-changelog", 3)
+MESSAGES = TP("t.messages", 1)
+COMMANDS = TP("t.compaction-commands", 1)
+
+
+@dataclass
+class FakeConsumer:
+    assigned: set[TP] = field(default_factory=set)
+    highwaters: dict[TP, int] = field(default_factory=dict)
+    _read_offset: dict[TP, int] = field(default_factory=dict)
+    _committed_offset: dict[TP, int] = field(default_factory=dict)
+    resumed: list[set[TP]] = field(default_factory=list)
+    seeks: list[dict[TP, int]] = field(default_factory=list)
+
+    def assignment(self) -> set[TP]:
+        return self.assigned
+
+    def highwater(self, tp: TP) -> int | None:
+        return self.highwaters.get(tp)
+
+    def resume_partitions(self, tps: set[TP]) -> None:
+        self.resumed.append(set(tps))
+
+    async def seek_to_committed(self) -> dict[TP, int]:
+        return dict(self._committed_offset)
+
+    async def seek_wait(self, offsets: dict[TP, int]) -> None:
+        self.seeks.append(dict(offsets))
+
+
+@dataclass
+class FakeRecovery:
+    in_recovery: bool = False
+    active_offsets: dict[TP, int] = field(default_factory=dict)
+    remaining: dict[TP, int] = field(default_factory=dict)
+
+    def active_remaining(self) -> dict[TP, int]:
+        return dict(self.remaining)
+
+
+@dataclass
+class FakeTables:
+    recovery: FakeRecovery = field(default_factory=FakeRecovery)
+
+
+@dataclass
+class FakeApp:
+    consumer: FakeConsumer = field(default_factory=FakeConsumer)
+    tables: FakeTables = field(default_factory=FakeTables)
+    consumer_generation_id: int = 2
+
+
+@dataclass
+class Rig:
+    app: FakeApp
+    health: Health
+    metrics: Metrics
+    watchdog: Watchdog
+    crashes: list[BaseException]
+    now: list[float]
+
+    async def at(self, seconds: float) -> None:
+        self.now[0] = seconds
+        await self.watchdog.tick()
+
+
+def rig() -> Rig:
+    app = FakeApp()
+    now = [0.0]
+    health = Health(lambda: now[0])
+    metrics = Metrics()
+    crashes: list[BaseException] = []
+
+    async def crash(reason: BaseException) -> None:
+        crashes.append(reason)
+
+    watchdog = Watchdog(
+        lambda: app,
+        health=health,
+        metrics=metrics,
+        watched_topics={MESSAGES.topic},
+        limits=WatchdogLimits(stall_seconds=30, heals_before_exit=3),
+        clock=lambda: now[0],
+        crash=crash,
+    )
+    return Rig(app, health, metrics, watchdog, crashes, now)
+
+
+def stuck_recovery(r: Rig) -> None:
+    r.app.consumer.assigned = {CHANGELOG, MESSAGES}
+    recovery = r.app.tables.recovery
+    recovery.in_recovery = True
+    recovery.active_offsets = {CHANGELOG: -1}
+    recovery.remaining = {CHANGELOG: 21}
+
+
+async def test_a_stuck_table_recovery_is_resought_where_recovery_would_seek() -> None:
+    r = rig()
+    stuck_recovery(r)
+    for t in (0, 10, 29):
+        await r.at(t)
+    assert r.app.consumer.seeks == []
+    await r.at(31)
+    assert r.app.consumer.resumed == [{CHANGELOG}]
+    assert r.app.consumer.seeks == [{CHANGELOG: 0}]
+    (problem,) = r.health.problems()
+    assert problem.component == f"watchdog {CHANGELOG.topic}:3"
+    assert "table recovery" in problem.detail
+    assert r.metrics.watchdog_heals.labels("table recovery")._value.get() == 1
+    r.app.tables.recovery.in_recovery = False  # the re-seek worked: recovery finished
+    await r.at(33)
+    assert r.health.ok
+    assert r.crashes == []
+
+
+async def test_a_recovery_that_re_seeking_does_not_move_ends_the_worker() -> None:
+    r = rig()
+    stuck_recovery(r)
+    for t in range(0, 200, 2):
+        await r.at(t)
+    assert len(r.app.consumer.seeks) == 3
+    (reason,) = r.crashes[:1]
+    assert isinstance(reason, WorkerStuckError)
+    assert "after 3 re-seeks" in str(reason)
+    assert r.metrics.watchdog_exits._value.get() >= 1
+
+
+async def test_a_rebalance_restarts_the_clock() -> None:
+    r = rig()
+    stuck_recovery(r)
+    await r.at(0)
+    await r.at(25)
+    r.app.consumer_generation_id += 1
+    await r.at(40)
+    assert r.app.consumer.seeks == []
+
+
+async def test_recovery_that_moves_is_left_alone() -> None:
+    r = rig()
+    stuck_recovery(r)
+    recovery = r.app.tables.recovery
+    for t in range(0, 120, 5):
+        recovery.active_offsets[CHANGELOG] = t  # slow but moving
+        recovery.remaining[CHANGELOG] = 1000 - t
+        await r.at(t)
+    assert r.app.consumer.seeks == [] and r.health.ok
+
+
+def reading(r: Rig, *, read: int, committed: int, highwater: int = 50) -> None:
+    consumer = r.app.consumer
+    consumer.assigned = {MESSAGES, COMMANDS}
+    consumer.highwaters = {MESSAGES: highwater, COMMANDS: highwater}
+    consumer._read_offset = {MESSAGES: read, COMMANDS: read}
+    consumer._committed_offset = {MESSAGES: committed, COMMANDS: committed}
+
+
+async def test_a_source_partition_that_stops_moving_is_resought_to_its_committed_offset() -> None:
+    r = rig()
+    reading(r, read=20, committed=12)
+    await r.at(0)
+    await r.at(31)
+    assert r.app.consumer.seeks == [{MESSAGES: 12}]  # the commands topic is not watched
+    reading(r, read=25, committed=20)  # moving again
+    await r.at(33)
+    assert r.health.ok
+
+
+async def test_a_slow_agent_that_still_commits_is_not_a_stall() -> None:
+    r = rig()
+    for t in range(0, 120, 5):
+        reading(r, read=40, committed=t // 5)  # buffer full, nothing read, commits advance
+        await r.at(t)
+    assert r.app.consumer.seeks == []
+
+
+async def test_a_database_outage_explains_a_partition_that_does_not_move() -> None:
+    r = rig()
+    r.health.report("accounting", "outage on t.messages[1]@20")
+    reading(r, read=20, committed=12)
+    for t in range(0, 120, 5):
+        await r.at(t)
+    assert r.app.consumer.seeks == []
+    assert r.health.problems() == [Problem("accounting", "outage on t.messages[1]@20", 0.0)]
+
+
+async def test_a_caught_up_partition_is_never_stalled() -> None:
+    r = rig()
+    reading(r, read=49, committed=50, highwater=50)
+    for t in range(0, 120, 5):
+        await r.at(t)
+    assert r.app.consumer.seeks == []
+
+
+async def test_a_failing_look_does_not_raise() -> None:
+    r = rig()
+    r.app.tables = None  # type: ignore[assignment]
+    r.app.consumer.assigned = {MESSAGES}
+    await r.at(0)  # logged, not raised: an exception in a Faust timer stops the worker
+
+
+def test_the_stall_tracker_forgets_partitions_that_leave() -> None:
+    tracker = StallTracker(stall_seconds=10)
+    assert tracker.observe(1, {"a": (5, 3), "b": (1, 0)}, 0) == []
+    assert tracker.observe(1, {"a": (5, 3), "b": (1, 0)}, 10) == ["a"]  # b has nothing left
+    assert tracker.observe(1, {}, 11) == []
+    assert tracker.observe(1, {"a": (5, 3)}, 30) == []  # a new mark, not the old one
+    tracker.restart("a", 35)
+    assert tracker.observe(1, {"a": (5, 3)}, 44) == []
+    assert tracker.observe(1, {"a": (5, 3)}, 45) == ["a"]
