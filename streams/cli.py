@@ -120,17 +120,45 @@ async def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
 async def cmd_memory_read(settings: Settings, args: argparse.Namespace) -> int:
     async with open_runtime(settings) as runtime:
         result = await runtime.store.memory_read(
-            args.query, conversation_id=args.conversation_id, limit=args.limit
+            args.query,
+            conversation_id=args.conversation_id,
+            limit=args.limit,
+            sources=args.sources,
+            mode=args.mode,
         )
     if result.mode == "full_text":
         print("(full-text search only: no embedder configured)")
     for hit in result.hits:
         print(
-            f"\n{hit.label}  score={hit.score:.4f}  depth={hit.depth}  messages={hit.message_count}"
+            f"\n{hit.batch_id}  {hit.label}  score={hit.score:.4f}  depth={hit.depth}  "
+            f"messages={hit.message_count}  {hit.start_time:%Y-%m-%d %H:%M} → "
+            f"{hit.end_time:%Y-%m-%d %H:%M}"
         )
         print(hit.content)
+        for turn in hit.turns:
+            print(f"  > [{turn.created_at:%Y-%m-%d %H:%M}] {turn.role} {turn.message_id}:")
+            print(f"    {turn.text}")
     if not result.hits:
         print("no matches")
+    return 0
+
+
+async def cmd_expand(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_runtime(settings) as runtime:
+        expanded = await runtime.store.expand_batch(args.conversation_id, args.batch_id)
+    if expanded is None:
+        print(f"no batch {args.batch_id!r} in {args.conversation_id!r}", file=sys.stderr)
+        return 1
+    batch = expanded.batch.batch
+    print(
+        f"{expanded.batch.id}  depth={batch.depth}  {batch.start_time:%Y-%m-%d %H:%M} → "
+        f"{batch.end_time:%Y-%m-%d %H:%M}  {batch.message_count} messages"
+    )
+    print(batch.content)
+    print()
+    print(render_history(list(expanded.turns)))
+    if expanded.turns_missing:
+        print(f"({expanded.turns_missing} raw turns no longer archived: retention)")
     return 0
 
 
@@ -337,6 +365,7 @@ COMMANDS: dict[str, Handler] = {
     "compact": cmd_compact,
     "history": cmd_history,
     "memory-read": cmd_memory_read,
+    "expand": cmd_expand,
     "worker": cmd_worker,
     "replay": cmd_replay,
     "tail": cmd_tail,
@@ -359,10 +388,20 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("file")
     history = sub.add_parser("history", help="print a conversation as the model sees it now")
     history.add_argument("conversation_id")
-    memory = sub.add_parser("memory-read", help="search archived summaries")
+    memory = sub.add_parser("memory-read", help="search archived summaries and raw turns")
     memory.add_argument("query")
     memory.add_argument("--conversation-id")
     memory.add_argument("--limit", type=int, default=5)
+    memory.add_argument("--sources", choices=("both", "summaries", "raw"), default="both")
+    memory.add_argument(
+        "--mode",
+        choices=("plain", "websearch"),
+        default="plain",
+        help="websearch: quoted phrases, or, -word",
+    )
+    expand = sub.add_parser("expand", help="a batch with all its raw turns in order")
+    expand.add_argument("conversation_id")
+    expand.add_argument("batch_id")
 
     demo = sub.add_parser(
         "demo", help="local stack + worker + replay of a transcript; print the compacted history"

@@ -19,6 +19,7 @@ from core.budget import BudgetConfig, over_budget
 from core.clip_archive import is_clip_archive
 from core.messages import ConversationMessage
 from core.settings import Settings
+from core.storage.ports import ExpandedBatch, QueryMode, SearchSources
 from core.tokens import estimate_history_tokens
 from streams.wiring import LazyRuntime
 from streams.worker import Components
@@ -46,6 +47,37 @@ def history_body(conversation_id: str, history: Sequence[ConversationMessage]) -
         if first is not None and is_clip_archive(first)
         else None,
         "messages": [m.model_dump(mode="json", exclude_none=True) for m in history],
+    }
+
+
+_SOURCES: tuple[SearchSources, ...] = ("both", "summaries", "raw")
+_MODES: tuple[QueryMode, ...] = ("plain", "websearch")
+
+
+def search_options(query: Any) -> tuple[SearchSources, QueryMode]:
+    """``sources`` and ``mode`` of a memory search request; ValueError names a bad one."""
+    sources, mode = query.get("sources", "both"), query.get("mode", "plain")
+    for name, value, allowed in (("sources", sources, _SOURCES), ("mode", mode, _MODES)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return sources, mode
+
+
+def batch_body(expanded: ExpandedBatch) -> dict[str, Any]:
+    """A batch with every raw turn it covers, in conversation order."""
+    stored = expanded.batch
+    return {
+        "batch_id": stored.id,
+        "label": stored.label,
+        "conversation_id": stored.conversation_id,
+        "depth": stored.batch.depth,
+        "start_time": stored.batch.start_time.isoformat(),
+        "end_time": stored.batch.end_time.isoformat(),
+        "message_count": stored.batch.message_count,
+        "superseded_by": stored.superseded_by,
+        "summary": stored.batch.content,
+        "turns": [m.model_dump(mode="json", exclude_none=True) for m in expanded.turns],
+        "turns_missing": expanded.turns_missing,
     }
 
 
@@ -131,10 +163,26 @@ def register_conversations(
             query = request.query.get("q", "")
             try:
                 limit = int(request.query.get("limit", "5"))
+                sources, mode = search_options(request.query)
                 store = await resources.store()
                 result = await store.memory_read(
-                    query, conversation_id=request.query.get("conversation_id"), limit=limit
+                    query,
+                    conversation_id=request.query.get("conversation_id"),
+                    limit=limit,
+                    sources=sources,
+                    mode=mode,
                 )
             except ValueError as error:
                 return self.json({"error": str(error)}, status=400)
             return self.json(result.model_dump(mode="json"))
+
+    @app.page("/conversations/{conversation_id}/batches/{batch_id}")
+    class Batch(View):
+        async def get(self, request: Request, conversation_id: str, batch_id: str) -> Response:
+            store = await resources.store()
+            expanded = await store.expand_batch(conversation_id, batch_id)
+            if expanded is None:
+                return self.json(
+                    {"error": f"unknown batch {batch_id!r} in {conversation_id!r}"}, status=404
+                )
+            return self.json(batch_body(expanded))

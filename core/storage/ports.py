@@ -43,7 +43,36 @@ class HistoryConflictError(Exception):
     (a message it meant to delete is gone). Nothing was written."""
 
 
+SearchSources = Literal["both", "summaries", "raw"]
+"""What ``memory_read`` ranks: archived summaries, archived raw turns, or both."""
+
+QueryMode = Literal["plain", "websearch"]
+"""``plain``: the query is text (any term matches, punctuation is ignored);
+``websearch``: PostgreSQL's web-search syntax (quoted phrases, ``or``, ``-word``)."""
+
+
+class TurnHit(BaseModel):
+    """An archived raw turn that matched a ``memory_read`` query."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    message_id: str
+    role: str
+    created_at: AwareDatetime
+    text: str  # the whole turn, or a snippet around the first match when it is long
+    truncated: bool
+    score: float  # fused reciprocal-rank score of the turn
+    text_rank: int | None  # 1-based rank among matching raw turns (full text)
+    vector_rank: int | None  # 1-based rank among raw turns (vectors)
+
+
 class MemoryHit(BaseModel):
+    """One archived batch: its summary and, when they matched, some of its raw turns.
+
+    ``score`` fuses the summary's ranks with its best raw turn's; ``text_rank``
+    and ``vector_rank`` are the summary's own (None when only raw turns matched).
+    """
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     batch_id: str
@@ -58,6 +87,21 @@ class MemoryHit(BaseModel):
     text_rank: int | None  # 1-based rank in full-text results, None if absent
     vector_rank: int | None  # 1-based rank in vector results, None if absent
     superseded: bool
+    turns: tuple[TurnHit, ...] = ()  # matching raw turns, best first
+
+
+class ExpandedBatch(BaseModel):
+    """A batch with every raw turn it covers, in conversation order (un-compacted).
+
+    ``turns_missing`` counts covered turns no longer archived: removed by
+    ``[archive].raw_retention_days``, or compacted before raw turns were kept.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch: StoredBatch
+    turns: tuple[ConversationMessage, ...]
+    turns_missing: int
 
 
 class MemorySearchResult(BaseModel):
@@ -65,6 +109,8 @@ class MemorySearchResult(BaseModel):
 
     hits: tuple[MemoryHit, ...]
     mode: Literal["hybrid", "full_text"]  # full_text when no embedder is configured
+    sources: SearchSources = "both"
+    query_mode: QueryMode = "plain"
 
 
 class MessageStore(Protocol):
@@ -107,8 +153,27 @@ class MemoryStore(Protocol):
         ...
 
     async def memory_read(
-        self, query: str, conversation_id: str | None = None, limit: int = 5
-    ) -> MemorySearchResult: ...
+        self,
+        query: str,
+        conversation_id: str | None = None,
+        limit: int = 5,
+        *,
+        sources: SearchSources = "both",
+        mode: QueryMode = "plain",
+    ) -> MemorySearchResult:
+        """Batches ranked by their summaries and their archived raw turns, fused by
+        reciprocal rank; each hit carries its matching raw turns."""
+        ...
+
+    async def expand_batch(self, conversation_id: str, batch_id: str) -> ExpandedBatch | None:
+        """The batch with all its archived raw turns in order; None if unknown."""
+        ...
+
+    async def expire_raw_turns(self) -> int:
+        """Remove archived raw turns older than the store's retention (none when it
+        is 0 = forever); the number removed. Bounded per call and cheap, for a timer;
+        a database error is logged and counts as 0."""
+        ...
 
 
 class OutboxStore(Protocol):

@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from pgvector.asyncpg import register_vector
@@ -25,13 +23,17 @@ from pgvector.asyncpg import register_vector
 from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, StoredBatch, SummaryBatch
 from core.embedding.port import Embedder
 from core.messages import ConversationMessage, ToolCall
+from core.storage import pg_memory
 from core.storage.migrate import migrate
+from core.storage.pg_memory import RRF_K
 from core.storage.ports import (
     ApplyResult,
+    ExpandedBatch,
     HistoryConflictError,
-    MemoryHit,
     MemorySearchResult,
     OutboxRow,
+    QueryMode,
+    SearchSources,
     WorkerStore,
 )
 from core.tokens import estimate_message_tokens
@@ -41,9 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RRF_K = 60
-"""Reciprocal-rank-fusion constant: the usual 60 keeps one list's top hit from
-drowning a document that ranks well in both."""
+__all__ = ["RRF_K", "PostgresStore", "configure_connection"]
 
 MAX_LIMIT = 100
 
@@ -54,51 +54,8 @@ CONVERSATION_LOCK_CLASS = int.from_bytes(b"ccmp", "big")
 # pgvector's limit for the ``vector`` type.
 _MAX_VECTOR_DIMS = 16_000
 
-# websearch_to_tsquery syntax the caller may rely on: quoted phrases, OR, -exclusion.
-_SEARCH_SYNTAX_RE = re.compile(r'"|(?:^|\s)-\S|\bor\b', re.IGNORECASE)
-
-_HIT_COLUMNS = """
-    m.id, m.seq, m.label, m.conversation_id, m.content, m.depth, m.start_time,
-    m.end_time, m.message_count, m.superseded_by IS NOT NULL AS superseded
-"""
-
-# Rows matching every query term rank first (ts_rank_cd against the strict
-# query), then rows matching only some terms: an LLM's natural-language
-# question rarely shares every word with the summary that answers it.
-_TEXT_SEARCH_SQL = f"""
-WITH q AS (
-    SELECT websearch_to_tsquery('english', $1) AS strict,
-           CASE WHEN $4::boolean THEN websearch_to_tsquery('english', $1)
-           ELSE coalesce(
-               (SELECT string_agg(quote_literal(t.lexeme), ' | ')
-                  FROM unnest(to_tsvector('english', $1)) AS t
-                 WHERE strpos(t.lexeme, E'\\\\') = 0),
-               ''
-           )::tsquery
-           END AS loose
-)
-SELECT {_HIT_COLUMNS},
-       m.content_tsv @@ q.strict AS all_terms,
-       ts_rank_cd(m.content_tsv, q.strict) AS strict_rank,
-       ts_rank_cd(m.content_tsv, q.loose) AS loose_rank
-  FROM archival_memory AS m, q
- WHERE (m.content_tsv @@ q.strict OR m.content_tsv @@ q.loose)
-   AND ($2::text IS NULL OR m.conversation_id = $2)
- ORDER BY all_terms DESC, strict_rank DESC, loose_rank DESC, m.seq DESC
- LIMIT $3
-"""
-
-_VECTOR_SEARCH_SQL = f"""
-SELECT {_HIT_COLUMNS},
-       m.embedding <=> $1::vector AS distance
-  FROM archival_memory AS m
- WHERE m.embedding IS NOT NULL
-   AND m.embedding_model = $2
-   AND vector_dims(m.embedding) = $3
-   AND ($4::text IS NULL OR m.conversation_id = $4)
- ORDER BY distance, m.seq DESC
- LIMIT $5
-"""
+# Archived raw turns removed per conversation and per call of expire_raw_turns.
+EXPIRE_BATCH = 1000
 
 _BATCH_COLUMNS = """
     id, label, conversation_id, content, depth, start_time, end_time, message_count,
@@ -122,14 +79,6 @@ async def configure_connection(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
 
 
-@dataclass(slots=True)
-class _Candidate:
-    row: Any
-    text_rank: int | None = None
-    vector_rank: int | None = None
-    score: float = 0.0
-
-
 class PostgresStore:
     """Every storage port over one asyncpg pool.
 
@@ -143,12 +92,16 @@ class PostgresStore:
         embedder: Embedder | None = None,
         *,
         candidates_per_half: int = 50,
+        raw_retention_days: int = 0,
     ) -> None:
         if candidates_per_half < 1:
             raise ValueError("candidates_per_half must be >= 1")
+        if raw_retention_days < 0:
+            raise ValueError("raw_retention_days must be >= 0 (0 keeps raw turns forever)")
         self._pool = pool
         self._embedder = embedder
         self._candidates_per_half = candidates_per_half
+        self._raw_retention_days = raw_retention_days
 
     @classmethod
     async def connect(
@@ -159,6 +112,7 @@ class PostgresStore:
         min_size: int = 1,
         max_size: int = 10,
         run_migrations: bool = True,
+        raw_retention_days: int = 0,
     ) -> PostgresStore:
         """A store with its own pool, migrating the database first by default.
 
@@ -171,7 +125,7 @@ class PostgresStore:
         pool = await asyncpg.create_pool(
             dsn, min_size=min_size, max_size=max_size, init=configure_connection
         )
-        return cls(pool, embedder)
+        return cls(pool, embedder, raw_retention_days=raw_retention_days)
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -281,6 +235,7 @@ class PostgresStore:
         if embeds and await self.compaction_applied(plan.compaction_id):
             return ApplyResult(outcome="already_applied")
         vectors, model = await self._embed_batches(plan.new_batches)
+        turn_vectors = await self._embed_turns(plan) if self._embedder is not None else {}
 
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(
@@ -308,7 +263,8 @@ class PostgresStore:
             await _supersede(conn, plan)
             await _insert_batches(conn, plan.new_batches, vectors, model)
             await _place_resummarised(conn, plan)
-            removed = await _delete_compacted(conn, plan)
+            removed = await _archive_compacted(conn, plan)
+            await _store_turn_vectors(conn, plan.conversation_id, turn_vectors, model)
             added = await _insert_clip_archive(conn, plan)
             stats = AppliedStats(tokens_removed=removed, tokens_added=added)
             if outbox is not None:
@@ -380,40 +336,128 @@ class PostgresStore:
         return [_row_to_batch(row) for row in rows]
 
     async def memory_read(
-        self, query: str, conversation_id: str | None = None, limit: int = 5
+        self,
+        query: str,
+        conversation_id: str | None = None,
+        limit: int = 5,
+        *,
+        sources: SearchSources = "both",
+        mode: QueryMode = "plain",
     ) -> MemorySearchResult:
+        """Batches ranked by summary and raw turns (see ``core.storage.pg_memory``)."""
         text = query.strip()
         if not text:
             raise ValueError("memory_read needs a non-empty query")
         if not 1 <= limit <= MAX_LIMIT:
             raise ValueError(f"memory_read limit must be between 1 and {MAX_LIMIT}, got {limit}")
         per_half = max(self._candidates_per_half, limit)
-
-        text_rows = await self._pool.fetch(
-            _TEXT_SEARCH_SQL,
-            text,
-            conversation_id,
-            per_half,
-            _SEARCH_SYNTAX_RE.search(text) is not None,
-        )
-        mode: Literal["hybrid", "full_text"] = "full_text"
-        vector_rows: list[Any] = []
+        websearch = mode == "websearch"
         query_vector = await self._embed_query(text)
-        if query_vector is not None and self._embedder is not None:
-            mode = "hybrid"
-            rows = await self._pool.fetch(
-                _VECTOR_SEARCH_SQL,
-                query_vector,
-                self._embedder.model,
-                len(query_vector),
-                conversation_id,
-                per_half,
+        summaries: dict[str, pg_memory.Ranked] = {}
+        turns: dict[str, pg_memory.Ranked] = {}
+        if sources != "raw":
+            text_rows = await self._pool.fetch(
+                pg_memory.SUMMARY_TEXT_SQL, text, conversation_id, per_half, websearch
             )
-            # A zero vector has no direction: its cosine distance is NaN, not a rank.
-            vector_rows = [row for row in rows if not math.isnan(row["distance"])]
+            vector_rows = await self._vector_rows(
+                pg_memory.SUMMARY_VECTOR_SQL, query_vector, conversation_id, per_half
+            )
+            summaries = pg_memory.fuse(text_rows, vector_rows, "id")
+        if sources != "summaries":
+            text_rows = await self._pool.fetch(
+                pg_memory.RAW_TEXT_SQL, text, conversation_id, per_half, websearch
+            )
+            vector_rows = await self._vector_rows(
+                pg_memory.RAW_VECTOR_SQL, query_vector, conversation_id, per_half
+            )
+            turns = pg_memory.fuse(text_rows, vector_rows, "id")
+        missing = pg_memory.missing_batch_ids(summaries, turns)
+        batch_rows = await self._pool.fetch(pg_memory.BATCHES_BY_ID_SQL, missing) if missing else []
+        hits = pg_memory.hits(summaries, turns, batch_rows, text, limit)
+        return MemorySearchResult(
+            hits=tuple(hits),
+            mode="hybrid" if query_vector is not None else "full_text",
+            sources=sources,
+            query_mode=mode,
+        )
 
-        hits = _fuse(text_rows, vector_rows)[:limit]
-        return MemorySearchResult(hits=tuple(hits), mode=mode)
+    async def _vector_rows(
+        self, sql: str, vector: list[float] | None, conversation_id: str | None, limit: int
+    ) -> list[Any]:
+        if vector is None or self._embedder is None:
+            return []
+        rows = await self._pool.fetch(
+            sql, vector, self._embedder.model, len(vector), conversation_id, limit
+        )
+        return pg_memory.usable(rows)
+
+    async def expand_batch(self, conversation_id: str, batch_id: str) -> ExpandedBatch | None:
+        """The batch with every archived raw turn it covers, in conversation order."""
+        row = await self._pool.fetchrow(
+            f"SELECT {_BATCH_COLUMNS} FROM archival_memory WHERE conversation_id = $1 AND id = $2",
+            conversation_id,
+            batch_id,
+        )
+        if row is None:
+            return None
+        batch = _row_to_batch(row)
+        turns = await self._pool.fetch(
+            """
+            SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at
+              FROM archived_messages
+             WHERE conversation_id = $1 AND id = ANY($2::text[])
+             ORDER BY created_at, id
+            """,
+            conversation_id,
+            list(batch.batch.source_message_ids),
+        )
+        return ExpandedBatch(
+            batch=batch,
+            turns=tuple(_row_to_message(t) for t in turns),
+            turns_missing=len(set(batch.batch.source_message_ids)) - len(turns),
+        )
+
+    async def expire_raw_turns(self) -> int:
+        """Remove raw turns archived more than ``raw_retention_days`` ago.
+
+        One index range scan names the conversations with expired turns (at
+        most 100 per call), then one transaction per conversation removes at
+        most ``EXPIRE_BATCH`` of its rows: each call is bounded, and a timer
+        calling it every few minutes catches up with any backlog.
+        """
+        if self._raw_retention_days == 0:
+            return 0
+        cutoff = datetime.now().astimezone() - timedelta(days=self._raw_retention_days)
+        removed = 0
+        try:
+            conversations = await self._pool.fetch(
+                "SELECT DISTINCT conversation_id FROM archived_messages "
+                "WHERE archived_at < $1 LIMIT 100",
+                cutoff,
+            )
+            for row in conversations:
+                removed += await self._expire_conversation(row["conversation_id"], cutoff)
+        except (asyncpg.PostgresError, OSError) as error:
+            log.warning("removing expired raw turns failed, next pass retries: %s", error)
+        if removed:
+            log.info("removed %d raw turns archived before %s", removed, cutoff.isoformat())
+        return removed
+
+    async def _expire_conversation(self, conversation_id: str, cutoff: datetime) -> int:
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                """
+                DELETE FROM archived_messages
+                 WHERE conversation_id = $1 AND id IN (
+                       SELECT id FROM archived_messages
+                        WHERE conversation_id = $1 AND archived_at < $2 LIMIT $3)
+                RETURNING id
+                """,
+                conversation_id,
+                cutoff,
+                EXPIRE_BATCH,
+            )
+        return len(rows)
 
     # -- for the service -----------------------------------------------------
 
@@ -474,6 +518,31 @@ class PostgresStore:
             )
             return None, None
         return vectors, self._embedder.model
+
+    async def _embed_turns(self, plan: CompactionPlan) -> dict[str, list[float]]:
+        """Vectors of the raw turns the plan archives (read before its transaction).
+
+        A failure only costs those turns the vector half of search.
+        """
+        assert self._embedder is not None
+        rows = await self._pool.fetch(
+            "SELECT id, content FROM messages "
+            "WHERE conversation_id = $1 AND id = ANY($2::text[]) AND kind = 'message' "
+            "ORDER BY id",
+            plan.conversation_id,
+            list(plan.deleted_message_ids),
+        )
+        if not rows:
+            return {}
+        try:
+            vectors = await self._embedder.embed([row["content"] for row in rows])
+            _check_vectors(vectors, len(rows))
+        except Exception as error:
+            log.warning(
+                "embedding %d archived turns failed, storing them without: %s", len(rows), error
+            )
+            return {}
+        return {row["id"]: vector for row, vector in zip(rows, vectors, strict=True)}
 
     async def _embed_query(self, text: str) -> list[float] | None:
         if self._embedder is None:
@@ -575,18 +644,47 @@ async def _place_resummarised(conn: AnyConnection, plan: CompactionPlan) -> None
     )
 
 
-async def _delete_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
-    """Delete the compacted messages; the sum of their stored token counts."""
+def _turn_batches(plan: CompactionPlan) -> dict[str, str]:
+    """Message id → the shallowest new batch that summarised it (depth 0 normally)."""
+    owner: dict[str, str] = {}
+    for stored in sorted(plan.new_batches, key=lambda b: b.batch.depth):
+        for message_id in stored.batch.source_message_ids:
+            owner.setdefault(message_id, stored.id)
+    return owner
+
+
+async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
+    """Move the compacted messages to ``archived_messages`` (raw turns, linked to
+    their batch; a replaced clip-archive is dropped); the sum of their stored
+    token counts."""
     wanted = set(plan.deleted_message_ids)
     if not wanted:
         return 0
+    owner = _turn_batches(plan)
     rows = await conn.fetch(
         """
-        DELETE FROM messages WHERE id = ANY($1::text[]) AND conversation_id = $2
-        RETURNING id, token_estimate
+        WITH gone AS (
+            DELETE FROM messages WHERE id = ANY($1::text[]) AND conversation_id = $2
+            RETURNING *
+        ), kept AS (
+            INSERT INTO archived_messages (conversation_id, id, batch_id, compaction_id, role,
+                                           content, tool_calls, tool_call_id, created_at,
+                                           token_estimate, seq)
+            SELECT g.conversation_id, g.id, b.batch_id, $3, g.role, g.content, g.tool_calls,
+                   g.tool_call_id, g.created_at, g.token_estimate, g.seq
+              FROM gone AS g
+              LEFT JOIN unnest($4::text[], $5::text[]) AS b(message_id, batch_id)
+                ON b.message_id = g.id
+             WHERE g.kind = 'message'
+            ON CONFLICT (conversation_id, id) DO NOTHING
+        )
+        SELECT id, token_estimate FROM gone
         """,
         list(wanted),
         plan.conversation_id,
+        plan.compaction_id,
+        list(owner),
+        list(owner.values()),
     )
     if len(rows) != len(wanted):
         missing = sorted(wanted - {row["id"] for row in rows})
@@ -595,6 +693,21 @@ async def _delete_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
             f"longer in conversation {plan.conversation_id}: {_preview(missing)}"
         )
     return sum(int(row["token_estimate"]) for row in rows)
+
+
+async def _store_turn_vectors(
+    conn: AnyConnection,
+    conversation_id: str,
+    vectors: dict[str, list[float]],
+    model: str | None,
+) -> None:
+    if not vectors or model is None:
+        return
+    await conn.executemany(
+        "UPDATE archived_messages SET embedding = $3, embedding_model = $4 "
+        "WHERE conversation_id = $1 AND id = $2",
+        [(conversation_id, message_id, v, model) for message_id, v in vectors.items()],
+    )
 
 
 async def _insert_clip_archive(conn: AnyConnection, plan: CompactionPlan) -> int:
@@ -698,45 +811,6 @@ def _row_to_batch(row: Any) -> StoredBatch:
         compaction_id=row["compaction_id"],
         superseded_by=row["superseded_by"],
     )
-
-
-def _fuse(text_rows: Sequence[Any], vector_rows: Sequence[Any]) -> list[MemoryHit]:
-    """Reciprocal rank fusion: score = Σ 1/(RRF_K + rank) over the lists a batch appears in.
-
-    Ranks, not raw scores, are fused because ts_rank_cd and cosine distance
-    live on unrelated scales.
-    """
-    candidates: dict[str, _Candidate] = {}
-    for rank, row in enumerate(text_rows, start=1):
-        candidate = candidates.setdefault(row["id"], _Candidate(row))
-        candidate.text_rank = rank
-        candidate.score += 1.0 / (RRF_K + rank)
-    for rank, row in enumerate(vector_rows, start=1):
-        candidate = candidates.setdefault(row["id"], _Candidate(row))
-        candidate.vector_rank = rank
-        candidate.score += 1.0 / (RRF_K + rank)
-
-    def order(c: _Candidate) -> tuple[float, int, int]:
-        best = min(r for r in (c.text_rank, c.vector_rank) if r is not None)
-        return (-c.score, best, -int(c.row["seq"]))
-
-    return [
-        MemoryHit(
-            batch_id=c.row["id"],
-            label=c.row["label"],
-            conversation_id=c.row["conversation_id"],
-            content=c.row["content"],
-            depth=c.row["depth"],
-            start_time=c.row["start_time"],
-            end_time=c.row["end_time"],
-            message_count=c.row["message_count"],
-            score=c.score,
-            text_rank=c.text_rank,
-            vector_rank=c.vector_rank,
-            superseded=c.row["superseded"],
-        )
-        for c in sorted(candidates.values(), key=order)
-    ]
 
 
 def _preview(ids: Sequence[str], shown: int = 5) -> str:

@@ -622,10 +622,10 @@ async def test_memory_read_honours_limit_and_search_syntax(pg_store: PostgresSto
     )
     assert len((await pg_store.memory_read("cache", limit=2)).hits) == 2
     assert len((await pg_store.memory_read("cache", limit=100)).hits) == 6
-    # websearch syntax is honoured: quoted phrase and exclusion.
-    phrase = await pg_store.memory_read('"cache warmed"')
+    # websearch syntax is honoured when asked for: quoted phrase and exclusion.
+    phrase = await pg_store.memory_read('"cache warmed"', mode="websearch")
     assert [hit.batch_id for hit in phrase.hits] == ["cmp-1:5"]
-    excluded = await pg_store.memory_read("cache -warmed")
+    excluded = await pg_store.memory_read("cache -warmed", mode="websearch")
     assert "cmp-1:5" not in {hit.batch_id for hit in excluded.hits}
     assert len(excluded.hits) == 5
 

@@ -12,9 +12,9 @@ enough for components, not a model of PostgreSQL's full-text search.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from core.clip_archive import is_clip_archive
@@ -22,10 +22,14 @@ from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, StoredB
 from core.messages import ConversationMessage
 from core.storage.ports import (
     ApplyResult,
+    ExpandedBatch,
     HistoryConflictError,
     MemoryHit,
     MemorySearchResult,
     OutboxRow,
+    QueryMode,
+    SearchSources,
+    TurnHit,
     WorkerStore,
 )
 from core.tokens import estimate_message_tokens
@@ -36,6 +40,17 @@ class _Row:
     message: ConversationMessage
     tokens: int
     seq: int
+
+
+@dataclass
+class _Archived:
+    message: ConversationMessage
+    batch_id: str | None
+    archived_at: datetime
+
+
+def _terms(text: str) -> set[str]:
+    return {w.strip(".,;:!?\"'()-").lower() for w in text.split()} - {""}
 
 
 @dataclass
@@ -60,6 +75,9 @@ class InMemoryStore:
     fail_next: dict[str, Exception] = field(default_factory=dict)
     outage: dict[str, int] = field(default_factory=dict)
     closed: bool = False
+    archived: dict[str, _Archived] = field(default_factory=dict)
+    raw_retention_days: int = 0
+    now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def _call(self, name: str) -> None:
@@ -127,7 +145,17 @@ class InMemoryStore:
             raise HistoryConflictError(
                 f"compaction {plan.compaction_id}: gone {missing}, superseded {stale}"
             )
-        removed = sum(self.messages.pop(i).tokens for i in plan.deleted_message_ids)
+        owner: dict[str, str] = {}
+        for stored in sorted(plan.new_batches, key=lambda b: b.batch.depth):
+            for message_id in stored.batch.source_message_ids:
+                owner.setdefault(message_id, stored.id)
+        gone = [self.messages.pop(i) for i in plan.deleted_message_ids]
+        for old_row in gone:
+            if not is_clip_archive(old_row.message):
+                self.archived[old_row.message.id] = _Archived(
+                    old_row.message, owner.get(old_row.message.id), self.now()
+                )
+        removed = sum(old_row.tokens for old_row in gone)
         for old, new in plan.superseded:
             self.batches[old] = self.batches[old].model_copy(update={"superseded_by": new})
         for stored in plan.new_batches:
@@ -162,38 +190,94 @@ class InMemoryStore:
         ]
 
     async def memory_read(
-        self, query: str, conversation_id: str | None = None, limit: int = 5
+        self,
+        query: str,
+        conversation_id: str | None = None,
+        limit: int = 5,
+        *,
+        sources: SearchSources = "both",
+        mode: QueryMode = "plain",
     ) -> MemorySearchResult:
         self._call("memory_read")
-        terms = set(query.lower().split())
-        if not terms:
+        terms = _terms(query)
+        if not query.strip():
             raise ValueError("memory_read needs a non-empty query")
-        scored = []
+        scores: dict[str, float] = {}
+        turns: dict[str, list[tuple[int, ConversationMessage]]] = {}
         for stored in self.batches.values():
             if conversation_id is not None and stored.conversation_id != conversation_id:
                 continue
-            overlap = len(terms & set(stored.batch.content.lower().split()))
+            overlap = len(terms & _terms(stored.batch.content)) if sources != "raw" else 0
             if overlap:
-                scored.append((overlap, stored))
-        scored.sort(key=lambda pair: -pair[0])
+                scores[stored.id] = overlap
+        for entry in self.archived.values() if sources != "summaries" else ():
+            message = entry.message
+            if conversation_id is not None and message.conversation_id != conversation_id:
+                continue
+            overlap = len(terms & _terms(message.content))
+            if overlap and entry.batch_id is not None:
+                turns.setdefault(entry.batch_id, []).append((overlap, message))
+                scores[entry.batch_id] = scores.get(entry.batch_id, 0) + overlap
+        ranked = sorted(scores, key=lambda batch_id: -scores[batch_id])[:limit]
         hits = tuple(
-            MemoryHit(
-                batch_id=s.id,
-                label=s.label,
-                conversation_id=s.conversation_id,
-                content=s.batch.content,
-                depth=s.batch.depth,
-                start_time=s.batch.start_time,
-                end_time=s.batch.end_time,
-                message_count=s.batch.message_count,
-                score=1.0 / (rank + 1),
-                text_rank=rank + 1,
-                vector_rank=None,
-                superseded=s.superseded_by is not None,
-            )
-            for rank, (_, s) in enumerate(scored[:limit])
+            self._hit(self.batches[b], rank, sorted(turns.get(b, []), key=lambda t: -t[0]))
+            for rank, b in enumerate(ranked)
         )
-        return MemorySearchResult(hits=hits, mode="full_text")
+        return MemorySearchResult(hits=hits, mode="full_text", sources=sources, query_mode=mode)
+
+    @staticmethod
+    def _hit(s: StoredBatch, rank: int, turns: list[tuple[int, ConversationMessage]]) -> MemoryHit:
+        return MemoryHit(
+            batch_id=s.id,
+            label=s.label,
+            conversation_id=s.conversation_id,
+            content=s.batch.content,
+            depth=s.batch.depth,
+            start_time=s.batch.start_time,
+            end_time=s.batch.end_time,
+            message_count=s.batch.message_count,
+            score=1.0 / (rank + 1),
+            text_rank=rank + 1,
+            vector_rank=None,
+            superseded=s.superseded_by is not None,
+            turns=tuple(
+                TurnHit(
+                    message_id=m.id,
+                    role=m.role,
+                    created_at=m.created_at,
+                    text=m.content,
+                    truncated=False,
+                    score=float(overlap),
+                    text_rank=index + 1,
+                    vector_rank=None,
+                )
+                for index, (overlap, m) in enumerate(turns[:3])
+            ),
+        )
+
+    async def expand_batch(self, conversation_id: str, batch_id: str) -> ExpandedBatch | None:
+        self._call("expand_batch")
+        stored = self.batches.get(batch_id)
+        if stored is None or stored.conversation_id != conversation_id:
+            return None
+        covered = set(stored.batch.source_message_ids)
+        turns = sorted(
+            (a.message for a in self.archived.values() if a.message.id in covered),
+            key=lambda m: (m.created_at, m.id),
+        )
+        return ExpandedBatch(
+            batch=stored, turns=tuple(turns), turns_missing=len(covered) - len(turns)
+        )
+
+    async def expire_raw_turns(self) -> int:
+        self._call("expire_raw_turns")
+        if self.raw_retention_days == 0:
+            return 0
+        cutoff = self.now() - timedelta(days=self.raw_retention_days)
+        expired = [i for i, a in self.archived.items() if a.archived_at < cutoff]
+        for message_id in expired:
+            del self.archived[message_id]
+        return len(expired)
 
     # -- OutboxStore ------------------------------------------------------------
 
