@@ -1,11 +1,15 @@
 """A summariser that needs no network: it extracts instead of generating.
 
 Without an API key the service still has to keep conversations inside their
-budget. This provider ranks sentences by how central their words are to the
-whole request (a SumBasic-style frequency score, with bonuses for the signals
-importance scoring also values: questions, decisions, errors) and keeps the
-best ones, in their original order, within ``max_tokens``. It reads the same
-structured request the LLM adapters get, so the pipeline is identical.
+budget. This provider ranks sentences by the facts they carry: how informative
+their words are (a word in every sentence, like a caption's repeated "photo",
+says little; inverse sentence frequency), with bonuses for names, numbers,
+dates, decisions and answers, and a penalty for boilerplate (sentences made
+of words nearly every sentence has). It keeps the best ones, no two near
+duplicates, in their original order, within ``max_tokens`` (the output never
+goes over it). Re-summarising keeps each line's own speaker ("User: …"), so
+prefixes never stack ("Earlier: Earlier: …"). It reads the same structured
+request the LLM adapters get, so the pipeline is identical.
 """
 
 from __future__ import annotations
@@ -36,6 +40,21 @@ _STOP_WORDS = frozenset(
     it's that's great good nice cool awesome glad happy help hope well sounds perfect""".split()
 )
 _EMPTY_SUMMARY = "No substantive content to summarize."
+_SPEAKERS = ("User", "Assistant", "Tool", "System", "Earlier")
+_LABEL = re.compile(r"^(?:(?:" + "|".join(_SPEAKERS) + r"): )+")
+# A capitalised word inside a sentence: a name of a person, place or product.
+_NAME = re.compile(r"(?<=[a-z0-9,;:] )[A-Z][a-z]+")
+_DATE = re.compile(
+    r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+\d|\b\d{1,2}(?:st|nd|rd|th)?"
+    r"\s+(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)|\b(?:monday|tuesday|wednesday|"
+    r"thursday|friday|saturday|sunday|tomorrow|yesterday|today)\b|\b\d{4}-\d{2}-\d{2}\b",
+    re.IGNORECASE,
+)
+_FACT_VERBS = re.compile(
+    r"\b(?:is|are|was|were|called|named|lives?|moved?|prefers?|likes?|hates?|bought|"
+    r"changed|switched|decided|agreed|chose|costs?|born|works?|starts?|ends?|will)\b",
+    re.IGNORECASE,
+)
 _CONTEXT = "(context)"
 # A summary must be clearly smaller than what it replaces, or compaction frees
 # nothing and the conversation is over budget again at the next message.
@@ -63,6 +82,27 @@ def _speaker_and_text(role: str, content: str) -> tuple[str, str]:
     return role.capitalize(), content
 
 
+def _labelled_lines(speaker: str, text: str) -> list[tuple[str, str]]:
+    """(speaker, line) pairs; a summary's lines keep the speaker they already name.
+
+    A summary batch is made of ``Speaker: sentence`` lines: re-summarising it
+    must not put another label in front (``Earlier: User: …``, then
+    ``Earlier: Earlier: …`` one level deeper).
+    """
+    if speaker not in ("Earlier", _CONTEXT):
+        return [(speaker, text)]
+    out = []
+    for line in text.splitlines():
+        label = _LABEL.match(line)
+        if label is None:
+            out.append((speaker, line))
+            continue
+        names = [n for n in label.group(0).split(": ") if n]
+        own = next((n for n in reversed(names) if n != "Earlier"), "Earlier")
+        out.append((speaker if speaker == _CONTEXT else own, line[label.end() :]))
+    return out
+
+
 def _sentences(request: ModelRequest) -> tuple[list[_Sentence], list[_Sentence]]:
     """(content sentences, context sentences).
 
@@ -76,63 +116,98 @@ def _sentences(request: ModelRequest) -> tuple[list[_Sentence], list[_Sentence]]
             continue
         speaker, text = _speaker_and_text(message.role, message.content)
         target = context if speaker == _CONTEXT else content
-        for piece in _SENTENCE_END.split(text):
-            piece = " ".join(piece.split())
-            words = frozenset(w for w in _WORD.findall(piece.lower()) if w not in _STOP_WORDS)
-            if len(words) >= 2 or (words and "?" in piece):
-                target.append(_Sentence(len(target), speaker, piece, words))
+        for line_speaker, line in _labelled_lines(speaker, text):
+            for piece in _SENTENCE_END.split(line):
+                piece = " ".join(piece.split())
+                words = frozenset(w for w in _WORD.findall(piece.lower()) if w not in _STOP_WORDS)
+                if len(words) >= 2 or (words and "?" in piece):
+                    target.append(_Sentence(len(target), line_speaker, piece, words))
     return content, context
 
 
-def _score(sentence: _Sentence, frequency: Counter[str], total_words: int) -> float:
-    centrality = sum(frequency[w] for w in sentence.words) / total_words
-    # Favour dense sentences over long ones without zeroing short decisive ones.
-    score = centrality / math.sqrt(len(sentence.words))
-    lowered = sentence.text.lower()
-    if "?" in sentence.text:
+def _score(sentence: _Sentence, spread: Counter[str], count: int) -> float:
+    """How many facts the sentence likely carries.
+
+    ``spread`` counts the sentences each word occurs in: informativeness is
+    the mean inverse sentence frequency of the sentence's words (a word most
+    sentences share is boilerplate), times bonuses for what facts look like.
+    """
+    informativeness = sum(math.log(1 + count / spread[w]) for w in sentence.words)
+    # Longer sentences carry more, but not linearly more.
+    score = informativeness / math.sqrt(len(sentence.words))
+    text = sentence.text
+    common = sum(1 for w in sentence.words if spread[w] >= max(3, count / 4))
+    if count >= 6 and common * 2 > len(sentence.words):
+        score *= 0.3  # mostly words nearly every sentence has: captions, templates
+    if _NAME.search(text):
+        score *= 1.4  # names of people, places, products
+    if any(ch.isdigit() for ch in text):
+        score *= 1.4  # amounts, versions, times
+    if _DATE.search(text):
         score *= 1.3
-    if any(keyword in lowered for keyword in DEFAULT_IMPORTANT_KEYWORDS):
-        score *= 1.5
-    if any(ch.isdigit() for ch in sentence.text):
-        score *= 1.1  # numbers are usually facts: versions, amounts, dates
+    if _FACT_VERBS.search(text):
+        score *= 1.2  # "X is Y", "moved to", "prefers", "changed"
+    if any(keyword in text.lower() for keyword in DEFAULT_IMPORTANT_KEYWORDS):
+        score *= 1.5  # decisions, errors
+    if "?" in text:
+        score *= 0.9  # the answer carries the fact, the question less so
     return score
 
 
 def _near_duplicate(words: frozenset[str], chosen: list[_Sentence]) -> bool:
-    return any(len(words & c.words) / len(words | c.words) >= 0.6 for c in chosen)
+    return any(len(words & c.words) / len(words | c.words) >= 0.5 for c in chosen)
 
 
 def extract_summary(
     request: ModelRequest, counter: TokenCounter = DEFAULT_COUNTER
 ) -> tuple[str, int]:
-    """The summary text and its estimated size in tokens."""
+    """The summary text and its estimated size in tokens (at most ``max_tokens``)."""
     sentences, context = _sentences(request)
     if not sentences:
-        return _EMPTY_SUMMARY, counter.count(_EMPTY_SUMMARY)
-    frequency: Counter[str] = Counter(w for s in sentences for w in s.words)
-    total_words = sum(frequency.values())
-    ranked = sorted(sentences, key=lambda s: (-_score(s, frequency, total_words), s.order))
+        return _fit(_EMPTY_SUMMARY, request.max_tokens, counter)
+    spread: Counter[str] = Counter(w for s in sentences for w in s.words)
+    ranked = sorted(sentences, key=lambda s: (-_score(s, spread, len(sentences)), s.order))
 
     source_tokens = sum(counter.count(s.text) for s in sentences)
     budget = min(request.max_tokens, max(_MIN_TARGET_TOKENS, int(source_tokens * _TARGET_RATIO)))
     chosen: list[_Sentence] = []
     used = 0
     for sentence in ranked:
-        line_cost = counter.count(f"{sentence.speaker}: {sentence.text} ")
+        line_cost = counter.count(f"{sentence.speaker}: {sentence.text}\n")
         if used + line_cost > budget or _near_duplicate(sentence.words, [*context, *chosen]):
             continue
         chosen.append(sentence)
         used += line_cost
     if not chosen:  # even the best sentence is over budget: keep its head
-        best = ranked[0]
-        budget_chars = max(1, request.max_tokens * 4 - len(best.speaker) - 3)
-        chosen = [_Sentence(best.order, best.speaker, best.text[:budget_chars], best.words)]
+        chosen = [ranked[0]]
+    return _render(chosen, request.max_tokens, counter)
 
-    lines: list[str] = []
-    for sentence in sorted(chosen, key=lambda s: s.order):
-        lines.append(f"{sentence.speaker}: {sentence.text}")
-    text = "\n".join(lines)
-    return text, counter.count(text)
+
+def _render(chosen: list[_Sentence], max_tokens: int, counter: TokenCounter) -> tuple[str, int]:
+    """Lines in conversation order; the least valuable dropped (the last one cut)
+    until the text fits ``max_tokens``."""
+    kept = list(chosen)  # best first
+    while True:
+        lines = [f"{s.speaker}: {s.text}" for s in sorted(kept, key=lambda s: s.order)]
+        text = "\n".join(lines)
+        if counter.count(text) <= max_tokens or len(kept) == 1:
+            return _fit(text, max_tokens, counter)
+        kept.pop()
+
+
+def _fit(text: str, max_tokens: int, counter: TokenCounter) -> tuple[str, int]:
+    """``text`` cut to its longest prefix of at most ``max_tokens`` tokens."""
+    tokens = counter.count(text)
+    if tokens <= max_tokens:
+        return text, tokens
+    low, high = 1, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (
+            (middle, high) if counter.count(text[:middle]) <= max_tokens else (low, middle - 1)
+        )
+    cut = text[:low].rstrip() or text[:1]
+    return cut, counter.count(cut)
 
 
 class ExtractiveProvider:
