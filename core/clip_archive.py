@@ -13,8 +13,8 @@ contain such lines in practice.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterable, Sequence
+from datetime import UTC, date, datetime
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
@@ -53,9 +53,37 @@ def format_timestamp(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+MAX_DAYS_LISTED = 8
+_COVERS_RE = re.compile(r"^\(covers \d+ days?: .*\)$")
+
+
+def covered_days(moments: Iterable[datetime]) -> tuple[date, ...]:
+    """The distinct UTC calendar days of ``moments``, ascending."""
+    return tuple(sorted({m.astimezone(UTC).date() for m in moments}))
+
+
+def covers_line(batch: SummaryBatch) -> str | None:
+    """``(covers 3 days: 2026-01-04, 2026-03-10, 2026-08-21)`` when the batch's
+    messages come from some of the days of its time range only: importance-ordered
+    chunks can span months while covering a few days."""
+    days = batch.days
+    if not days:
+        return None
+    span = (batch.end_time.astimezone(UTC).date() - batch.start_time.astimezone(UTC).date()).days
+    if len(days) == span + 1:
+        return None  # every day of the range: the range says it
+    listed = ", ".join(d.isoformat() for d in days[:MAX_DAYS_LISTED])
+    more = f" and {len(days) - MAX_DAYS_LISTED} more" if len(days) > MAX_DAYS_LISTED else ""
+    return f"(covers {len(days)} day{'s' if len(days) > 1 else ''}: {listed}{more})"
+
+
 def _format_batch(number: int, batch: SummaryBatch) -> str:
     start, end = format_timestamp(batch.start_time), format_timestamp(batch.end_time)
-    return f"[Batch {number} — depth {batch.depth}, {start} to {end}]\n{batch.content}"
+    header = f"[Batch {number} — depth {batch.depth}, {start} to {end}]"
+    covers = covers_line(batch)
+    if covers is not None:
+        header += "\n" + covers
+    return f"{header}\n{batch.content}"
 
 
 def build_clip_archive(
@@ -103,6 +131,7 @@ class ShownBatch(BaseModel):
     start_time: AwareDatetime
     end_time: AwareDatetime
     content: str
+    covers: str | None = None  # the "(covers N days: …)" line, when the batch has one
 
 
 class ParsedClipArchive(BaseModel):
@@ -144,6 +173,7 @@ def parse_clip_archive(text: str) -> ParsedClipArchive:
             raise ClipArchiveFormatError(f"batch {match.group(1)} outside any section")
         while body and body[-1] == "":
             body.pop()  # the blank line that separates blocks
+        covers = body.pop(0) if body and _COVERS_RE.match(body[0]) else None
         section.append(
             ShownBatch(
                 number=int(match.group(1)),
@@ -151,6 +181,7 @@ def parse_clip_archive(text: str) -> ParsedClipArchive:
                 start_time=datetime.fromisoformat(match.group(3)),
                 end_time=datetime.fromisoformat(match.group(4)),
                 content="\n".join(body),
+                covers=covers,
             )
         )
         open_batch = None

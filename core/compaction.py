@@ -8,8 +8,8 @@ compaction behind.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime
-from typing import Protocol
+from datetime import date, datetime
+from typing import Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
@@ -28,6 +28,9 @@ class SummaryBatch(BaseModel):
     end_time: AwareDatetime
     message_count: int = Field(ge=0)
     source_message_ids: tuple[str, ...] = ()
+    # The UTC days its messages were written on, ascending (empty when unknown):
+    # an importance-ordered chunk can span months but cover a few days.
+    days: tuple[date, ...] = ()
 
     @model_validator(mode="after")
     def _time_range_is_ordered(self) -> SummaryBatch:
@@ -53,6 +56,9 @@ class StoredBatch(BaseModel):
     superseded_by: str | None = None
 
 
+ChunkOrder = Literal["importance", "chronological"]
+
+
 class CompactionTuning(BaseModel):
     """Every compaction setting but scoring; ``[summarization]`` inherits these
     fields (and their defaults) so each default is written once."""
@@ -60,6 +66,9 @@ class CompactionTuning(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     chunk_size: int = Field(default=20, ge=1)
+    # importance: chunks formed least important first (compaction-v2.AC3.4);
+    # chronological: in conversation order, so each batch covers one stretch of time.
+    chunk_order: ChunkOrder = "importance"
     keep_recent: int = Field(default=5, ge=0)
     max_summary_tokens: int = Field(default=1024, ge=1)
     clip_first: int = Field(default=2, ge=0)

@@ -33,6 +33,7 @@ from core.clip_archive import (
     ClipArchiveFormatError,
     build_clip_archive,
     clip_archive_message,
+    covered_days,
     parse_clip_archive,
     shortened,
 )
@@ -351,9 +352,10 @@ class PipelineCompactor:
         the clip-archive cannot be made to fit either."""
         config = self._config
         position = {message.id: index for index, message in enumerate(history)}
-        chunks = chunk_messages(
-            split.to_compress, config.chunk_size, config.max_chunk_tokens, self._counter
-        )
+        to_chunk = split.to_compress
+        if config.chunk_order == "chronological":
+            to_chunk = in_history_order(to_chunk, position)
+        chunks = chunk_messages(to_chunk, config.chunk_size, config.max_chunk_tokens, self._counter)
         prior = split.prior_summary.content if split.prior_summary else None
         summaries = await self._summarize_chunks(chunks, position, prior, calls)
         fresh = [
@@ -538,6 +540,7 @@ class PipelineCompactor:
                     end_time=max(m.created_at for m in ordered),
                     message_count=len(ordered),
                     source_message_ids=tuple(m.id for m in ordered),
+                    days=covered_days(m.created_at for m in ordered),
                 )
             )
             running = text
@@ -636,6 +639,7 @@ def _merged(sources: Sequence[StoredBatch], content: str) -> SummaryBatch:
         end_time=max(s.batch.end_time for s in sources),
         message_count=sum(s.batch.message_count for s in sources),
         source_message_ids=tuple(i for s in sources for i in s.batch.source_message_ids),
+        days=tuple(sorted({d for s in sources for d in s.batch.days})),
     )
 
 

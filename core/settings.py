@@ -82,6 +82,11 @@ class EmbeddingSettings(_Section):
     api_key_env: str = "OPENAI_API_KEY"
 
 
+class ArchiveSettings(_Section):
+    # Days an archived raw turn is kept after its compaction (0 = forever).
+    raw_retention_days: int = Field(default=0, ge=0)
+
+
 class KafkaSettings(_Section):
     bootstrap_servers: str | None = None
     topic_prefix: str = Field(default="compactor.", pattern=r"^[A-Za-z0-9._-]*$")
@@ -117,6 +122,7 @@ class Settings(_Section):
     budget: BudgetConfig = BudgetConfig()
     postgres: PostgresSettings = PostgresSettings()
     embedding: EmbeddingSettings = EmbeddingSettings()
+    archive: ArchiveSettings = ArchiveSettings()
     kafka: KafkaSettings = KafkaSettings()
     service: ServiceSettings = ServiceSettings()
 

@@ -66,6 +66,7 @@ async def open_resources(settings: Settings) -> Runtime:
             embedder=embedder,
             min_size=settings.postgres.pool_min_size,
             max_size=settings.postgres.pool_max_size,
+            raw_retention_days=settings.archive.raw_retention_days,
         )
     except BaseException:
         await _release(None, embedded)

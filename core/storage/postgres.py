@@ -59,7 +59,7 @@ EXPIRE_BATCH = 1000
 
 _BATCH_COLUMNS = """
     id, label, conversation_id, content, depth, start_time, end_time, message_count,
-    source_message_ids, compaction_id, superseded_by
+    source_message_ids, compaction_id, superseded_by, covered_days
 """
 
 
@@ -598,8 +598,9 @@ async def _insert_batches(
         """
         INSERT INTO archival_memory (id, label, conversation_id, content, depth, start_time,
                                      end_time, message_count, source_message_ids,
-                                     compaction_id, superseded_by, embedding, embedding_model)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                                     compaction_id, superseded_by, embedding, embedding_model,
+                                     covered_days)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
         ON CONFLICT (id) DO NOTHING
         """,
         [
@@ -617,6 +618,7 @@ async def _insert_batches(
                 stored.superseded_by,
                 vectors[index] if vectors is not None else None,
                 model if vectors is not None else None,
+                list(stored.batch.days) or None,
             )
             for index, stored in enumerate(batches)
         ],
@@ -807,6 +809,7 @@ def _row_to_batch(row: Any) -> StoredBatch:
             end_time=row["end_time"],
             message_count=row["message_count"],
             source_message_ids=tuple(row["source_message_ids"]),
+            days=tuple(row["covered_days"] or ()),
         ),
         compaction_id=row["compaction_id"],
         superseded_by=row["superseded_by"],

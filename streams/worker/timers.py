@@ -83,6 +83,7 @@ class Reconciler:
         try:
             store = await resources.store()
             over = await store.conversations_over(self._budget.budget_tokens)
+            await store.expire_raw_turns()  # [archive].raw_retention_days; logs its own errors
         except Exception as error:  # the database may be away: next pass
             log.warning("reconciliation could not ask the store: %s", error)
             return 0

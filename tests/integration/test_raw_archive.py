@@ -201,9 +201,7 @@ async def test_raw_turns_are_embedded_and_found_by_meaning(pg_store: PostgresSto
     store = PostgresStore(pg_store.pool, ConceptEmbedder())
     messages = [msg(0, "The mechanic fixed my car."), msg(1, "Invoice paid.")]
     await save_all(store, messages)
-    plan = make_plan(
-        "cmp-1", [stored("cmp-1", 0, "errands", messages)], [m.id for m in messages]
-    )
+    plan = make_plan("cmp-1", [stored("cmp-1", 0, "errands", messages)], [m.id for m in messages])
     await store.apply_compaction(plan)
     models = await store.pool.fetch("SELECT embedding_model FROM archived_messages")
     assert {r["embedding_model"] for r in models} == {"test-concepts-v1"}
@@ -262,3 +260,16 @@ async def test_retention_removes_old_raw_turns_only(pg_store: PostgresStore) -> 
     # The summary stays searchable, and a redelivered compacted message stays out.
     assert (await store.memory_read("Lisbon")).hits
     assert not await store.save_message(msg(1, TURNS[1]), 10)
+
+
+async def test_covered_days_round_trip(pg_store: PostgresStore) -> None:
+    from datetime import date
+
+    messages = [msg(0, "first"), msg(1, "second")]
+    await save_all(pg_store, messages)
+    batch = stored("cmp-1", 0, "s", messages)
+    days = (date(2026, 1, 5), date(2026, 3, 1))
+    batch = batch.model_copy(update={"batch": batch.batch.model_copy(update={"days": days})})
+    await pg_store.apply_compaction(make_plan("cmp-1", [batch], [m.id for m in messages]))
+    (live,) = await pg_store.live_batches(CONV)
+    assert live.batch.days == days
