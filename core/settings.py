@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from core.budget import BudgetConfig
 from core.compaction import CompactionConfig, CompactionTuning
@@ -97,6 +97,19 @@ class KafkaSettings(_Section):
     # Largest request the worker's producer sends; dead letters of larger
     # records are truncated to fit (the original size goes in a header).
     max_request_bytes: int = Field(default=1_048_576, ge=65_536)
+    # Transport security of every Kafka client (worker, replay, tail, topics).
+    # streams/kafka_security.py turns these into client arguments.
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    # $KAFKA_SASL_USERNAME wins over sasl_username; the password is read from
+    # the variable sasl_password_env names, or (discouraged) sasl_password.
+    sasl_username: str | None = None
+    sasl_password_env: str = "KAFKA_SASL_PASSWORD"
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_check_hostname: bool = True
 
 
 class ServiceSettings(_Section):

@@ -29,6 +29,7 @@ from core.storage.embedded import POSTGRES_DSN_ENV
 from devtools import devstack
 from streams.admin import ensure_topics
 from streams.events import ClipArchiveEvent
+from streams.kafka_security import PLAINTEXT, KafkaSecurity, kafka_security
 from streams.replay import publish, read_events
 from streams.runtime import KAFKA_BOOTSTRAP_ENV, explicit_addresses
 from streams.stack_state import dev_stack_bootstrap, dev_stack_dsn
@@ -131,11 +132,13 @@ async def _show_results(
     base: str,
     conversations: list[str],
     states: dict[str, Any],
+    security: KafkaSecurity = PLAINTEXT,
 ) -> None:
     """The clip-archive events on the topic, then each conversation as the model sees it."""
     events: list[ClipArchiveEvent] = []
     await tail(
         bootstrap=bootstrap,
+        security=security,
         topic=names.clip_archives,
         from_beginning=True,
         idle_timeout=3,
@@ -188,11 +191,13 @@ async def run_demo(settings: Settings, config_path: Path, transcript_path: Path)
         if not bootstrap or not dsn:
             raise DemoError("the local stack did not come up")
         names = TopicNames.with_prefix(settings.kafka.topic_prefix)
+        security = kafka_security(settings.kafka)
         await ensure_topics(
             bootstrap,
             names,
             partitions=settings.kafka.partitions,
             replication_factor=settings.kafka.replication_factor,
+            security=security,
         )
 
         log_path = state_dir / "worker.log"
@@ -209,7 +214,9 @@ async def run_demo(settings: Settings, config_path: Path, transcript_path: Path)
         say(f"starting a worker (log: {log_path}) ...")
         await _wait_http(f"{base}/healthz", worker, log_path, 90)
 
-        result = await publish(transcript.events, bootstrap=bootstrap, topic=names.messages)
+        result = await publish(
+            transcript.events, bootstrap=bootstrap, topic=names.messages, security=security
+        )
         say(
             f"replayed {result.published} message events of {transcript_path.name} "
             f"({result.conversations} conversation(s)) to {names.messages}"
@@ -217,7 +224,7 @@ async def run_demo(settings: Settings, config_path: Path, transcript_path: Path)
         conversations = sorted({event.conversation_id for event in transcript.events})
         states = await _wait_idle(base, conversations, 180)
 
-        await _show_results(bootstrap, names, base, conversations, states)
+        await _show_results(bootstrap, names, base, conversations, states, security)
         return 0
     finally:
         if worker is not None and worker.poll() is None:

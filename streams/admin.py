@@ -13,6 +13,7 @@ import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from streams.kafka_security import PLAINTEXT, KafkaSecurity
 from streams.topics import TopicNames
 
 log = logging.getLogger("compactor.admin")
@@ -32,6 +33,7 @@ async def ensure_topics(
     partitions: int,
     replication_factor: int,
     settle_seconds: float = 15.0,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[str, int]:
     """Create missing topics; fail if an existing one has another partition count.
 
@@ -40,7 +42,7 @@ async def ensure_topics(
     description is retried until every topic shows some (or ``settle_seconds``).
     """
     wanted = names.all()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
     await admin.start()
     try:
         existing = set(await admin.list_topics())

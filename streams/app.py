@@ -18,6 +18,7 @@ from typing import Any
 import faust
 
 from core.settings import ConfigError, Settings
+from streams.kafka_security import kafka_security
 from streams.log_limits import limit_repeats
 from streams.metrics import Metrics
 from streams.runtime import configured_bootstrap
@@ -34,6 +35,7 @@ def create_app(settings: Settings, servers: str) -> faust.App:
     return faust.App(
         svc.app_id,
         broker=[f"kafka://{server.strip()}" for server in servers.split(",") if server.strip()],
+        broker_credentials=kafka_security(settings.kafka).faust_credentials(),
         store=svc.store,
         datadir=str(Path(svc.data_dir) / svc.app_id),
         topic_partitions=settings.kafka.partitions,

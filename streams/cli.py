@@ -25,7 +25,8 @@ from core.storage.ports import MessageStore
 from core.tokens import estimate_history_tokens
 from streams import schemas
 from streams.admin import TopicMismatchError, ensure_topics
-from streams.kafka_probe import is_reachable
+from streams.kafka_probe import broker_problem
+from streams.kafka_security import KafkaSecurity, kafka_security
 from streams.offline import OfflineCompactionError, OfflineRun, conversations_in
 from streams.replay import Progress, PublishError, publish, read_events
 from streams.runtime import configured_bootstrap, explicit_addresses
@@ -186,33 +187,40 @@ async def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
         raise CommandError(str(error)) from None
 
 
-async def _kafka(settings: Settings) -> str:
-    """The broker to use, checked first: aiokafka would retry for a while, then say less."""
+async def _kafka(settings: Settings) -> tuple[str, KafkaSecurity]:
+    """The broker to use and how, checked first (TLS handshake and SASL login included):
+    aiokafka would retry for a while, then say less."""
     bootstrap = configured_bootstrap(settings)
     if not bootstrap:
         raise ConfigError(
             "no Kafka configured: set KAFKA_BOOTSTRAP_SERVERS or [kafka].bootstrap_servers, "
             "or start a local one with `compactor dev up`"
         )
-    if not await asyncio.to_thread(is_reachable, bootstrap, 3.0):
+    security = kafka_security(settings.kafka)
+    problem = await asyncio.to_thread(broker_problem, bootstrap, 3.0, security)
+    if problem is not None:
         raise CommandError(
-            f"Kafka at {bootstrap} does not answer (is it running? `compactor dev status`)"
+            f"Kafka at {bootstrap} does not answer over {security.describe()}: {problem} "
+            "(is it running? `compactor dev status`)"
         )
-    return bootstrap
+    return bootstrap, security
 
 
-async def _ensure_topics(settings: Settings, bootstrap: str) -> dict[str, int]:
+async def _ensure_topics(
+    settings: Settings, bootstrap: str, security: KafkaSecurity
+) -> dict[str, int]:
     return await ensure_topics(
         bootstrap,
         TopicNames.with_prefix(settings.kafka.topic_prefix),
         partitions=settings.kafka.partitions,
         replication_factor=settings.kafka.replication_factor,
+        security=security,
     )
 
 
 async def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
-    bootstrap = await _kafka(settings)
-    counts = await _ensure_topics(settings, bootstrap)
+    bootstrap, security = await _kafka(settings)
+    counts = await _ensure_topics(settings, bootstrap, security)
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
     roles = names.described()
     width = max(len(name) for name in roles)
@@ -248,8 +256,8 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     topics = TopicNames.with_prefix(settings.kafka.topic_prefix)
     if not transcript.events:
         raise CommandError(f"{path}: no valid message events, nothing published")
-    bootstrap = await _kafka(settings)
-    await _ensure_topics(settings, bootstrap)
+    bootstrap, security = await _kafka(settings)
+    await _ensure_topics(settings, bootstrap, security)
     progress = Progress(len(transcript.events), sys.stderr)
     result = await publish(
         transcript.events,
@@ -257,6 +265,7 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         topic=topics.messages,
         rate=args.rate,
         progress=progress,
+        security=security,
     )
     skipped = f", skipped {len(transcript.bad)} invalid line(s)" if transcript.bad else ""
     print(
@@ -269,7 +278,7 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
 async def cmd_tail(settings: Settings, args: argparse.Namespace) -> int:
     if args.max is not None and args.max < 1:
         raise ConfigError(f"--max must be at least 1, got {args.max}")
-    bootstrap = await _kafka(settings)
+    bootstrap, security = await _kafka(settings)
     topic = TopicNames.with_prefix(settings.kafka.topic_prefix).clip_archives
     result = await tail(
         bootstrap=bootstrap,
@@ -280,6 +289,7 @@ async def cmd_tail(settings: Settings, args: argparse.Namespace) -> int:
         idle_timeout=args.timeout,
         as_json=args.json,
         emit=lambda line: print(line, flush=True),
+        security=security,
     )
     if args.max is not None and result.printed < args.max:
         print(

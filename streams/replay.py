@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from streams.events import MessageEvent
+from streams.kafka_security import PLAINTEXT, KafkaSecurity
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ async def publish(
     topic: str,
     rate: float | None = None,
     progress: Progress | None = None,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> PublishResult:
     """Publish ``events`` in order, keyed by conversation id, and wait for every ack.
 
@@ -148,6 +150,7 @@ async def publish(
         enable_idempotence=True,
         linger_ms=5,
         client_id="compactor-replay",
+        **security.client_kwargs(),
     )
     try:
         await producer.start()

@@ -19,6 +19,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from streams.events import ClipArchiveEvent
+from streams.kafka_security import PLAINTEXT, KafkaSecurity
 
 Emit = Callable[[str], None]
 
@@ -85,6 +86,7 @@ async def tail(
     as_json: bool = False,
     emit: Emit = print,
     warn: Emit = _stderr,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> TailResult:
     """Print clip-archive events until ``max_events`` were printed or nothing new came
     for ``idle_timeout`` seconds (both optional: without them, until interrupted)."""
@@ -95,6 +97,7 @@ async def tail(
         enable_auto_commit=False,
         auto_offset_reset="earliest" if from_beginning else "latest",
         client_id="compactor-tail",
+        **security.client_kwargs(),
     )
     seen: set[str] = set()
     try:
