@@ -112,6 +112,32 @@ class KafkaSettings(_Section):
     ssl_check_hostname: bool = True
 
 
+MIN_TOKEN_CHARS = 16
+TENANT_PATTERN = r"^[A-Za-z0-9._:@-]{1,256}$"
+
+
+def check_token(token: SecretStr) -> None:
+    """A usable bearer token; the message never contains the token."""
+    value = token.get_secret_value()
+    if len(value) < MIN_TOKEN_CHARS or not value.isascii() or not value.isprintable():
+        raise ValueError(f"a token must be at least {MIN_TOKEN_CHARS} printable ASCII characters")
+    if " " in value or "," in value:
+        raise ValueError("a token must not contain spaces or commas")
+
+
+class TokenBinding(_Section):
+    """``[[service.tokens]]``: a bearer token, optionally bound to one tenant."""
+
+    token: SecretStr
+    tenant: str | None = Field(default=None, pattern=TENANT_PATTERN)
+
+    @field_validator("token")
+    @classmethod
+    def _token_length(cls, value: SecretStr) -> SecretStr:
+        check_token(value)
+        return value
+
+
 class ServiceSettings(_Section):
     app_id: str = Field(default="context-compactor", pattern=r"^[A-Za-z0-9._-]+$")
     store: Literal["rocksdb://", "memory://"] = "rocksdb://"
@@ -128,6 +154,23 @@ class ServiceSettings(_Section):
     # stall_reseeks_before_exit re-seeks that did not help the worker exits (1).
     stall_seconds: float = Field(default=30.0, gt=0)
     stall_reseeks_before_exit: int = Field(default=3, ge=1)
+    # HTTP security (docs/security.md). Tokens are secrets: SecretStr keeps
+    # them out of repr, logs and error messages.
+    api_tokens: tuple[SecretStr, ...] = ()
+    tokens: tuple[TokenBinding, ...] = ()
+    metrics_token: SecretStr | None = None
+    allow_unauthenticated: bool = False
+    allow_global_search: bool = False
+    max_query_chars: int = Field(default=1000, ge=1, le=100_000)
+    max_search_limit: int = Field(default=50, ge=1, le=100)
+
+    @field_validator("api_tokens", "metrics_token")
+    @classmethod
+    def _token_length(cls, value: Any) -> Any:
+        for token in value if isinstance(value, tuple) else (value,):
+            if token is not None:
+                check_token(token)
+        return value
 
 
 class Settings(_Section):
@@ -149,6 +192,8 @@ def _describe(error: Mapping[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         return f"{key}: unknown key (check the spelling against config.toml.example)"
     message = str(error["msg"]).removeprefix("Value error, ")
+    if any("token" in part for part in location):
+        return f"{key}: {message}"  # never echo a secret
     return f"{key} = {error.get('input')!r}: {message}"
 
 

@@ -25,6 +25,7 @@ from core.storage.ports import MessageStore
 from core.tokens import estimate_history_tokens
 from streams import schemas
 from streams.admin import TopicMismatchError, ensure_topics
+from streams.erase import EraseError
 from streams.kafka_probe import broker_problem
 from streams.kafka_security import KafkaSecurity, kafka_security
 from streams.offline import OfflineCompactionError, OfflineRun, conversations_in
@@ -300,6 +301,25 @@ async def cmd_tail(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_erase(settings: Settings, args: argparse.Namespace) -> int:
+    """Publish an EraseRequest; the worker owning the conversation applies it."""
+    from streams.erase import send_erase
+
+    bootstrap, security = await _kafka(settings)
+    topic = TopicNames.with_prefix(settings.kafka.topic_prefix).control
+    await send_erase(
+        args.conversation_id,
+        bootstrap=bootstrap,
+        topic=topic,
+        client_kwargs=security.client_kwargs(),
+    )
+    print(
+        f"erase of {args.conversation_id!r} requested on {topic}: the worker that owns it "
+        "removes its rows, its table entry, and tombstones its clip-archives (idempotent)"
+    )
+    return 0
+
+
 def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.check:
@@ -379,6 +399,7 @@ COMMANDS: dict[str, Handler] = {
     "worker": cmd_worker,
     "replay": cmd_replay,
     "tail": cmd_tail,
+    "erase": cmd_erase,
     "topics": cmd_topics,
     "schemas": cmd_schemas,
     "dev": cmd_dev,
@@ -446,6 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop when no event arrived for S seconds (exit 1 if --max was not reached)",
     )
     tail_cmd.add_argument("--json", action="store_true", help="one event JSON per line")
+    erase_help = "erase a conversation everywhere (via the control topic; idempotent)"
+    sub.add_parser("erase", help=erase_help).add_argument("conversation_id")
     sub.add_parser("topics", help="create the topics if missing and check their partitions")
     schemas_cmd = sub.add_parser("schemas", help="write the JSON Schema of every wire event")
     schemas_cmd.add_argument("--out", default=str(schemas.DEFAULT_OUT))
@@ -482,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TopicMismatchError) as error:
         print(f"compactor: {error}", file=sys.stderr)
         return 2
-    except (CommandError, PublishError, TailError) as error:
+    except (CommandError, PublishError, TailError, EraseError) as error:
         print(f"compactor: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -33,6 +33,12 @@ class MessageEvent(BaseModel):
     token_count: int | None = Field(
         default=None, ge=0, description="Provider-reported token count; preferred over the estimate"
     )
+    tenant_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._:@-]{1,256}$",
+        description="The conversation's tenant. The first message stored fixes it; a later "
+        "message claiming another (or none when it has one) is dead-lettered (tenant_mismatch)",
+    )
 
     def to_message(self) -> ConversationMessage:
         return ConversationMessage(
@@ -96,8 +102,21 @@ class ReconcileRequest(BaseModel):
     requested_at: AwareDatetime
 
 
-ControlEvent = Annotated[CompactionCompleted | ReconcileRequest, Field(discriminator="type")]
-CONTROL_EVENT: TypeAdapter[CompactionCompleted | ReconcileRequest] = TypeAdapter(ControlEvent)
+class EraseRequest(BaseModel):
+    """Erase one conversation everywhere (``compactor erase``): every table row, its
+    table entry, and a tombstone on the clip-archive topic. Idempotent."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["erase"] = "erase"
+    schema_version: Literal[1] = 1
+    conversation_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    requested_at: AwareDatetime
+
+
+AnyControl = CompactionCompleted | ReconcileRequest | EraseRequest
+ControlEvent = Annotated[AnyControl, Field(discriminator="type")]
+CONTROL_EVENT: TypeAdapter[AnyControl] = TypeAdapter(ControlEvent)
 
 
 class BatchInfo(BaseModel):

@@ -28,6 +28,9 @@ class Metrics:
             ["source", "error_type"],
             registry=r,
         )
+        self.erasures = Counter(
+            "compactor_erasures_total", "Conversations erased (erase requests applied)", registry=r
+        )
         self.commands_issued = Counter(
             "compactor_commands_issued_total", "Compaction commands sent", ["reason"], registry=r
         )

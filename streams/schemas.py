@@ -22,6 +22,7 @@ from streams.events import (
     CompactionCommand,
     CompactionCompleted,
     DeadLetterHeaders,
+    EraseRequest,
     MessageEvent,
     ReconcileRequest,
 )
@@ -34,6 +35,7 @@ WIRE_EVENTS: dict[str, tuple[type[BaseModel], Literal["validation", "serializati
     "CompactionCommand": (CompactionCommand, "serialization"),
     "CompactionCompleted": (CompactionCompleted, "serialization"),
     "ReconcileRequest": (ReconcileRequest, "serialization"),
+    "EraseRequest": (EraseRequest, "serialization"),
     "ClipArchiveEvent": (ClipArchiveEvent, "serialization"),
     "DeadLetterHeaders": (DeadLetterHeaders, "serialization"),
 }

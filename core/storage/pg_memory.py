@@ -47,12 +47,21 @@ _TERMS = """
 _ANY_TERM = "coalesce((SELECT string_agg(quote_literal(lexeme), ' | ') FROM terms), '')::tsquery"
 _ALL_TERMS = "coalesce((SELECT string_agg(quote_literal(lexeme), ' & ') FROM terms), '')::tsquery"
 
+
+def in_tenant(alias: str, param: int) -> str:
+    """The row's conversation belongs to tenant ``$param`` (or that parameter is NULL)."""
+    return (
+        f"(${param}::text IS NULL OR {alias}.conversation_id IN ("
+        f"SELECT t.conversation_id FROM conversations AS t WHERE t.tenant_id = ${param}))"
+    )
+
+
 HIT_COLUMNS = """
     m.id, m.seq, m.label, m.conversation_id, m.content, m.depth, m.start_time,
     m.end_time, m.message_count, m.superseded_by IS NOT NULL AS superseded
 """
 
-# $1 query, $2 conversation or NULL, $3 limit, $4 websearch syntax.
+# $1 query, $2 conversation or NULL, $3 limit, $4 websearch syntax, $5 tenant or NULL.
 SUMMARY_TEXT_SQL = f"""
 WITH terms AS ({_TERMS}),
 q AS (
@@ -68,6 +77,7 @@ SELECT {HIT_COLUMNS},
   FROM archival_memory AS m, q
  WHERE (m.content_tsv @@ q.strict OR m.content_tsv @@ q.loose)
    AND ($2::text IS NULL OR m.conversation_id = $2)
+   AND {in_tenant("m", 5)}
  ORDER BY all_terms DESC, strict_rank DESC, loose_rank DESC, m.seq DESC
  LIMIT $3
 """
@@ -80,6 +90,7 @@ SELECT {HIT_COLUMNS},
    AND m.embedding_model = $2
    AND vector_dims(m.embedding) = $3
    AND ($4::text IS NULL OR m.conversation_id = $4)
+   AND {in_tenant("m", 6)}
  ORDER BY distance, m.seq DESC
  LIMIT $5
 """
@@ -96,18 +107,21 @@ q AS (
 ),
 scope AS (
     SELECT count(*)::float8 AS n, coalesce(avg(length(content_tsv)), 1)::float8 AS avglen
-      FROM archived_messages WHERE ($2::text IS NULL OR conversation_id = $2)
+      FROM archived_messages AS a
+     WHERE ($2::text IS NULL OR a.conversation_id = $2) AND {in_tenant("a", 5)}
 ),
 df AS (
     SELECT terms.lexeme,
            (SELECT count(*) FROM archived_messages AS d
              WHERE d.content_tsv @@ terms.tq
-               AND ($2::text IS NULL OR d.conversation_id = $2))::float8 AS n
+               AND ($2::text IS NULL OR d.conversation_id = $2)
+               AND {in_tenant("d", 5)})::float8 AS n
       FROM terms
 ),
 hits AS (
     SELECT a.conversation_id, a.id, a.content_tsv FROM archived_messages AS a, q
      WHERE a.content_tsv @@ q.match AND ($2::text IS NULL OR a.conversation_id = $2)
+       AND {in_tenant("a", 5)}
 ),
 scored AS (
     SELECT h.conversation_id, h.id,
@@ -137,6 +151,7 @@ SELECT {_TURN_COLUMNS},
    AND a.embedding_model = $2
    AND vector_dims(a.embedding) = $3
    AND ($4::text IS NULL OR a.conversation_id = $4)
+   AND {in_tenant("a", 6)}
  ORDER BY distance, a.seq DESC
  LIMIT $5
 """

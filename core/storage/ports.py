@@ -113,9 +113,20 @@ class MemorySearchResult(BaseModel):
     query_mode: QueryMode = "plain"
 
 
+class TenantConflictError(Exception):
+    """A message claims a tenant other than its conversation's. Nothing was written."""
+
+
 class MessageStore(Protocol):
-    async def save_message(self, message: ConversationMessage, token_estimate: int) -> bool:
-        """Insert once; ``False`` when that message id was already stored."""
+    async def save_message(
+        self, message: ConversationMessage, token_estimate: int, *, tenant_id: str | None = None
+    ) -> bool:
+        """Insert once; ``False`` when that message id was already stored.
+
+        The first message of a conversation fixes its tenant (``tenant_id``, or
+        none); a later one with a different ``tenant_id`` raises
+        ``TenantConflictError`` and writes nothing.
+        """
         ...
 
     async def load_history(
@@ -160,9 +171,12 @@ class MemoryStore(Protocol):
         *,
         sources: SearchSources = "both",
         mode: QueryMode = "plain",
+        tenant_id: str | None = None,
     ) -> MemorySearchResult:
         """Batches ranked by their summaries and their archived raw turns, fused by
-        reciprocal rank; each hit carries its matching raw turns."""
+        reciprocal rank; each hit carries its matching raw turns. ``tenant_id``
+        limits the search to that tenant's conversations (with ``conversation_id``
+        too: both must hold)."""
         ...
 
     async def expand_batch(self, conversation_id: str, batch_id: str) -> ExpandedBatch | None:
@@ -213,7 +227,20 @@ class TallySource(Protocol):
         ...
 
 
-class WorkerStore(MessageStore, MemoryStore, OutboxStore, TallySource, Protocol):
+class PrivacyStore(Protocol):
+    """Tenants and erasure."""
+
+    async def conversation_tenant(self, conversation_id: str) -> str | None:
+        """The conversation's tenant; None when it has none or is unknown."""
+        ...
+
+    async def erase_conversation(self, conversation_id: str) -> dict[str, int]:
+        """Remove every row of the conversation from every table, in one transaction
+        under the conversation's lock; rows removed per table. Idempotent."""
+        ...
+
+
+class WorkerStore(MessageStore, MemoryStore, OutboxStore, TallySource, PrivacyStore, Protocol):
     """Everything the streaming worker asks of storage."""
 
     async def close(self) -> None: ...

@@ -34,6 +34,7 @@ from core.storage.ports import (
     OutboxRow,
     QueryMode,
     SearchSources,
+    TenantConflictError,
     WorkerStore,
 )
 from core.tokens import estimate_message_tokens
@@ -53,6 +54,33 @@ CONVERSATION_LOCK_CLASS = int.from_bytes(b"ccmp", "big")
 
 # pgvector's limit for the ``vector`` type.
 _MAX_VECTOR_DIMS = 16_000
+
+# Every table holding a conversation's rows, children first; erase_conversation
+# empties them (tests/integration/test_erase.py checks this list against every
+# table with a conversation_id column).
+ERASED_TABLES = (
+    "outbox",
+    "compactions",
+    "archived_messages",
+    "archival_memory",
+    "messages",
+    "conversations",
+)
+
+# The conversation's tenant: the existing row's, or the claimed one when this
+# message is the first (the insert and the read see one snapshot, so exactly
+# one of the two selects returns a row).
+_CLAIM_TENANT_SQL = """
+WITH claimed AS (
+    INSERT INTO conversations (conversation_id, tenant_id) VALUES ($1, $2)
+    ON CONFLICT (conversation_id) DO NOTHING
+    RETURNING tenant_id
+)
+SELECT tenant_id FROM claimed
+UNION ALL
+SELECT tenant_id FROM conversations WHERE conversation_id = $1
+LIMIT 1
+"""
 
 # Archived raw turns removed per conversation and per call of expire_raw_turns.
 EXPIRE_BATCH = 1000
@@ -140,7 +168,9 @@ class PostgresStore:
 
     # -- MessageStore --------------------------------------------------------
 
-    async def save_message(self, message: ConversationMessage, token_estimate: int) -> bool:
+    async def save_message(
+        self, message: ConversationMessage, token_estimate: int, *, tenant_id: str | None = None
+    ) -> bool:
         """Insert once: ``False`` when the id is stored, or was and has been compacted.
 
         A message that a compaction already summarised and deleted must not
@@ -151,6 +181,9 @@ class PostgresStore:
         record of what was compacted. The check runs under the conversation's
         advisory lock, the one ``apply_compaction`` holds while it deletes,
         so a redelivery racing a compaction sees either the row or its batch.
+
+        The first message of a conversation fixes its tenant; one claiming
+        another raises ``TenantConflictError`` and nothing is written.
         """
         if token_estimate < 0:
             raise ValueError("token_estimate must be >= 0")
@@ -160,6 +193,12 @@ class PostgresStore:
                 CONVERSATION_LOCK_CLASS,
                 message.conversation_id,
             )
+            owner = await conn.fetchrow(_CLAIM_TENANT_SQL, message.conversation_id, tenant_id)
+            if owner is None or owner["tenant_id"] != tenant_id:
+                raise TenantConflictError(
+                    f"conversation {message.conversation_id[:80]!r} belongs to another tenant "
+                    f"than the one message {message.id[:80]!r} claims ({tenant_id!r})"
+                )
             inserted = await conn.fetchval(
                 """
                 INSERT INTO messages (id, conversation_id, role, content, tool_calls,
@@ -271,10 +310,13 @@ class PostgresStore:
                 records = list(outbox(plan, stats))
                 await conn.executemany(
                     """
-                    INSERT INTO outbox (compaction_id, topic, key, payload)
-                    VALUES ($1, $2, $3, $4)
+                    INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id)
+                    VALUES ($1, $2, $3, $4, $5)
                     """,
-                    [(plan.compaction_id, r.topic, r.key, r.payload) for r in records],
+                    [
+                        (plan.compaction_id, r.topic, r.key, r.payload, plan.conversation_id)
+                        for r in records
+                    ],
                 )
         return ApplyResult(outcome="applied", stats=stats)
 
@@ -343,6 +385,7 @@ class PostgresStore:
         *,
         sources: SearchSources = "both",
         mode: QueryMode = "plain",
+        tenant_id: str | None = None,
     ) -> MemorySearchResult:
         """Batches ranked by summary and raw turns (see ``core.storage.pg_memory``)."""
         text = query.strip()
@@ -357,18 +400,18 @@ class PostgresStore:
         turns: dict[str, pg_memory.Ranked] = {}
         if sources != "raw":
             text_rows = await self._pool.fetch(
-                pg_memory.SUMMARY_TEXT_SQL, text, conversation_id, per_half, websearch
+                pg_memory.SUMMARY_TEXT_SQL, text, conversation_id, per_half, websearch, tenant_id
             )
             vector_rows = await self._vector_rows(
-                pg_memory.SUMMARY_VECTOR_SQL, query_vector, conversation_id, per_half
+                pg_memory.SUMMARY_VECTOR_SQL, query_vector, conversation_id, per_half, tenant_id
             )
             summaries = pg_memory.fuse(text_rows, vector_rows, "id")
         if sources != "summaries":
             text_rows = await self._pool.fetch(
-                pg_memory.RAW_TEXT_SQL, text, conversation_id, per_half, websearch
+                pg_memory.RAW_TEXT_SQL, text, conversation_id, per_half, websearch, tenant_id
             )
             vector_rows = await self._vector_rows(
-                pg_memory.RAW_VECTOR_SQL, query_vector, conversation_id, per_half
+                pg_memory.RAW_VECTOR_SQL, query_vector, conversation_id, per_half, tenant_id
             )
             turns = pg_memory.fuse(text_rows, vector_rows, "id")
         missing = pg_memory.missing_batch_ids(summaries, turns)
@@ -382,12 +425,17 @@ class PostgresStore:
         )
 
     async def _vector_rows(
-        self, sql: str, vector: list[float] | None, conversation_id: str | None, limit: int
+        self,
+        sql: str,
+        vector: list[float] | None,
+        conversation_id: str | None,
+        limit: int,
+        tenant_id: str | None,
     ) -> list[Any]:
         if vector is None or self._embedder is None:
             return []
         rows = await self._pool.fetch(
-            sql, vector, self._embedder.model, len(vector), conversation_id, limit
+            sql, vector, self._embedder.model, len(vector), conversation_id, limit, tenant_id
         )
         return pg_memory.usable(rows)
 
@@ -458,6 +506,33 @@ class PostgresStore:
                 EXPIRE_BATCH,
             )
         return len(rows)
+
+    # -- PrivacyStore ----------------------------------------------------------
+
+    async def conversation_tenant(self, conversation_id: str) -> str | None:
+        value = await self._pool.fetchval(
+            "SELECT tenant_id FROM conversations WHERE conversation_id = $1", conversation_id
+        )
+        return None if value is None else str(value)
+
+    async def erase_conversation(self, conversation_id: str) -> dict[str, int]:
+        """Delete the conversation from every table in ``ERASED_TABLES``, in one
+        transaction under its advisory lock (a compaction racing it either
+        committed before, and is erased too, or finds its messages gone and
+        writes nothing)."""
+        removed: dict[str, int] = {}
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                CONVERSATION_LOCK_CLASS,
+                conversation_id,
+            )
+            for table in ERASED_TABLES:
+                status = await conn.execute(
+                    f"DELETE FROM {table} WHERE conversation_id = $1", conversation_id
+                )
+                removed[table] = int(status.rsplit(" ", 1)[-1])
+        return removed
 
     # -- for the service -----------------------------------------------------
 

@@ -33,8 +33,9 @@ from core.accounting import (
     resynced,
 )
 from core.budget import BudgetConfig
+from core.storage.ports import TenantConflictError
 from core.tokens import estimate_message_tokens
-from streams.events import CompactionCommand, CompactionCompleted, MessageEvent
+from streams.events import CompactionCommand, CompactionCompleted, EraseRequest, MessageEvent
 from streams.metrics import Metrics
 from streams.topics import TopicNames
 from streams.worker.dead_letters import DeadLetters
@@ -169,7 +170,12 @@ class Accounting:
         parsed = decode_message(record, self._rules.max_content_chars)
         store = await self._resources.store()
         tokens = message_tokens(parsed)
-        inserted = await store.save_message(parsed.to_message(), tokens)
+        try:
+            inserted = await store.save_message(
+                parsed.to_message(), tokens, tenant_id=parsed.tenant_id
+            )
+        except TenantConflictError as error:
+            raise InvalidRecord(str(error), "tenant_mismatch") from None
         conversation_id = parsed.conversation_id
         tally = self._table.get(conversation_id)
         now = self._clock()
@@ -189,11 +195,16 @@ class Accounting:
     async def on_control(self, record: Record) -> None:
         control = decode_control(record)
         conversation_id = control.conversation_id
+        if isinstance(control, EraseRequest):
+            await self.erase(conversation_id, "erase request")
+            return
         tally = self._table.get(conversation_id)
         store = await self._resources.store()
         now = self._clock()
         budget = self._rules.budget
         if isinstance(control, CompactionCompleted):
+            if tally is None and await self._erased_meanwhile(control):
+                return
             if tally is None:
                 tally = rebuilt(conversation_id, *await store.conversation_totals(conversation_id))
             totals = None
@@ -211,6 +222,35 @@ class Accounting:
         self._table.put(tally)
         if issue:
             await self._send_command(tally, reason)
+
+    async def erase(self, conversation_id: str, why: str) -> None:
+        """Every row in the store, the table entry (a changelog tombstone), then a
+        tombstone on the clip-archive topic so log-compacted copies forget it.
+        Each step is idempotent: a retried record repeats them harmlessly."""
+        store = await self._resources.store()
+        removed = await store.erase_conversation(conversation_id)
+        self._table.delete(conversation_id)
+        await self._publisher.publish("clip_archives", conversation_id.encode(), None)
+        self._metrics.erasures.inc()
+        log.info(
+            "erased conversation %s (%s): %s",
+            conversation_id,
+            why,
+            ", ".join(f"{table} {count}" for table, count in removed.items()),
+        )
+
+    async def _erased_meanwhile(self, control: CompactionCompleted) -> bool:
+        """A completion with no table entry whose compaction the store does not know:
+        the conversation was erased after that compaction committed, and its
+        clip-archive may have reached the topic after the erase's tombstone, so
+        the tombstone is sent again (the clip-archive precedes its completion)."""
+        if control.status != "compacted":
+            return False
+        store = await self._resources.store()
+        if await store.compaction_applied(control.compaction_id):
+            return False
+        await self.erase(control.conversation_id, "completion after an erase")
+        return True
 
     async def _send_command(self, tally: ConversationTally, reason: str) -> None:
         assert tally.outstanding is not None

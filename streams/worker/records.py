@@ -15,10 +15,9 @@ from pydantic import ValidationError
 
 from streams.events import (
     CONTROL_EVENT,
+    AnyControl,
     CompactionCommand,
-    CompactionCompleted,
     MessageEvent,
-    ReconcileRequest,
 )
 
 
@@ -96,7 +95,7 @@ def decode_message(record: Record, max_content_chars: int) -> MessageEvent:
     return parsed
 
 
-def decode_control(record: Record) -> CompactionCompleted | ReconcileRequest:
+def decode_control(record: Record) -> AnyControl:
     key = decode_key(record)
     try:
         control = CONTROL_EVENT.validate_json(record.value or b"")

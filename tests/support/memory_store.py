@@ -29,6 +29,7 @@ from core.storage.ports import (
     OutboxRow,
     QueryMode,
     SearchSources,
+    TenantConflictError,
     TurnHit,
     WorkerStore,
 )
@@ -70,6 +71,7 @@ class InMemoryStore:
     messages: dict[str, _Row] = field(default_factory=dict)
     batches: dict[str, StoredBatch] = field(default_factory=dict)
     compactions: set[str] = field(default_factory=set)
+    compaction_owner: dict[str, str] = field(default_factory=dict)  # compaction → conversation
     outbox: list[_Outbox] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     fail_next: dict[str, Exception] = field(default_factory=dict)
@@ -77,6 +79,7 @@ class InMemoryStore:
     closed: bool = False
     archived: dict[str, _Archived] = field(default_factory=dict)
     raw_retention_days: int = 0
+    tenants: dict[str, str | None] = field(default_factory=dict)  # the conversations table
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -96,10 +99,15 @@ class InMemoryStore:
 
     # -- MessageStore ---------------------------------------------------------
 
-    async def save_message(self, message: ConversationMessage, token_estimate: int) -> bool:
+    async def save_message(
+        self, message: ConversationMessage, token_estimate: int, *, tenant_id: str | None = None
+    ) -> bool:
         self._call("save_message")
         if token_estimate < 0:
             raise ValueError("token_estimate must be >= 0")
+        owner = self.tenants.setdefault(message.conversation_id, tenant_id)
+        if owner != tenant_id:
+            raise TenantConflictError(f"{message.conversation_id} belongs to another tenant")
         compacted = any(
             message.id in b.batch.source_message_ids
             for b in self.batches.values()
@@ -163,6 +171,7 @@ class InMemoryStore:
         added = estimate_message_tokens(plan.clip_archive)
         self.messages[plan.clip_archive.id] = _Row(plan.clip_archive, added, next(self._seq))
         self.compactions.add(plan.compaction_id)
+        self.compaction_owner[plan.compaction_id] = plan.conversation_id
         stats = AppliedStats(tokens_removed=removed, tokens_added=added)
         for record in outbox(plan, stats) if outbox is not None else ():
             row = OutboxRow(
@@ -197,22 +206,28 @@ class InMemoryStore:
         *,
         sources: SearchSources = "both",
         mode: QueryMode = "plain",
+        tenant_id: str | None = None,
     ) -> MemorySearchResult:
         self._call("memory_read")
         terms = _terms(query)
         if not query.strip():
             raise ValueError("memory_read needs a non-empty query")
+
+        def outside(cid: str) -> bool:
+            wrong_tenant = tenant_id is not None and self.tenants.get(cid) != tenant_id
+            return wrong_tenant or conversation_id not in (None, cid)
+
         scores: dict[str, float] = {}
         turns: dict[str, list[tuple[int, ConversationMessage]]] = {}
         for stored in self.batches.values():
-            if conversation_id is not None and stored.conversation_id != conversation_id:
+            if outside(stored.conversation_id):
                 continue
             overlap = len(terms & _terms(stored.batch.content)) if sources != "raw" else 0
             if overlap:
                 scores[stored.id] = overlap
         for entry in self.archived.values() if sources != "summaries" else ():
             message = entry.message
-            if conversation_id is not None and message.conversation_id != conversation_id:
+            if outside(message.conversation_id):
                 continue
             overlap = len(terms & _terms(message.content))
             if overlap and entry.batch_id is not None:
@@ -278,6 +293,44 @@ class InMemoryStore:
         for message_id in expired:
             del self.archived[message_id]
         return len(expired)
+
+    # -- PrivacyStore -------------------------------------------------------------
+
+    async def conversation_tenant(self, conversation_id: str) -> str | None:
+        self._call("conversation_tenant")
+        return self.tenants.get(conversation_id)
+
+    async def erase_conversation(self, conversation_id: str) -> dict[str, int]:
+        self._call("erase_conversation")
+
+        def mine(message: ConversationMessage) -> bool:
+            return message.conversation_id == conversation_id
+
+        messages = [i for i, row in self.messages.items() if mine(row.message)]
+        archived = [i for i, entry in self.archived.items() if mine(entry.message)]
+        batches = [i for i, b in self.batches.items() if b.conversation_id == conversation_id]
+        owned = {c for c, owner in self.compaction_owner.items() if owner == conversation_id}
+        outbox = [o for o in self.outbox if o.row.key == conversation_id]
+        for i in messages:
+            del self.messages[i]
+        for i in archived:
+            del self.archived[i]
+        for i in batches:
+            del self.batches[i]
+        for c in owned:
+            self.compactions.discard(c)
+            del self.compaction_owner[c]
+        self.outbox = [o for o in self.outbox if o.row.key != conversation_id]
+        known = conversation_id in self.tenants
+        self.tenants.pop(conversation_id, None)
+        return {
+            "outbox": len(outbox),
+            "compactions": len(owned),
+            "archived_messages": len(archived),
+            "archival_memory": len(batches),
+            "messages": len(messages),
+            "conversations": int(known),
+        }
 
     # -- OutboxStore ------------------------------------------------------------
 

@@ -31,6 +31,7 @@ def test_every_wire_event_has_a_schema_and_a_section_in_the_readme() -> None:
         "CompactionCommand",
         "CompactionCompleted",
         "ReconcileRequest",
+        "EraseRequest",
         "ClipArchiveEvent",
         "DeadLetterHeaders",
     }

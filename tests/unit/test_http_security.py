@@ -1,0 +1,374 @@
+"""HTTP security against in-memory ports: tokens, tenants, bounded inputs, fuzz.
+
+The worker's real views (``streams.web.register_views``) on a Faust app that is
+never started, served by aiohttp's test server: the guard middleware, the
+tenant checks and the input bounds run exactly as in a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import faust
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from faust.exceptions import SameNode
+
+from core.compactor import create_compactor
+from core.model.extractive import ExtractiveProvider
+from core.settings import ConfigError, ResolvedModel, Settings, parse_settings
+from streams.auth import AuthPolicy, Principal, check_exposure, env_tokens
+from streams.events import MessageEvent
+from streams.web import Forbidden, register_views, search_request
+from streams.worker import Components, assemble
+from streams.worker.records import Record
+from streams.worker.resources import Opened
+from tests.support.builders import T0
+from tests.support.memory_store import InMemoryStore, RecordingPublisher
+
+pytestmark = pytest.mark.unit
+
+ADMIN = "admin-token-0123456789abcdef"
+ACME = "acme-token-0123456789abcdef"
+GLOBEX = "globex-token-0123456789abcdef"
+METRICS = "metrics-token-0123456789abcdef"
+
+
+def settings(**service: Any) -> Settings:
+    return parse_settings(
+        {
+            "budget": {"context_budget": 0.5, "model_max_tokens": 400},
+            "kafka": {"topic_prefix": "t."},
+            "summarization": {"keep_recent": 2, "chunk_size": 4, "retry_backoff_seconds": 0},
+            "service": {"command_timeout_seconds": 60, **service},
+        }
+    )
+
+
+SECURED = {
+    "api_tokens": [ADMIN],
+    "tokens": [{"token": ACME, "tenant": "acme"}, {"token": GLOBEX, "tenant": "globex"}],
+}
+
+
+class Resources:
+    def __init__(self, store: InMemoryStore) -> None:
+        self._store = store
+        self.resolved_model = ResolvedModel(kind="extractive", model="x", reason="test")
+
+    async def store(self) -> InMemoryStore:
+        return self._store
+
+
+class Site:
+    def __init__(self, config: Settings) -> None:
+        self.store = InMemoryStore()
+        compactor = create_compactor(
+            model=ExtractiveProvider(),
+            messages_store=self.store,
+            memory_store=self.store,
+            config=config.summarization.compaction(),
+            model_name="test",
+        )
+
+        async def ack(_: int) -> None:
+            return None
+
+        self.components: Components[int] = assemble(
+            config,
+            table={},
+            publisher=RecordingPublisher(),
+            resources=Opened(self.store, compactor),
+            ack=ack,
+        )
+        self.app = faust.App(f"web-test-{id(self)}", broker="kafka://127.0.0.1:1", web_port=6999)
+
+        async def same_node(*args: Any, **kwargs: Any) -> Any:
+            raise SameNode()
+
+        self.app.router.route_topic_req = same_node  # type: ignore[method-assign]
+        register_views(self.app, config, self.components, Resources(self.store))
+        self.offset = 0
+
+    async def message(
+        self, conversation: str, index: int, content: str, tenant: str | None
+    ) -> None:
+        event = MessageEvent(
+            message_id=f"{conversation}-m{index:04d}",
+            conversation_id=conversation,
+            role="user" if index % 2 == 0 else "assistant",
+            content=content,
+            created_at=T0 + timedelta(seconds=index),
+            tenant_id=tenant,
+        )
+        self.offset += 1
+        record = Record(
+            "t.messages", 0, self.offset, conversation.encode(), event.model_dump_json().encode()
+        )
+        await self.components.accounting.handle(record)
+
+
+async def compacted_site(config: Settings) -> Site:
+    """Two tenants, two conversations each, compacted so that memory has batches."""
+    site = Site(config)
+    for tenant in ("acme", "globex"):
+        for n in range(2):
+            conversation = f"{tenant}-c{n}"
+            for i in range(40):
+                words = " ".join(f"{tenant}secret{i} word{j}." for j in range(12))
+                await site.message(conversation, i, words, tenant)
+    for command in [
+        p
+        for p in site.components.accounting._publisher.sent  # type: ignore[attr-defined]
+        if p.topic == "commands"
+    ]:
+        from streams.events import CompactionCommand
+
+        parsed = CompactionCommand.model_validate_json(command.value or b"")
+        await site.components.processor.compact(parsed)
+    return site
+
+
+@pytest.fixture
+async def secured() -> AsyncIterator[tuple[Site, TestClient[Any, Any]]]:
+    site = await compacted_site(settings(**SECURED, metrics_token=METRICS))
+    async with TestClient(TestServer(site.app.web.web_app)) as client:  # type: ignore[attr-defined]
+        yield site, client
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+# -- tokens --------------------------------------------------------------------------
+
+
+def test_no_tokens_lets_everyone_in_and_any_token_in_when_configured() -> None:
+    assert AuthPolicy.of(settings().service, {}).authenticate(None) == Principal(None)
+    policy = AuthPolicy.of(settings(**SECURED).service, {})
+    assert policy.authenticate(None) is None
+    assert policy.authenticate("Bearer nope-nope-nope-nope-nope") is None
+    assert policy.authenticate(f"Basic {ADMIN}") is None
+    assert policy.authenticate("Bearer " + "x" * 5000) is None
+    assert policy.authenticate("Bearer ünïcödé-token-value-xx") is None
+    assert policy.authenticate(f"Bearer {ADMIN}") == Principal(None)
+    assert policy.authenticate(f"bearer  {ACME} ") == Principal("acme")
+
+
+def test_tokens_from_the_environment_are_added_and_a_bad_one_is_not_echoed() -> None:
+    env = {"COMPACTOR_API_TOKENS": f" {GLOBEX}, second-token-0123456789 ,"}
+    policy = AuthPolicy.of(settings().service, env)
+    assert policy.enabled
+    assert policy.authenticate("Bearer second-token-0123456789") == Principal(None)
+    with pytest.raises(ConfigError) as error:
+        env_tokens({"COMPACTOR_API_TOKENS": "tiny-secret"})
+    assert "tiny-secret" not in str(error.value)
+
+
+def test_a_bad_token_in_the_config_is_refused_without_echoing_it() -> None:
+    with pytest.raises(ConfigError) as error:
+        settings(api_tokens=["short-secret"])
+    assert "short-secret" not in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        settings(tokens=[{"token": "short-secret2", "tenant": "acme"}])
+    assert "short-secret2" not in str(error.value)
+
+
+def test_secrets_are_not_in_the_repr_of_settings() -> None:
+    config = settings(**SECURED, metrics_token=METRICS)
+    text = repr(config) + str(config) + repr(config.service)
+    for secret in (ADMIN, ACME, GLOBEX, METRICS):
+        assert secret not in text
+
+
+def test_no_token_and_a_public_address_is_refused_unless_allowed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for host in ("0.0.0.0", "", "10.1.2.3", "worker.example"):
+        config = settings(web_host=host).service
+        with pytest.raises(ConfigError, match="allow_unauthenticated"):
+            check_exposure(config, AuthPolicy.of(config, {}))
+    allowed = settings(web_host="0.0.0.0", allow_unauthenticated=True).service
+    with caplog.at_level(logging.WARNING, logger="compactor.auth"):
+        check_exposure(allowed, AuthPolicy.of(allowed, {}))
+        loopback = settings(web_host="127.0.0.1").service
+        check_exposure(loopback, AuthPolicy.of(loopback, {}))
+        for host in ("::1", "localhost"):
+            check_exposure(settings(web_host=host).service, AuthPolicy.of(loopback, {}))
+    assert sum("UNAUTHENTICATED" in r.getMessage() for r in caplog.records) == 4
+    public = settings(web_host="0.0.0.0", **SECURED).service
+    check_exposure(public, AuthPolicy.of(public, {}))  # tokens: fine
+
+
+def test_search_needs_a_scope_and_a_tenant_token_is_held_to_its_tenant() -> None:
+    service = settings().service
+    with pytest.raises(ValueError, match="allow_global_search"):
+        search_request({"q": "x"}, Principal(None), service)
+    assert search_request({"q": "x", "tenant_id": "a"}, Principal(None), service).tenant_id == "a"
+    glob = settings(allow_global_search=True).service
+    assert search_request({"q": "x"}, Principal(None), glob).tenant_id is None
+    assert search_request({"q": "x"}, Principal("acme"), glob).tenant_id == "acme"
+    with pytest.raises(Forbidden):
+        search_request({"q": "x", "tenant_id": "globex"}, Principal("acme"), service)
+    for bad in ({"q": "x" * 1001}, {"q": "x", "limit": "51"}, {"q": "x", "limit": "0"}):
+        with pytest.raises(ValueError):
+            search_request({"tenant_id": "a", **bad}, Principal(None), service)
+
+
+# -- the views -------------------------------------------------------------------------
+
+VIEWS = (
+    "/conversations/{c}",
+    "/conversations/{c}/history",
+    "/conversations/{c}/batches/{b}",
+)
+
+
+async def test_every_view_but_operations_needs_a_token(
+    secured: tuple[Site, TestClient[Any, Any]],
+) -> None:
+    site, client = secured
+    batch = next(iter(site.store.batches.values()))
+    paths = [v.format(c=batch.conversation_id, b=batch.id) for v in VIEWS]
+    paths += ["/memory/search?q=word&tenant_id=acme", "/nowhere", "/table/conversations"]
+    for path in paths:
+        for headers in ({}, bearer("wrong-token-0123456789abc"), {"Authorization": ADMIN}):
+            response = await client.get(path, headers=headers)
+            assert response.status == 401, path
+            body = await response.json()
+            assert body == {"error": "unauthorized: a valid bearer token is required"}
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    for path in paths[:4]:
+        response = await client.get(path, headers=bearer(ADMIN))
+        assert response.status == 200, (path, await response.text())
+    for path in ("/healthz", "/metrics"):
+        assert (await client.get(path)).status == 401
+        assert (await client.get(path, headers=bearer(ADMIN))).status == 401
+        assert (await client.get(path, headers=bearer(METRICS))).status == 200
+    assert (await client.get("/healthz", headers=bearer(METRICS))).status == 200
+    body = await (await client.get("/healthz", headers=bearer(METRICS))).text()
+    for secret in (ADMIN, ACME, GLOBEX, METRICS):
+        assert secret not in body
+
+
+async def test_a_tenant_token_never_sees_another_tenants_data(
+    secured: tuple[Site, TestClient[Any, Any]],
+) -> None:
+    site, client = secured
+    for mine, theirs, token in (("acme", "globex", ACME), ("globex", "acme", GLOBEX)):
+        own = [b for b in site.store.batches.values() if b.conversation_id.startswith(mine)]
+        other = [b for b in site.store.batches.values() if b.conversation_id.startswith(theirs)]
+        assert own and other
+        for batch in other:
+            for view in VIEWS:
+                path = view.format(c=batch.conversation_id, b=batch.id)
+                response = await client.get(path, headers=bearer(token))
+                assert response.status == 403, path
+                assert theirs not in await response.text()
+        for view in VIEWS:  # unknown conversations: 403 too, nothing to tell apart
+            response = await client.get(view.format(c="nobody", b="x"), headers=bearer(token))
+            assert response.status == 403
+        for batch in own:
+            for view in VIEWS:
+                path = view.format(c=batch.conversation_id, b=batch.id)
+                assert (await client.get(path, headers=bearer(token))).status == 200, path
+        searches: list[dict[str, str]] = [
+            {"q": f"{theirs}secret1 {mine}secret1 word1"},
+            {"q": f"{theirs}secret1", "tenant_id": mine},
+        ]
+        for params in searches:
+            response = await client.get("/memory/search", params=params, headers=bearer(token))
+            assert response.status == 200
+            text = await response.text()
+            assert theirs not in text
+            hits = (await response.json())["hits"]
+            assert all(h["conversation_id"].startswith(mine) for h in hits)
+        hits = (
+            await (
+                await client.get(
+                    "/memory/search", params={"q": f"{mine}secret1"}, headers=bearer(token)
+                )
+            ).json()
+        )["hits"]
+        assert hits, "a tenant token finds its own memory"
+        for params in (
+            {"q": "word1", "tenant_id": theirs},
+            {"q": "word1", "conversation_id": other[0].conversation_id},
+        ):
+            response = await client.get("/memory/search", params=params, headers=bearer(token))
+            assert response.status == 403
+        for path in ("/table/conversations", "/router", "/"):
+            assert (await client.get(path, headers=bearer(token))).status == 403
+
+
+async def test_admin_search_across_everything_needs_allow_global_search(
+    secured: tuple[Site, TestClient[Any, Any]],
+) -> None:
+    _, client = secured
+    response = await client.get("/memory/search", params={"q": "word1"}, headers=bearer(ADMIN))
+    assert response.status == 400
+    assert "allow_global_search" in (await response.json())["error"]
+
+
+async def test_request_bodies_are_refused(secured: tuple[Site, TestClient[Any, Any]]) -> None:
+    _, client = secured
+    response = await client.get("/healthz", data=b"x" * 100, headers=bearer(METRICS))
+    assert response.status == 413
+    response = await client.post("/memory/search", data=b"{}", headers=bearer(ADMIN))
+    assert response.status in (405, 413)
+
+
+def _fuzz_values(rng: random.Random) -> list[str]:
+    pieces = [
+        "",
+        "x" * 300,
+        "y" * 20_000,
+        "%00",
+        "%ff%fe",
+        "%ed%a0%80",
+        "ü😀\u202e",
+        "../../etc/passwd",
+        "' OR 1=1 --",
+        "a:b & !c | (d",
+        "-1",
+        "99999999999999999999",
+        "1e3",
+        "NaN",
+    ]
+    random_bytes = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
+    pieces.append("".join(f"%{b:02x}" for b in random_bytes))
+    pieces.append("".join(chr(rng.randrange(0x20, 0x3000)) for _ in range(rng.randrange(1, 60))))
+    return pieces
+
+
+async def test_fuzzed_requests_never_get_a_server_error(
+    secured: tuple[Site, TestClient[Any, Any]],
+) -> None:
+    _, client = secured
+    rng = random.Random(10)
+    from urllib.parse import quote
+
+    seen: set[int] = set()
+    for _ in range(40):
+        values = _fuzz_values(rng)
+        a, b = rng.choice(values), rng.choice(values)
+        safe_a = a if "%" in a else quote(a, safe="")
+        safe_b = b if "%" in b else quote(b, safe="")
+        paths = [v.format(c=safe_a, b=safe_b) for v in VIEWS]
+        query = "&".join(
+            f"{name}={rng.choice(values) if '%' in rng.choice(values) else quote(rng.choice(values))}"
+            for name in rng.sample(
+                ["q", "limit", "sources", "mode", "conversation_id", "tenant_id"], 4
+            )
+        )
+        paths.append(f"/memory/search?{query}")
+        for path in paths:
+            for token in (ADMIN, ACME):
+                response = await client.get(path, headers=bearer(token))
+                seen.add(response.status)
+                assert response.status < 500, (path, response.status, await response.text())
+    assert 400 in seen and 403 in seen
