@@ -129,8 +129,10 @@ class WorkerProcess:
         dsn: str,
         config: Mapping[str, Mapping[str, Any]],
         env: Mapping[str, str] | None = None,
+        extra_toml: str = "",
     ) -> None:
         self.name = name
+        self.extra_toml = extra_toml  # appended to config.toml (e.g. [[service.tokens]])
         self.root = root / name
         self.root.mkdir(parents=True, exist_ok=True)
         self.web_port = free_port()
@@ -147,6 +149,10 @@ class WorkerProcess:
             },
         )
         self.extra_env = dict(env or {})
+        # Bearer tokens the harness sends: ``token`` to the data views,
+        # ``operations_token`` to /healthz and /metrics ([service].metrics_token).
+        self.token: str | None = None
+        self.operations_token: str | None = None
         self.config_path = self.root / "config.toml"
         self.log_path = self.root / "worker.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -156,7 +162,7 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         if self.process is not None:
             raise RuntimeError(f"worker {self.name} already started")
-        self.config_path.write_text(render_toml(self.config), encoding="utf-8")
+        self.config_path.write_text(render_toml(self.config) + self.extra_toml, encoding="utf-8")
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
         env.update(
             {
@@ -241,12 +247,21 @@ class WorkerProcess:
         return f"http://127.0.0.1:{self.web_port}"
 
     async def get(
-        self, path: str, params: Mapping[str, str] | None = None, timeout: float = 10.0
+        self,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        *,
+        token: str | None = None,
     ) -> tuple[int, Any]:
-        """GET a view; (status, parsed JSON or text)."""
+        """GET a view; (status, parsed JSON or text). ``token`` overrides the worker's."""
+        if token is None:
+            operations = path in ("/healthz", "/metrics")
+            token = self.operations_token if operations else self.token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
-            session.get(self.url + path, params=params) as response,
+            session.get(self.url + path, params=params, headers=headers) as response,
         ):
             if response.content_type == "application/json":
                 return response.status, await response.json()
