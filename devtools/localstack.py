@@ -29,11 +29,14 @@ import base64
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -42,12 +45,17 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from pydantic import SecretStr
+
+from devtools.tls import CertificateAuthority, Issued, issue, make_ca
 from streams.kafka_probe import LOOPBACK, probe_brokers
+from streams.kafka_security import PLAINTEXT, KafkaSecurity
 from streams.stack_state import pid_alive
 
 #: The checkout this module runs from (``docker-compose.yml`` lives there);
@@ -261,6 +269,139 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+# --------------------------------------------------------------------------- secure broker
+
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+INTER_BROKER_MECHANISM = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True)
+class SecureBroker:
+    """What makes a local broker a secure one: a generated CA, the broker's certificate
+    (``localhost`` and ``127.0.0.1``), a client certificate, and SCRAM users.
+
+    The broker then listens with SASL_SSL (PLAIN, SCRAM-SHA-256 and -512; the
+    client ``username`` has SCRAM credentials for both and a PLAIN password,
+    the same one) and with SSL requiring a client certificate signed by the
+    CA; brokers talk to each other over SASL_SSL as ``admin``. Everything
+    lives in ``directory`` (``users.json`` holds the passwords, mode 0600) and
+    is reused when it exists, since the formatted storage keeps the users.
+    """
+
+    directory: Path
+    ca: CertificateAuthority
+    server: Issued
+    client: Issued
+    username: str
+    password: str
+    admin_password: str
+
+    @classmethod
+    def create(cls, directory: Path, username: str = "compactor") -> SecureBroker:
+        directory = directory.resolve()
+        users = directory / "users.json"
+        if users.exists():
+            saved = json.loads(users.read_text())
+            ca = CertificateAuthority(directory / "ca.pem", directory / "ca.key")
+            server, client = (
+                Issued(
+                    directory / f"{n}.pem", directory / f"{n}.key", directory / f"{n}-bundle.pem"
+                )
+                for n in ("broker", "client")
+            )
+            return cls(directory, ca, server, client, **saved)
+        ca = make_ca(directory, "ca")
+        server = issue(ca, directory, "broker")
+        client = issue(ca, directory, "client", dns=(), ips=())
+        made = cls(
+            directory, ca, server, client, username, secrets.token_hex(16), secrets.token_hex(16)
+        )
+        users.touch(mode=0o600)
+        users.write_text(
+            json.dumps(
+                {
+                    "username": username,
+                    "password": made.password,
+                    "admin_password": made.admin_password,
+                }
+            )
+        )
+        return made
+
+    def context(self, *, client_certificate: bool = False) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca.cert))
+        if client_certificate:
+            context.load_cert_chain(str(self.client.cert), str(self.client.key))
+        return context
+
+    def client_security(
+        self, mechanism: str = "SCRAM-SHA-512", *, password: str | None = None
+    ) -> KafkaSecurity:
+        """How a client of the SASL_SSL listener connects (``password`` overrides, for tests)."""
+        return KafkaSecurity(
+            "SASL_SSL",
+            self.context(),
+            mechanism,
+            self.username,
+            SecretStr(password if password is not None else self.password),
+        )
+
+    def admin_security(self) -> KafkaSecurity:
+        return KafkaSecurity(
+            "SASL_SSL",
+            self.context(),
+            INTER_BROKER_MECHANISM,
+            "admin",
+            SecretStr(self.admin_password),
+        )
+
+    def format_args(self) -> list[str]:
+        """``kafka-storage format --add-scram``: KRaft keeps SCRAM users in its metadata."""
+        args = [f"--add-scram={INTER_BROKER_MECHANISM}=[name=admin,password={self.admin_password}]"]
+        for mechanism in SCRAM_MECHANISMS:
+            args.append(f"--add-scram={mechanism}=[name={self.username},password={self.password}]")
+        return args
+
+    def server_properties(self, port: int, ssl_port: int, controller_port: int) -> dict[str, str]:
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule required"
+        admin = f'username="admin" password="{self.admin_password}";'
+        plain = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="admin" password="{self.admin_password}" '
+            f'user_admin="{self.admin_password}" user_{self.username}="{self.password}";'
+        )
+        return {
+            "listeners": (
+                f"SASL_SSL://{LOOPBACK}:{port},SSL://{LOOPBACK}:{ssl_port},"
+                f"CONTROLLER://{LOOPBACK}:{controller_port}"
+            ),
+            "advertised.listeners": f"SASL_SSL://{LOOPBACK}:{port},SSL://{LOOPBACK}:{ssl_port}",
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,SSL:SSL,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "SASL_SSL",
+            "sasl.enabled.mechanisms": "PLAIN," + ",".join(SCRAM_MECHANISMS),
+            "sasl.mechanism.inter.broker.protocol": INTER_BROKER_MECHANISM,
+            "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config": f"{scram} {admin}",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": f"{scram} {admin}",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": plain,
+            "listener.name.ssl.ssl.client.auth": "required",
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.server.bundle),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.ca.cert),
+        }
+
+    def client_settings(self, bootstrap: str) -> dict[str, str]:
+        """``[kafka]`` keys and environment for the compactor to use the SASL_SSL listener."""
+        return {
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "KAFKA_SASL_USERNAME": self.username,
+            "KAFKA_SASL_PASSWORD": self.password,
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "ssl_cafile": str(self.ca.cert),
+        }
+
+
 # --------------------------------------------------------------------------- broker
 
 
@@ -362,12 +503,18 @@ class KafkaBroker:
         heap_opts: Sequence[str] = DEFAULT_HEAP_OPTS,
         jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
         die_with_parent: bool = True,
+        secure: SecureBroker | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.port = port if port is not None else free_port()
         self.controller_port = controller_port if controller_port is not None else free_port()
         while self.controller_port == self.port:
             self.controller_port = free_port()
+        self.secure = secure
+        #: The SSL (client certificate) listener of a secure broker.
+        self.ssl_port = free_port() if secure is not None else None
+        while self.ssl_port in (self.port, self.controller_port):
+            self.ssl_port = free_port()
         self.num_partitions = num_partitions
         self.jars_dir = jars_dir
         self.extra_config = dict(extra_config or {})
@@ -401,6 +548,15 @@ class KafkaBroker:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def probe_security(self) -> KafkaSecurity:
+        """How the launcher itself talks to the broker (``admin`` on a secure one)."""
+        return self.secure.admin_security() if self.secure is not None else PLAINTEXT
+
+    @property
+    def ssl_bootstrap_servers(self) -> str | None:
+        return f"{LOOPBACK}:{self.ssl_port}" if self.ssl_port is not None else None
 
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -452,6 +608,10 @@ class KafkaBroker:
             "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
             "log.cleaner.threads": 1,
         }
+        if self.secure is not None and self.ssl_port is not None:
+            props.update(
+                self.secure.server_properties(self.port, self.ssl_port, self.controller_port)
+            )
         props.update(self.extra_config)
         return {key: str(value) for key, value in props.items()}
 
@@ -494,6 +654,7 @@ class KafkaBroker:
             "--config",
             str(self.properties_path),
             "--ignore-formatted",
+            *(self.secure.format_args() if self.secure is not None else ()),
             heap=("-Xmx256m", "-XX:TieredStopAtLevel=1"),
         )
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
@@ -551,7 +712,10 @@ class KafkaBroker:
                     f"log {self.log_path}:\n{self.log_tail()}"
                 )
             try:
-                if any(node == NODE_ID for node, _, _ in probe_brokers(LOOPBACK, self.port, 1.0)):
+                if any(
+                    node == NODE_ID
+                    for node, _, _ in probe_brokers(LOOPBACK, self.port, 1.0, self.probe_security)
+                ):
                     return self
             except (OSError, struct.error, ValueError):
                 pass
@@ -606,6 +770,7 @@ def start_kafka(
     ready_timeout: float = 90.0,
     extra_config: Mapping[str, str | int] | None = None,
     die_with_parent: bool = True,
+    secure: SecureBroker | None = None,
 ) -> KafkaBroker:
     """Start a broker and wait until clients can use it.
 
@@ -624,6 +789,7 @@ def start_kafka(
             jars_dir=jars,
             extra_config=extra_config,
             die_with_parent=die_with_parent,
+            secure=secure,
         )
         try:
             return broker.start().wait_ready(ready_timeout)
@@ -652,15 +818,25 @@ def _run_foreground(args: argparse.Namespace) -> int:
         signal.signal(signum, on_signal)
 
     started = time.monotonic()
+    secure = SecureBroker.create(Path(args.data_dir) / "tls") if args.secure else None
     broker = start_kafka(
         Path(args.data_dir),
         args.port,
         args.controller_port,
         num_partitions=args.partitions,
         ready_timeout=args.ready_timeout,
+        secure=secure,
     )
     try:
         line = f"KAFKA_BOOTSTRAP={broker.bootstrap_servers}"
+        if secure is not None:
+            # The passwords stay in users.json (0600); clients get told where.
+            line += (
+                f"\nKAFKA_SECURITY_PROTOCOL=SASL_SSL\nKAFKA_SSL_CAFILE={secure.ca.cert}"
+                f"\nKAFKA_SASL_USERNAME={secure.username}"
+                f"\nKAFKA_SASL_PASSWORD_FILE={secure.directory / 'users.json'}"
+                f"\nKAFKA_SSL_BOOTSTRAP={broker.ssl_bootstrap_servers}"
+            )
         if args.ready_file:
             ready = Path(args.ready_file)
             ready.parent.mkdir(parents=True, exist_ok=True)
@@ -697,6 +873,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     kafka.add_argument("--controller-port", type=int, default=None)
     kafka.add_argument("--partitions", type=int, default=4, help="num.partitions")
     kafka.add_argument("--ready-timeout", type=float, default=90.0)
+    kafka.add_argument(
+        "--secure",
+        action="store_true",
+        help="SASL_SSL (SCRAM, PLAIN) and SSL (client certificates) listeners with a CA "
+        "generated in DATA_DIR/tls, instead of PLAINTEXT",
+    )
     kafka.add_argument(
         "--ready-file", default=None, help="write KAFKA_BOOTSTRAP=... here once ready"
     )

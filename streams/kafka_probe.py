@@ -214,6 +214,11 @@ def _explain(
             "(check [kafka].ssl_cafile and ssl_check_hostname)"
         )
     if isinstance(error, ssl.SSLError):
+        if "BAD_CERTIFICATE" in str(error) or "CERTIFICATE_REQUIRED" in str(error):
+            return (
+                f"{where}: the broker refused our client certificate ({error.reason}): "
+                "set [kafka].ssl_certfile / ssl_keyfile to one its CA signed"
+            )
         return f"{where}: TLS handshake failed: {error} (is it a TLS listener?)"
     if isinstance(error, ConnectionRefusedError | socket.gaierror):
         return f"{where}: {error}"
