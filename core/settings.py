@@ -66,6 +66,10 @@ class PostgresSettings(_Section):
     data_dir: str = ".state/postgres"
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: int = Field(default=10, ge=1)
+    # TLS: unset = what the DSN says (asyncpg's default is "prefer"). The DSN's
+    # own sslmode / sslrootcert parameters win over these (see docs/security.md).
+    sslmode: Literal["disable", "prefer", "require", "verify-ca", "verify-full"] | None = None
+    ssl_rootcert: str | None = None
 
     @field_validator("dsn")
     @classmethod

@@ -7,6 +7,7 @@ import os
 
 from core.settings import Settings
 from core.storage.embedded import POSTGRES_DSN_ENV
+from core.storage.pg_tls import dsn_with_tls
 from streams.stack_state import Explicit, dev_stack_bootstrap, dev_stack_dsn
 
 KAFKA_BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
@@ -18,9 +19,10 @@ def configured_dsn(settings: Settings, *, dev_stack: bool = True) -> str | None:
     instead of each starting an embedded server. ``dev_stack=False`` asks only what
     was given explicitly (what ``dev up`` must not replace)."""
     explicit = os.environ.get(POSTGRES_DSN_ENV) or settings.postgres.dsn
-    if explicit or not dev_stack:
-        return explicit
-    return dev_stack_dsn()
+    if explicit:
+        # [postgres].sslmode / ssl_rootcert, unless the DSN says otherwise.
+        return dsn_with_tls(explicit, settings.postgres)
+    return dev_stack_dsn() if dev_stack else None
 
 
 def configured_bootstrap(settings: Settings, *, dev_stack: bool = True) -> str | None:

@@ -32,13 +32,13 @@ def _pgserver_bin() -> Path:
 
 
 class ControlledPostgres:
-    def __init__(self, root: Path, port: int | None = None) -> None:
+    def __init__(self, root: Path, port: int | None = None, bin_dir: Path | None = None) -> None:
         self.root = root.resolve()
         self.pgdata = self.root / "pgdata"
         self.socket_dir = self.root / "sock"
         self.log_path = self.root / "postgres.log"
         self.port = port if port is not None else free_port()
-        self.bin = _pgserver_bin()
+        self.bin = bin_dir if bin_dir is not None else _pgserver_bin()
         self.user: str | None = None
         self.stops = 0
 
