@@ -187,6 +187,9 @@ class Settings(_Section):
     service: ServiceSettings = ServiceSettings()
 
 
+_SECRET_WORDS = ("token", "password", "secret", "dsn", "key")
+
+
 def _describe(error: Mapping[str, Any]) -> str:
     location = [str(part) for part in error["loc"]]
     if len(location) > 1:
@@ -196,8 +199,8 @@ def _describe(error: Mapping[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         return f"{key}: unknown key (check the spelling against config.toml.example)"
     message = str(error["msg"]).removeprefix("Value error, ")
-    if any("token" in part for part in location):
-        return f"{key}: {message}"  # never echo a secret
+    if any(word in part for part in location for word in _SECRET_WORDS):
+        return f"{key}: {message}"  # never echo a secret (a DSN may carry a password)
     return f"{key} = {error.get('input')!r}: {message}"
 
 
