@@ -36,7 +36,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from core.messages import ConversationMessage, ToolCall
 from devtools import devstack
 from streams import cli
-from streams.events import BatchInfo, ClipArchiveEvent, MessageEvent
+from streams.events import BatchInfo, ClipArchiveEvent, EraseRequest, MessageEvent
 from streams.stack_state import DEV_STATE_DIR_ENV, pid_alive, read_state
 from streams.topics import TopicNames
 from tests.conftest import require_local_kafka_tools
@@ -225,6 +225,22 @@ async def test_replay_publishes_every_event_keyed_by_conversation_on_copartition
         key=lambda e: e.message_id,
     )
     assert received == sorted(events, key=lambda e: e.message_id)
+
+
+async def test_erase_publishes_one_erase_request_keyed_by_the_conversation(
+    project: Project, kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = await run_cli(capsys, project.argv("topics"))
+    assert code == 0, err
+    code, out, err = await run_cli(capsys, project.argv("erase", "conv-to-forget"))
+    assert code == 0, err
+    assert "erase of 'conv-to-forget' requested" in out
+    (record,) = await consume(kafka_bootstrap, project.topics.control, 1)
+    assert record.key == b"conv-to-forget"
+    request = EraseRequest.model_validate_json(record.value or b"")
+    assert request.conversation_id == "conv-to-forget"
+    code, _, err = await run_cli(capsys, project.argv("erase", "x" * 300))
+    assert code != 0 and "1 to 256 characters" in err
 
 
 async def test_replay_refuses_a_bad_file_naming_file_line_and_field(
