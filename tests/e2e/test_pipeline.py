@@ -141,8 +141,9 @@ async def test_three_conversations_end_to_end(stack: Stack) -> None:
         assert {h["batch_id"] for h in hits} <= {
             r["id"] for r in batches if r["conversation_id"] == conv.id
         }
-    unscoped = await worker.get_json("/memory/search", {"q": "falcon", "limit": "20"})
-    assert {h["conversation_id"] for h in unscoped["hits"]} == {b.id}
+    # A search across every conversation is refused unless the operator allows it.
+    status, body = await worker.get("/memory/search", {"q": "falcon", "limit": "20"})
+    assert status == 400 and "allow_global_search" in body["error"], (status, body)
 
     # -- metrics agree with what happened -------------------------------------
     # (Polled: a counter moves just after the effect it counts becomes visible.)
