@@ -8,8 +8,9 @@ act on; the dead-letter policy turns it into a dead letter.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -95,21 +96,28 @@ def decode_message(record: Record, max_content_chars: int) -> MessageEvent:
     return parsed
 
 
-def decode_control(record: Record) -> AnyControl:
+class _Keyed(Protocol):
+    @property
+    def conversation_id(self) -> str: ...
+
+
+K = TypeVar("K", bound=_Keyed)
+
+
+def _decode_keyed(record: Record, parse: Callable[[bytes], K]) -> K:
+    """An internal event: valid JSON of its model, keyed by its conversation id."""
     key = decode_key(record)
     try:
-        control = CONTROL_EVENT.validate_json(record.value or b"")
+        event = parse(record.value or b"")
     except ValidationError as error:
         raise InvalidRecord(describe_validation_error(error), "invalid_event") from None
-    check_key(key, control.conversation_id)
-    return control
+    check_key(key, event.conversation_id)
+    return event
+
+
+def decode_control(record: Record) -> AnyControl:
+    return _decode_keyed(record, CONTROL_EVENT.validate_json)
 
 
 def decode_command(record: Record) -> CompactionCommand:
-    key = decode_key(record)
-    try:
-        command = CompactionCommand.model_validate_json(record.value or b"")
-    except ValidationError as error:
-        raise InvalidRecord(describe_validation_error(error), "invalid_event") from None
-    check_key(key, command.conversation_id)
-    return command
+    return _decode_keyed(record, CompactionCommand.model_validate_json)
