@@ -8,7 +8,9 @@ A pure state machine, so the stream agent only does I/O. Its invariants:
 * a completion is applied once: only the one for the outstanding command
   changes the tally, redeliveries and stale completions are ignored;
 * a conversation that could not be compacted further (``noop``) is not asked
-  again until a new message arrives.
+  again until a new message arrives;
+* "must compact" means ``core.budget.compaction_due``: over the soft trigger
+  (``[budget].compact_at``) when one is set, else over the budget.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.budget import BudgetConfig, over_budget
+from core.budget import BudgetConfig, compaction_due
 
 _GENERATION_NAMESPACE = uuid.UUID("0b6f7f8e-3f51-4a7e-a1a9-4d35b7c0e2d4")
 
@@ -40,7 +42,7 @@ class ConversationTally(BaseModel):
     compactions: int = Field(default=0, ge=0)  # completions that compacted something
     outstanding: str | None = None  # compaction id of the command in flight
     outstanding_since: float | None = None
-    stalled: bool = False  # over budget, but the last compaction found nothing to compress
+    stalled: bool = False  # due, but the last compaction found nothing to compress
 
 
 class Completion(BaseModel):
@@ -75,7 +77,7 @@ def on_message(
             "stalled": False,
         }
     )
-    if tally.outstanding is None and over_budget(tally.token_total, budget):
+    if tally.outstanding is None and compaction_due(tally.token_total, budget):
         return _issue(tally, now), True
     return tally, False
 
@@ -94,8 +96,9 @@ def on_completion(
 ) -> tuple[ConversationTally, bool]:
     """Apply the outstanding command's completion; ``True`` when the next one must be sent.
 
-    Still over budget after a real compaction (a long tail of new messages)
-    means compacting again right away; after a ``noop`` it means waiting.
+    Still due after a real compaction (a long tail of new messages arrived
+    while it ran, past the command's ``up_to_seq``) means compacting again
+    right away; after a ``noop`` it means waiting.
 
     ``store_totals`` are the store's (tokens, rows) read now, after the
     compaction committed. They are exact where the completion's deltas are
@@ -124,10 +127,11 @@ def on_completion(
             "compactions": tally.compactions + (1 if compacted else 0),
             "outstanding": None,
             "outstanding_since": None,
-            "stalled": not compacted and over_budget(token_total, budget),
+            "stalled": not compacted and compaction_due(token_total, budget),
         }
     )
-    if compacted and completion.messages_compressed > 0 and over_budget(tally.token_total, budget):
+    again = compacted and completion.messages_compressed > 0
+    if again and compaction_due(tally.token_total, budget):
         return _issue(tally, now), True
     return tally, False
 
@@ -138,7 +142,7 @@ def reconcile_due(
     """Would ``on_reconcile`` send a command now? (What the reconcile timer asks.)"""
     if tally.outstanding is not None:
         return now - (tally.outstanding_since or 0.0) >= command_timeout
-    return not tally.stalled and over_budget(tally.token_total, budget)
+    return not tally.stalled and compaction_due(tally.token_total, budget)
 
 
 def on_reconcile(
@@ -147,8 +151,8 @@ def on_reconcile(
     """Heal lost commands and crashed compactions; ``True`` when a command must be sent.
 
     An outstanding command with no completion within ``command_timeout`` is
-    sent again under the same compaction id; a conversation over budget with
-    nothing outstanding (and not stalled) gets a new one.
+    sent again under the same compaction id; a conversation due a compaction
+    with nothing outstanding (and not stalled) gets a new one.
     """
     if not reconcile_due(tally, budget, now, command_timeout):
         return tally, False

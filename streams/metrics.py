@@ -13,11 +13,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from core.provider_guard import GUARD_STATES, CallOutcome, GuardState, ProviderGuard
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Stored history ÷ budget when a compaction starts: around compact_at (or 1)
+# when compactions keep up, higher when they queue behind a burst (P4: ≤ 1.5).
+RATIO_BUCKETS = (0.5, 0.8, 0.85, 0.9, 0.95, 1, 1.05, 1.1, 1.25, 1.5, 2, 3, 5)
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._ratio_max = 0.0
         r = self.registry
         self.events_in = Counter(
             "compactor_events_in_total", "Message events consumed", ["outcome"], registry=r
@@ -82,8 +86,28 @@ class Metrics:
             "the messages kept verbatim leave no room for a clip-archive",
             registry=r,
         )
+        self.history_budget_ratio = Histogram(
+            "compactor_history_budget_ratio",
+            "Stored history tokens / budget tokens when a compaction loads the history",
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.history_budget_ratio_max = Gauge(
+            "compactor_history_budget_ratio_max",
+            "Largest compactor_history_budget_ratio observed since the worker started",
+            registry=r,
+        )
         self._fault_metrics(r)
         self._provider_metrics(r)
+
+    def observe_history_at_compaction(self, stored_tokens: int, budget_tokens: int) -> None:
+        """How far over the budget a conversation got before its compaction began:
+        the figure a burst drives up while compactions queue (docs/performance.md, P4)."""
+        ratio = stored_tokens / max(1, budget_tokens)
+        self.history_budget_ratio.observe(ratio)
+        if ratio > self._ratio_max:
+            self._ratio_max = ratio
+            self.history_budget_ratio_max.set(ratio)
 
     def _fault_metrics(self, r: CollectorRegistry) -> None:
         """Outages waited out, stalls healed."""

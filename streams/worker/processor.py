@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Generic, Literal, TypeVar
 
-from core.budget import BudgetConfig, over_budget
+from core.budget import BudgetConfig, compaction_due
 from streams.events import CompactionCommand, CompactionCompleted
 from streams.metrics import Metrics
 from streams.scheduler import CompactionScheduler
@@ -65,8 +65,9 @@ class Processor:
             return await self._replayed(command)
         conversation_id = command.conversation_id
         total = await store.conversation_token_total(conversation_id)
-        if not over_budget(total, self._budget):
+        if not compaction_due(total, self._budget):
             return await self._complete_without_compaction(command, "under_budget")
+        self._metrics.observe_history_at_compaction(total, self._budget.budget_tokens)
         history = await store.load_history(conversation_id, up_to_seq=command.up_to_seq)
         compactor = await self._resources.compactor()
         metrics = self._metrics

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from core.accounting import reconcile_due
-from core.budget import BudgetConfig, over_budget
+from core.budget import BudgetConfig, compaction_due
 from streams.events import ReconcileRequest
 from streams.worker.publisher import Publisher
 from streams.worker.resources import Resources
@@ -82,7 +82,7 @@ class Reconciler:
         """Conversations the store has over budget that the table does not (or lacks)."""
         try:
             store = await resources.store()
-            over = await store.conversations_over(self._budget.budget_tokens)
+            over = await store.conversations_over(self._budget.trigger_tokens)
             await store.expire_raw_turns()  # [archive].raw_retention_days; logs its own errors
         except Exception as error:  # the database may be away: next pass
             log.warning("reconciliation could not ask the store: %s", error)
@@ -90,7 +90,7 @@ class Reconciler:
         sent = 0
         for conversation_id, total in over:
             tally = self._table.get(conversation_id)
-            if tally is not None and over_budget(tally.token_total, self._budget):
+            if tally is not None and compaction_due(tally.token_total, self._budget):
                 continue  # the table agrees; reconcile_due decides
             if tally is None and not self._owns(conversation_id):
                 continue  # another worker's conversation
