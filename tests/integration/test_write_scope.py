@@ -1,0 +1,372 @@
+"""Every write transaction stays inside one conversation (docs/scaling.md).
+
+Why: past one PostgreSQL the schema is to be distributed by
+``conversation_id`` (Citus). A transaction that writes rows of two
+conversations then spans shards, and pays a two-phase commit; one that stays
+in one conversation is routed to one node. Reviewing the store's code does
+not keep that true as paths are added, so PostgreSQL records it: a trigger on
+every table with a ``conversation_id`` column notes which conversations each
+transaction touched (``tests/support/write_audit.py``), the worker's own
+components run the whole flow in-process (``streams.offline.OfflineRun``:
+accounting, processor, outbox relay, reconciliation, erase), and the test
+fails naming every transaction that touched two conversations.
+
+The batch ingest (``PostgresStore.save_messages``) is the one known
+exception: by default it writes a whole batch, of many conversations, in one
+transaction and one statement, for throughput. With
+``[postgres].single_conversation_transactions = true`` it writes one
+transaction per conversation, and then no exception is left.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from core.compactor import create_compactor
+from core.embedding.openai_compat import OpenAICompatEmbedder
+from core.messages import ConversationMessage
+from core.model.anthropic import AnthropicProvider
+from core.settings import Settings, parse_settings
+from core.storage.ports import IncomingMessage, TenantConflictError
+from core.storage.postgres import PostgresStore
+from streams.events import EraseRequest, MessageEvent
+from streams.offline import OfflineRun
+from streams.worker.records import Record
+from tests.support import write_audit
+from tests.support.llm_server import LLMTestServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+
+# Conversation → tenant: two tenants and a conversation without one.
+CONVERSATIONS = {"acme-1": "acme", "acme-2": "acme", "globex-1": "globex", "plain-1": None}
+
+# What the flow must have written at least once: otherwise a path went
+# untested and a passing run would say nothing about it.
+EXPECTED_WRITES = {
+    ("conversations", "INSERT"),  # the tenant claim of a conversation's first message
+    ("conversations", "DELETE"),  # erase
+    ("messages", "INSERT"),  # save_message, save_messages, the clip-archive
+    ("messages", "DELETE"),  # a compaction moves messages out; erase
+    ("archival_memory", "INSERT"),  # batches
+    ("archival_memory", "UPDATE"),  # superseded by a re-summary, its archive_order
+    ("archival_memory", "DELETE"),  # erase
+    ("archived_messages", "INSERT"),  # raw turns behind a batch
+    ("archived_messages", "UPDATE"),  # their embeddings
+    ("archived_messages", "DELETE"),  # expire_raw_turns; erase
+    ("compactions", "INSERT"),
+    ("compactions", "DELETE"),  # erase
+    ("outbox", "INSERT"),
+    ("outbox", "UPDATE"),  # mark_published, by the processor and by the relay timer
+    ("outbox", "DELETE"),  # erase
+}
+
+# The default mode's one allowed exception: the batch ingest's inserts.
+BATCH_INGEST_WRITES = {"messages INSERT", "conversations INSERT"}
+
+
+def short_summaries(request: Any) -> str:
+    """Short, fixed-size summaries, so every compaction brings the history back
+    under budget and the flow's number of compactions does not drift."""
+    return f"Summary of {len(request.messages)} messages: the deploy moved to Tuesday."
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[LLMTestServer]:
+    async with LLMTestServer(responder=short_summaries) as server:
+        yield server
+
+
+def settings_for(single_conversation_transactions: bool) -> Settings:
+    return parse_settings(
+        {
+            # 200 tokens: a conversation goes over budget every ~5 messages of 40.
+            "budget": {"model_max_tokens": 400, "context_budget": 0.5},
+            "summarization": {
+                "keep_recent": 2,
+                "chunk_size": 2,
+                # Re-summarise once more than 3 batches are live: supersedes batches.
+                "clip_first": 1,
+                "clip_last": 1,
+                "resummarize_buffer": 1,
+                "max_retries": 0,
+            },
+            "archive": {"raw_retention_days": 1},
+            "postgres": {"single_conversation_transactions": single_conversation_transactions},
+        }
+    )
+
+
+def event(conversation: str, index: int, *, tokens: int = 40) -> MessageEvent:
+    return MessageEvent(
+        message_id=f"{conversation}-{index:03d}",
+        conversation_id=conversation,
+        role="assistant" if index % 2 else "user",
+        content=f"Turn {index} of {conversation}: the deploy of service {index} failed at step {index * 3}.",
+        created_at=T0 + timedelta(minutes=index),
+        token_count=tokens,
+        tenant_id=CONVERSATIONS[conversation],
+    )
+
+
+def interleaved(first: int, last: int) -> Iterator[MessageEvent]:
+    """Messages first..last-1 of every conversation, round robin: a worker sees
+    conversations mixed, not one after the other."""
+    for index in range(first, last):
+        for conversation in CONVERSATIONS:
+            yield event(conversation, index)
+
+
+def batch_message(conversation: str, index: int) -> ConversationMessage:
+    return event(conversation, index).to_message()
+
+
+async def open_store(dsn: str, settings: Settings, llm: LLMTestServer) -> PostgresStore:
+    embedder = OpenAICompatEmbedder(
+        "test-embed", "test-key", base_url=llm.openai_base_url, max_retries=0
+    )
+    return await PostgresStore.connect(
+        dsn,
+        embedder=embedder,
+        max_size=4,
+        run_migrations=False,
+        raw_retention_days=settings.archive.raw_retention_days,
+        single_conversation_transactions=settings.postgres.single_conversation_transactions,
+    )
+
+
+async def backdate_archived_turns(pool: asyncpg.Pool) -> None:
+    """Make every archived raw turn older than the retention, one conversation per
+    transaction, and drop these set-up writes from the audit (they are the
+    test's, not the store's)."""
+    for conversation in CONVERSATIONS:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "UPDATE archived_messages SET archived_at = now() - interval '3 days' "
+                "WHERE conversation_id = $1",
+                conversation,
+            )
+            txid = await conn.fetchval("SELECT txid_current()")
+            await conn.execute(f"DELETE FROM {write_audit.AUDIT_TABLE} WHERE txid = $1", txid)
+
+
+async def drive_every_write_path(
+    run: OfflineRun, store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's components through every path that writes, with several
+    conversations in flight at once."""
+    names = run.components.names
+    offsets = itertools.count(1_000_000)
+
+    async def control(conversation: str, value: str) -> None:
+        record = Record(names.control, 0, next(offsets), conversation.encode(), value.encode())
+        await run.components.accounting.handle(record)
+
+    # 1. Messages through accounting (tenant claims, compactions, re-summaries,
+    #    outbox rows published right after each commit, completions).
+    await run.replay(interleaved(0, 24))
+    # Redeliveries: nothing is written twice.
+    await run.replay(interleaved(0, 2))
+    # A message claiming another tenant is refused and writes nothing.
+    with pytest.raises(TenantConflictError):
+        await store.save_message(batch_message("acme-1", 99), 40, tenant_id="globex")
+
+    # 2. The batch ingest: one call with messages of every conversation, a
+    #    conversation it creates, a redelivery and a refused tenant claim.
+    batch = [
+        IncomingMessage(batch_message(c, i), 40, CONVERSATIONS[c])
+        for i in range(24, 30)
+        for c in CONVERSATIONS
+    ]
+    fresh = batch_message("plain-1", 0).model_copy(
+        update={"conversation_id": "new-1", "id": "new-1-000"}
+    )
+    extra = [
+        IncomingMessage(fresh, 40, None),
+        IncomingMessage(batch_message("acme-1", 5), 40, "acme"),
+        IncomingMessage(batch_message("acme-1", 98), 40, "globex"),
+    ]
+    outcomes = await store.save_messages(batch + extra)
+    assert [o.status for o in outcomes] == ["inserted"] * (len(batch) + 1) + [
+        "duplicate",
+        "tenant_conflict",
+    ]
+
+    # 3. A crash between commit and publish: compactions commit their outbox
+    #    rows, nobody relays them, then the relay timer publishes the rows of
+    #    several conversations in one pass.
+    relay = run.components.relay
+
+    async def crashed(*_: object, **__: object) -> int:
+        return 0
+
+    with monkeypatch.context() as patched:
+        patched.setattr(relay, "relay", crashed)
+        await run.replay(interleaved(30, 40))
+    assert await store.pending_outbox(), "the crash left no unpublished outbox rows"
+    assert await relay.relay() > 0  # what the relay timer's tick runs
+    assert not await store.pending_outbox()
+    await run.replay([event("plain-1", 40)])  # delivers the completions the relay published
+
+    # 4. Reconciliation's store pass: conversations over budget, and raw turns
+    #    past [archive].raw_retention_days removed.
+    await backdate_archived_turns(store.pool)
+    await run.components.reconciler.tick()
+    await run.replay([event("plain-1", 41)])  # delivers the reconcile requests
+
+    # 5. Erase one conversation (an EraseRequest on the control topic).
+    erase = EraseRequest(conversation_id="globex-1", requested_at=T0)
+    await control("globex-1", erase.model_dump_json())
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["single_conversation", "default"])
+async def test_no_write_transaction_touches_two_conversations(
+    pg_database: str, llm: LLMTestServer, monkeypatch: pytest.MonkeyPatch, single: bool
+) -> None:
+    for key in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "POSTGRES_DSN"):
+        monkeypatch.delenv(key, raising=False)
+    admin = await asyncpg.connect(pg_database)
+    try:
+        tables = await write_audit.install(admin)
+    finally:
+        await admin.close()
+    assert not tables.unkeyed, (
+        f"tables without a conversation_id column: {tables.unkeyed}; every table holding "
+        "conversation data is keyed by conversation_id (docs/scaling.md), or is listed in "
+        "tests/support/write_audit.py NOT_CONVERSATION_DATA with the reason it holds none"
+    )
+
+    settings = settings_for(single)
+    store = await open_store(pg_database, settings, llm)
+    try:
+        windows = write_audit.TxidWindows.on(store.pool)
+        monkeypatch.setattr(store, "save_messages", windows.wrap(store.save_messages))
+        compactor = create_compactor(
+            model=AnthropicProvider("test-key", base_url=llm.base_url),
+            messages_store=store,
+            memory_store=store,
+            config=settings.summarization.compaction(),
+            model_name="claude-test",
+            budget=settings.budget,
+        )
+        run = OfflineRun(settings, store, compactor)
+        await drive_every_write_path(run, store, monkeypatch)
+
+        async with store.pool.acquire() as conn:
+            seen = await write_audit.writes_seen(conn)
+            wide = await write_audit.wide_transactions(conn)
+    finally:
+        await store.close()
+
+    missing = sorted(EXPECTED_WRITES - seen)
+    assert not missing, f"the flow never wrote {missing}: extend drive_every_write_path"
+    unwritten = sorted(set(tables.keyed) - {table for table, _ in seen})
+    assert not unwritten, (
+        f"no path in the flow wrote {unwritten}: extend drive_every_write_path so the "
+        "scope of their writes is checked"
+    )
+
+    if single:
+        assert not wide, (
+            "write transactions that touched more than one conversation "
+            "(single_conversation_transactions = true):\n" + write_audit.report(wide)
+        )
+        return
+    not_batch_ingest = [
+        t for t in wide if t.txid not in windows or not set(t.writes) <= BATCH_INGEST_WRITES
+    ]
+    assert not not_batch_ingest, (
+        "write transactions other than the batch ingest's touched more than one "
+        "conversation:\n" + write_audit.report(not_batch_ingest)
+    )
+    # The documented exception is real (and recognised): the batch went in as one.
+    assert any(len(t.conversations) >= len(CONVERSATIONS) for t in wide), write_audit.report(wide)
+
+
+# -- the audit itself --------------------------------------------------------------
+
+
+async def test_the_audit_catches_a_transaction_over_two_conversations(pg_database: str) -> None:
+    """The check above cannot pass vacuously: a deliberate two-conversation
+    transaction is reported, a one-conversation one and a rolled-back one are not,
+    and a TRUNCATE (which fires no row trigger) counts as touching them all."""
+    conn = await asyncpg.connect(pg_database)
+    try:
+        tables = await write_audit.install(conn)
+        assert "messages" in tables.keyed and "conversations" in tables.keyed
+
+        async def claim(*conversations: str) -> int:
+            async with conn.transaction():
+                for c in conversations:
+                    await conn.execute("INSERT INTO conversations (conversation_id) VALUES ($1)", c)
+                return int(await conn.fetchval("SELECT txid_current()"))
+
+        alone = await claim("x")
+        across = await claim("y", "z")
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO conversations (conversation_id) VALUES ('p'), ('q')"
+                )
+                raise RuntimeError("roll back")
+        async with conn.transaction():
+            await conn.execute("UPDATE conversations SET tenant_id = 't'")  # x, y and z
+            update = int(await conn.fetchval("SELECT txid_current()"))
+        async with conn.transaction():
+            await conn.execute("TRUNCATE outbox")
+            truncate = int(await conn.fetchval("SELECT txid_current()"))
+
+        wide = {t.txid: t for t in await write_audit.wide_transactions(conn)}
+        assert set(wide) == {across, update, truncate}, write_audit.report(wide.values())
+        assert alone not in wide
+        assert wide[across].conversations == ("y", "z")
+        assert wide[across].writes == ("conversations INSERT",)
+        assert wide[update].conversations == ("x", "y", "z")
+        assert wide[update].writes == ("conversations UPDATE",)
+        assert wide[truncate].conversations == (None,)
+        assert "txid" in wide[across].describe() and "'y', 'z'" in wide[across].describe()
+    finally:
+        await conn.close()
+
+
+async def test_a_table_without_conversation_id_is_reported(pg_database: str) -> None:
+    """A new table holding conversation data without the column would escape the
+    audit; discovery names it so the write-scope test fails."""
+    conn = await asyncpg.connect(pg_database)
+    try:
+        assert (await write_audit.discover(conn)).unkeyed == ()
+        await conn.execute("CREATE TABLE notes (id text PRIMARY KEY, body text)")
+        assert (await write_audit.discover(conn)).unkeyed == ("notes",)
+    finally:
+        await conn.close()
+
+
+async def test_txid_windows_bracket_only_the_wrapped_call(pg_database: str) -> None:
+    """The default-mode exception is recognised by the txids of save_messages'
+    own transactions; a transaction outside the call must not fall in."""
+    pool = await asyncpg.create_pool(pg_database, min_size=1, max_size=2)
+    assert pool is not None
+    try:
+        windows = write_audit.TxidWindows.on(pool)
+
+        async def write(conversation: str) -> int:
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    "INSERT INTO conversations (conversation_id) VALUES ($1)", conversation
+                )
+                return int(await conn.fetchval("SELECT txid_current()"))
+
+        before = await write("before")
+        inside = await windows.wrap(write)("inside")
+        after = await write("after")
+        assert inside in windows
+        assert before not in windows and after not in windows
+    finally:
+        await pool.close()
