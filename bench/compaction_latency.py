@@ -34,7 +34,18 @@ sampled on /metrics every 20 ms; "peak LLM" is the most chat requests the LLM
 server was serving at once (exact). The ideal burst figures assume
 ``concurrency`` compactions at a time, each as long as the direct median.
 
+P3, a thousand at once (``--scenario p3``): one worker with the shipped
+defaults (max_concurrent_compactions, LLM call cap, pool size; override with
+``--p3-concurrency``) gets ``--p3-conversations`` conversations prefilled,
+then all of them pushed over budget back to back, once per ``--p3-latency-ms``.
+"drain" runs from the first over-budget event produced to the last
+clip-archive consumed; "peak in flight" is sampled as above; CPU is the
+worker's process tree (% of one core) and the whole machine (% of all cores)
+over the drain. ``--py-spy FILE`` records the worker with py-spy during each
+drain (FILE.<latency>ms.txt, raw collapsed stacks), when py-spy is installed.
+
     python -m bench.compaction_latency [--conversations 40] [--latency-ms 0 500] [--concurrency 4 16]
+    python -m bench.compaction_latency --scenario p3 [--p3-conversations 1000] [--p3-latency-ms 500 0]
     python -m bench.compaction_latency --quick
 """
 
@@ -44,9 +55,14 @@ import argparse
 import asyncio
 import contextlib
 import math
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -54,6 +70,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.harness import (
+    CpuMeter,
     Infra,
     WorkerProcess,
     create_topics,
@@ -473,6 +490,213 @@ async def run(
     return phases, directs, hops
 
 
+@dataclass
+class Drain:
+    """P3: many conversations pushed over budget at once, drained by one worker."""
+
+    latency_ms: float
+    conversations: int
+    seconds: float = 0.0  # first over-budget event produced → last clip-archive consumed
+    commands_seconds: float = 0.0  # first event produced → last command seen
+    latencies: list[float] = field(default_factory=list)
+    peak_in_flight: float = 0.0
+    peak_llm: int = 0
+    llm_calls: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.conversations / self.seconds if self.seconds else float("nan")
+
+
+def start_py_spy(path: str | None, pid: int, latency_ms: float) -> subprocess.Popen[bytes] | None:
+    """py-spy recording the worker (raw collapsed stacks), if asked for and installed."""
+    exe = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if path is None or exe is None:
+        if path is not None:
+            note("py-spy not found; not profiling")
+        return None
+    out = f"{path}.{latency_ms:g}ms.txt"
+    note(f"py-spy recording the worker to {out}")
+    return subprocess.Popen(
+        [
+            exe,
+            "record",
+            "--pid",
+            str(pid),
+            "-f",
+            "raw",
+            "-o",
+            out,
+            "--rate",
+            "200",
+            "--subprocesses",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop_py_spy(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+
+
+async def drain_once(
+    drain: Drain,
+    *,
+    args: argparse.Namespace,
+    ctx: dict[str, Any],
+    accounted: float,
+) -> float:
+    """Prefill ``drain.conversations``, push them all over budget, wait for every
+    clip-archive; returns the events the worker has now counted."""
+    infra: Infra = ctx["infra"]
+    names: TopicNames = ctx["names"]
+    worker: WorkerProcess = ctx["worker"]
+    server: CountingLLMServer = ctx["server"]
+    poller: MetricsPoller = ctx["poller"]
+    collector: ArrivalCollector = ctx["collector"]
+    commands: ArrivalCollector = ctx["commands"]
+    assert infra.bootstrap is not None
+    conversations = [f"p3-l{drain.latency_ms:g}-{i:05d}" for i in range(drain.conversations)]
+    prefill = [e for c in conversations for e in prefill_events(c, args.messages)]
+    note(f"P3 {drain.latency_ms:g} ms: prefilling {len(prefill)} events")
+    await produce(infra.bootstrap, names.messages, prefill)
+    accounted += len(prefill)
+    await wait_accounted(poller, worker, accounted)
+    server.reset_counts()
+    poller.peak = 0.0
+    note(f"P3 {drain.latency_ms:g} ms: {drain.conversations} conversations over budget at once")
+    spy = start_py_spy(args.py_spy, worker.pid, drain.latency_ms)
+    meter = CpuMeter({"worker": worker.pid}).start()
+    started = time.time()
+    try:
+        sent = await send_over_budget(ctx["producer"], names.messages, conversations, args.messages)
+        await collector.wait_for(conversations, within=args.timeout)
+        drain.cpu = meter.stop()
+        await commands.wait_for(conversations, within=args.timeout)
+    finally:
+        stop_py_spy(spy)
+    drain.seconds = max(collector.arrived[c] for c in conversations) - started
+    drain.commands_seconds = max(commands.arrived[c] for c in conversations) - started
+    drain.latencies = [collector.arrived[c] - sent[c] for c in conversations]
+    await asyncio.sleep(0.1)  # one more /metrics sample
+    drain.peak_in_flight = poller.peak
+    drain.peak_llm = server.peak
+    drain.llm_calls = server.served
+    return accounted + len(conversations)
+
+
+async def run_p3(args: argparse.Namespace, infra: Infra) -> list[Drain]:
+    """One worker with the shipped defaults drains ``--p3-conversations`` at once."""
+    assert infra.bootstrap is not None
+    drains: list[Drain] = []
+    server = CountingLLMServer()
+    await server.start()
+    try:
+        prefix = unique_prefix("p3")
+        names = await create_topics(infra.bootstrap, prefix, args.partitions)
+        config = worker_config(
+            topic_prefix=prefix,
+            partitions=args.partitions,
+            store=args.store,
+            max_concurrent_compactions=args.p3_concurrency,
+            budget=BUDGET,
+            llm_base_url=server.openai_base_url,
+            pool_max_size=None,
+        )
+        worker = new_worker(infra, "worker-p3", await infra.new_database(), config)
+        note(
+            f"P3: starting a worker (max_concurrent_compactions {args.p3_concurrency or 'default'})"
+        )
+        with running(worker):
+            await wait_assigned(worker, names.messages, args.partitions)
+            ctx: dict[str, Any] = {
+                "infra": infra,
+                "names": names,
+                "worker": worker,
+                "server": server,
+            }
+            ctx["collector"] = ArrivalCollector(
+                infra.bootstrap, names.clip_archives, args.partitions, ClipArchiveEvent
+            )
+            ctx["commands"] = ArrivalCollector(
+                infra.bootstrap, names.commands, args.partitions, CompactionCommand
+            )
+            ctx["poller"] = MetricsPoller(worker.url)
+            ctx["producer"] = AIOKafkaProducer(bootstrap_servers=infra.bootstrap, acks="all")
+            await ctx["collector"].start()
+            await ctx["commands"].start()
+            ctx["poller"].start()
+            await ctx["producer"].start()
+            accounted = 0.0
+            try:
+                for latency_ms in args.p3_latency_ms:
+                    server.latency_seconds = latency_ms / 1000
+                    drain = Drain(latency_ms, args.p3_conversations)
+                    accounted = await drain_once(drain, args=args, ctx=ctx, accounted=accounted)
+                    drains.append(drain)
+            finally:
+                await ctx["producer"].stop()
+                await ctx["poller"].stop()
+                await ctx["collector"].stop()
+                await ctx["commands"].stop()
+    finally:
+        await server.close()
+    return drains
+
+
+def report_p3(drains: list[Drain], args: argparse.Namespace) -> None:
+    rows = [
+        (
+            f"{d.latency_ms:g}",
+            d.conversations,
+            f"{d.seconds:.1f}",
+            f"{d.commands_seconds:.1f}",
+            f"{d.rate:.1f}",
+            ms(percentile(d.latencies, 50)),
+            ms(percentile(d.latencies, 99)),
+            f"{d.peak_in_flight:.0f}",
+            d.peak_llm,
+            f"{d.llm_calls / d.conversations:.2f}",
+            f"{d.cpu.get('worker', float('nan')):.0f}",
+            f"{d.cpu.get('machine', float('nan')):.0f}",
+        )
+        for d in drains
+    ]
+    print(
+        f"\nP3: {args.p3_conversations} conversations over budget at once, one worker"
+        f" (max_concurrent_compactions {args.p3_concurrency or 'default'}):\n"
+        + table(
+            (
+                "LLM ms",
+                "n",
+                "drain s",
+                "last command s",
+                "compactions/s",
+                "p50 ms",
+                "p99 ms",
+                "peak in flight",
+                "peak LLM",
+                "LLM calls/compaction",
+                "worker CPU %",
+                "machine busy %",
+            ),
+            rows,
+        )
+    )
+    print(
+        "drain: first over-budget event produced → last clip-archive consumed; last command:"
+        " → last compaction command seen on its topic;\nworker CPU: % of one core (process"
+        " tree) over the drain; machine busy: % of all cores, whoever used them."
+    )
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f}"
 
@@ -606,12 +830,31 @@ def main() -> None:
     parser.add_argument("--store", choices=["rocksdb://", "memory://"], default="rocksdb://")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per phase")
     parser.add_argument(
-        "--quick", action="store_true", help="8 conversations, 2 serial, 200 ms, concurrency 4"
+        "--scenario", choices=["all", "p2", "p3"], default="all", help="p2: serial/burst tables"
+    )
+    parser.add_argument("--p3-conversations", type=int, default=1000, help="P3 drain size")
+    parser.add_argument("--p3-latency-ms", type=float, nargs="+", default=[500.0, 0.0])
+    parser.add_argument(
+        "--p3-concurrency",
+        type=int,
+        default=None,
+        help="P3 max_concurrent_compactions (default: shipped)",
+    )
+    parser.add_argument("--py-spy", default=None, help="record the P3 worker to FILE.<ms>ms.txt")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="8 conversations, 2 serial, 200 ms, concurrency 4; P3 with 100 conversations",
     )
     args = parser.parse_args()
     if args.quick:  # smaller defaults; options given explicitly still win
         parser.set_defaults(
-            conversations=8, serial=2, direct=2, latency_ms=[0.0, 200.0], concurrency=[4]
+            conversations=8,
+            serial=2,
+            direct=2,
+            latency_ms=[0.0, 200.0],
+            concurrency=[4],
+            p3_conversations=100,
         )
         args = parser.parse_args()
     print_header("compaction latency", "bench.compaction_latency")
@@ -622,9 +865,15 @@ def main() -> None:
             f"conversations of {args.messages} × {SMALL_TOKENS} tokens, then one of "
             f"{BIG_TOKENS} (budget {int(BUDGET[0] * BUDGET[1])}); store {args.store}\n"
         )
-        phases, directs, hops = asyncio.run(run(args, infra))
-    report(phases, directs)
-    report_stages(phases, directs, hops)
+        if args.scenario in ("all", "p2"):
+            phases, directs, hops = asyncio.run(run(args, infra))
+        if args.scenario in ("all", "p3"):
+            drains = asyncio.run(run_p3(args, infra))
+    if args.scenario in ("all", "p2"):
+        report(phases, directs)
+        report_stages(phases, directs, hops)
+    if args.scenario in ("all", "p3"):
+        report_p3(drains, args)
 
 
 if __name__ == "__main__":

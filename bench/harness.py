@@ -302,11 +302,16 @@ def worker_config(
     topic_prefix: str,
     partitions: int = 4,
     store: str = "memory://",
-    max_concurrent_compactions: int = 4,
+    max_concurrent_compactions: int | None = 4,
     budget: tuple[float, int] = (0.8, 200_000),  # context_budget, model_max_tokens
     llm_base_url: str | None = None,
+    pool_max_size: int | None = 10,
 ) -> dict[str, dict[str, Any]]:
-    """A worker's config.toml sections (web port and data dir are added per process)."""
+    """A worker's config.toml sections (web port and data dir are added per process).
+
+    ``None`` for ``max_concurrent_compactions`` or ``pool_max_size`` leaves the
+    key out, so the worker runs with the shipped default (what a user gets).
+    """
     summarization: dict[str, Any] = {"provider": "extractive"}
     if llm_base_url:
         summarization = {
@@ -315,16 +320,18 @@ def worker_config(
             "model": "bench-model",
             "max_retries": 0,
         }
+    service: dict[str, Any] = {"app_id": unique_app_id(), "store": store}
+    if max_concurrent_compactions is not None:
+        service["max_concurrent_compactions"] = max_concurrent_compactions
+    postgres: dict[str, Any] = {"pool_min_size": 1}
+    if pool_max_size is not None:
+        postgres["pool_max_size"] = pool_max_size
     return {
         "summarization": summarization,
         "budget": {"context_budget": budget[0], "model_max_tokens": budget[1]},
-        "postgres": {"pool_min_size": 1, "pool_max_size": 10},
+        "postgres": postgres,
         "kafka": {"topic_prefix": topic_prefix, "partitions": partitions},
-        "service": {
-            "app_id": unique_app_id(),
-            "store": store,
-            "max_concurrent_compactions": max_concurrent_compactions,
-        },
+        "service": service,
     }
 
 

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RRF_K", "PostgresStore", "configure_connection"]
+__all__ = ["RRF_K", "PostgresStore", "configure_connection", "keep_session"]
 
 MAX_LIMIT = 100
 
@@ -107,6 +107,20 @@ async def configure_connection(conn: asyncpg.Connection) -> None:
     await register_vector(conn)
 
 
+async def keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release: nothing beyond what asyncpg always does.
+
+    asyncpg's default reset runs ``pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL`` after every pooled call, one more round trip each
+    (half of all round trips for one-statement calls). The store leaves no
+    session state to reset: its advisory locks are transaction-scoped, it
+    declares no cursors outside transactions, never LISTENs and never SETs.
+    asyncpg still rolls back a transaction left open before calling this.
+    Pass as ``reset=`` to any pool handed to ``PostgresStore``.
+    """
+    del conn
+
+
 class PostgresStore:
     """Every storage port over one asyncpg pool.
 
@@ -151,7 +165,11 @@ class PostgresStore:
         if run_migrations:
             await migrate(dsn)
         pool = await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, init=configure_connection
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            init=configure_connection,
+            reset=keep_session,
         )
         return cls(pool, embedder, raw_retention_days=raw_retention_days)
 

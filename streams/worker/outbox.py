@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence, Set
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from core.clip_archive import is_clip_archive
 from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, OutboxRecord
 from core.messages import ConversationMessage
+from core.storage.ports import OutboxRow, OutboxStore
 from streams.events import BatchInfo, ClipArchiveEvent, CompactionCommand, CompactionCompleted
 from streams.metrics import Metrics
 from streams.worker.publisher import Publisher
@@ -94,11 +96,35 @@ def outbox_events(
 
 
 class OutboxRelay:
+    """Publishes committed outbox rows and marks them published.
+
+    Each compaction's rows are relayed on their own: sent together, their acks
+    awaited together, then marked in one statement that touches that
+    compaction's (so one conversation's) rows only. Nothing is shared between
+    compactions, so a burst of compactions finishing together relays in
+    parallel rather than queueing behind one lock; only timer passes are
+    serialised, among themselves.
+    """
+
     def __init__(self, resources: Resources, publisher: Publisher, metrics: Metrics) -> None:
         self._resources = resources
         self._publisher = publisher
         self._metrics = metrics
-        self._lock = asyncio.Lock()
+        self._timer = asyncio.Lock()
+        self._claimed: set[str] = set()
+
+    @contextmanager
+    def claim(self, compaction_id: str) -> Iterator[None]:
+        """The caller relays this compaction's rows itself: timer passes leave them.
+
+        Without it a timer pass that runs between a compaction's commit and
+        its own relay would publish the same records a second time.
+        """
+        self._claimed.add(compaction_id)
+        try:
+            yield
+        finally:
+            self._claimed.discard(compaction_id)
 
     async def relay(self, compaction_id: str | None = None, *, again: bool = False) -> int:
         """Publish unpublished outbox rows, then mark them (at least once).
@@ -113,15 +139,32 @@ class OutboxRelay:
         consumers de-duplicate by compaction id.
         """
         store = await self._resources.store()
-        async with self._lock:
-            if again and compaction_id is not None:
-                rows = await store.outbox_rows(compaction_id)
-            else:
-                rows = await store.pending_outbox(compaction_id=compaction_id, limit=500)
-            for row in rows:
-                await self._publisher.publish(row.topic, row.key.encode(), row.payload.encode())
-                self._metrics.outbox_published.labels(row.topic).inc()
-            await store.mark_published([row.id for row in rows])
+        if compaction_id is None:
+            async with self._timer:
+                rows = await store.pending_outbox(limit=500)
+                published = 0
+                for group in _by_compaction(rows, skip=self._claimed):
+                    published += await self._publish(store, group)
+                return published
+        if again:
+            rows = await store.outbox_rows(compaction_id)
+        else:
+            rows = await store.pending_outbox(compaction_id=compaction_id, limit=500)
+        return await self._publish(store, rows)
+
+    async def _publish(self, store: OutboxStore, rows: Sequence[OutboxRow]) -> int:
+        """One compaction's rows: every send in flight at once, then one mark."""
+        if not rows:
+            return 0
+        await asyncio.gather(
+            *(
+                self._publisher.publish(row.topic, row.key.encode(), row.payload.encode())
+                for row in rows
+            )
+        )
+        for row in rows:
+            self._metrics.outbox_published.labels(row.topic).inc()
+        await store.mark_published([row.id for row in rows])
         return len(rows)
 
     async def tick(self) -> None:
@@ -133,3 +176,12 @@ class OutboxRelay:
             return
         if published:
             log.info("relayed %d outbox rows", published)
+
+
+def _by_compaction(rows: Sequence[OutboxRow], *, skip: Set[str]) -> list[list[OutboxRow]]:
+    """``rows`` grouped by compaction, in order, leaving out those in ``skip``."""
+    groups: dict[str, list[OutboxRow]] = {}
+    for row in rows:
+        if row.compaction_id not in skip:
+            groups.setdefault(row.compaction_id, []).append(row)
+    return list(groups.values())

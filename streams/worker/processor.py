@@ -9,6 +9,7 @@ republishes its compaction's events instead of compacting again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Generic, Literal, TypeVar
 
 from core.budget import BudgetConfig, compaction_due
+from core.compaction import CompactionResult
 from streams.events import CompactionCommand, CompactionCompleted
 from streams.metrics import Metrics
 from streams.scheduler import CompactionScheduler
@@ -61,28 +63,41 @@ class Processor:
 
     async def compact(self, command: CompactionCommand) -> CompactionOutcome:
         store = await self._resources.store()
-        if await store.compaction_applied(command.compaction_id):
-            return await self._replayed(command)
         conversation_id = command.conversation_id
-        total = await store.conversation_token_total(conversation_id)
+        # Three independent reads, asked at once: one round trip of latency, not
+        # three. The history is wasted only on a replay or a command not due.
+        applied, total, history = await asyncio.gather(
+            store.compaction_applied(command.compaction_id),
+            store.conversation_token_total(conversation_id),
+            store.load_history(conversation_id, up_to_seq=command.up_to_seq),
+        )
+        if applied:
+            return await self._replayed(command)
         if not compaction_due(total, self._budget):
             return await self._complete_without_compaction(command, "under_budget")
         self._metrics.observe_history_at_compaction(total, self._budget.budget_tokens)
-        history = await store.load_history(conversation_id, up_to_seq=command.up_to_seq)
         compactor = await self._resources.compactor()
         metrics = self._metrics
         metrics.compactions_started.inc()
         metrics.in_flight.inc()
-        try:
-            result = await compactor.compress(
-                history,
-                conversation_id,
-                compaction_id=command.compaction_id,
-                outbox=outbox_events(command, history, self._clock),
-                check_applied=False,
-            )
-        finally:
-            metrics.in_flight.dec()
+        with self._relay.claim(command.compaction_id):
+            try:
+                result = await compactor.compress(
+                    history,
+                    conversation_id,
+                    compaction_id=command.compaction_id,
+                    outbox=outbox_events(command, history, self._clock),
+                    check_applied=False,
+                )
+            finally:
+                metrics.in_flight.dec()
+            return await self._settle(command, result)
+
+    async def _settle(
+        self, command: CompactionCommand, result: CompactionResult
+    ) -> CompactionOutcome:
+        """What a finished ``compress`` means: publish its events, or say why not."""
+        metrics = self._metrics
         metrics.llm_tokens.labels("input").inc(result.llm_input_tokens)
         metrics.llm_tokens.labels("output").inc(result.llm_output_tokens)
         if result.over_target:
