@@ -101,7 +101,11 @@ class OpenAICompatProvider:
         try:
             result = await self._client.chat.completions.create(
                 model=request.model,
-                messages=build_messages(request),
+                # The messages are plain JSON already; passed as ``messages`` the SDK
+                # walks every one through its TypedDict transform, which cost as much
+                # CPU as the rest of a compaction (docs/performance.md, section 3).
+                messages=[],
+                extra_body={"messages": build_messages(request)},
                 max_tokens=request.max_tokens,
                 temperature=request.temperature if request.temperature is not None else openai.omit,
             )

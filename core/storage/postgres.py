@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from pgvector.asyncpg import register_vector
 
-from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, StoredBatch, SummaryBatch
+from core.compaction import (
+    AppliedStats,
+    CompactionPlan,
+    OutboxFactory,
+    OutboxRecord,
+    StoredBatch,
+    SummaryBatch,
+)
 from core.embedding.port import Embedder
 from core.messages import ConversationMessage, ToolCall
 from core.storage import pg_memory
@@ -294,48 +301,22 @@ class PostgresStore:
         vectors, model = await self._embed_batches(plan.new_batches)
         turn_vectors = await self._embed_turns(plan) if self._embedder is not None else {}
 
+        # Every round trip here is paid by every compaction: steps that can share
+        # a statement do (the lock and the record; the clip-archive and the
+        # outbox), and a step with nothing to do sends nothing.
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-                CONVERSATION_LOCK_CLASS,
-                plan.conversation_id,
-            )
-            recorded = await conn.fetchval(
-                """
-                INSERT INTO compactions (compaction_id, conversation_id, messages_compressed,
-                                         batches_created, tokens_before, tokens_after)
-                VALUES ($1, $2, $3, $4, $5, $6)
-                ON CONFLICT (compaction_id) DO NOTHING
-                RETURNING compaction_id
-                """,
-                plan.compaction_id,
-                plan.conversation_id,
-                plan.messages_compressed,
-                len(plan.new_batches),
-                plan.tokens_estimate_before,
-                plan.tokens_estimate_after,
-            )
-            if recorded is None:
+            if not await _lock_and_record(conn, plan):
                 return ApplyResult(outcome="already_applied")
             await _supersede(conn, plan)
             await _insert_batches(conn, plan.new_batches, vectors, model)
             await _place_resummarised(conn, plan)
             removed = await _archive_compacted(conn, plan)
             await _store_turn_vectors(conn, plan.conversation_id, turn_vectors, model)
-            added = await _insert_clip_archive(conn, plan)
-            stats = AppliedStats(tokens_removed=removed, tokens_added=added)
-            if outbox is not None:
-                records = list(outbox(plan, stats))
-                await conn.executemany(
-                    """
-                    INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id)
-                    VALUES ($1, $2, $3, $4, $5)
-                    """,
-                    [
-                        (plan.compaction_id, r.topic, r.key, r.payload, plan.conversation_id)
-                        for r in records
-                    ],
-                )
+            stats = AppliedStats(
+                tokens_removed=removed, tokens_added=estimate_message_tokens(plan.clip_archive)
+            )
+            records = list(outbox(plan, stats)) if outbox is not None else []
+            await _insert_clip_archive(conn, plan, records)
         return ApplyResult(outcome="applied", stats=stats)
 
     # -- Outbox ----------------------------------------------------------------
@@ -652,6 +633,35 @@ class PostgresStore:
 # -- apply_compaction steps (inside the transaction) --------------------------
 
 
+async def _lock_and_record(conn: AnyConnection, plan: CompactionPlan) -> bool:
+    """Take the conversation's advisory lock, then record the compaction id; ``False``
+    when it was recorded before (a replay: nothing more to write).
+
+    One statement: the row to insert comes out of the lock call, so the lock is
+    held before the insert. Later statements see whatever committed before it
+    (each statement takes a fresh snapshot at read committed); the insert's own
+    conflict check reads the index, not the snapshot.
+    """
+    recorded = await conn.fetchval(
+        """
+        INSERT INTO compactions (compaction_id, conversation_id, messages_compressed,
+                                 batches_created, tokens_before, tokens_after)
+        SELECT $1, $2, $3, $4, $5, $6
+          FROM (SELECT pg_advisory_xact_lock($7, hashtext($2))) AS locked
+        ON CONFLICT (compaction_id) DO NOTHING
+        RETURNING compaction_id
+        """,
+        plan.compaction_id,
+        plan.conversation_id,
+        plan.messages_compressed,
+        len(plan.new_batches),
+        plan.tokens_estimate_before,
+        plan.tokens_estimate_after,
+        CONVERSATION_LOCK_CLASS,
+    )
+    return recorded is not None
+
+
 async def _supersede(conn: AnyConnection, plan: CompactionPlan) -> None:
     if not plan.superseded:
         return
@@ -722,8 +732,11 @@ async def _place_resummarised(conn: AnyConnection, plan: CompactionPlan) -> None
     """A re-summarised batch takes the clip-archive slot of the earliest batch it folds in.
 
     Creation order alone would put it after the newer batches it was written
-    alongside, while it covers the oldest history.
+    alongside, while it covers the oldest history. Only a plan that re-summarised
+    (some batch gets a ``superseded_by``) has one; the others skip the round trip.
     """
+    if not plan.superseded and all(b.superseded_by is None for b in plan.new_batches):
+        return
     await conn.execute(
         """
         UPDATE archival_memory AS m
@@ -805,16 +818,25 @@ async def _store_turn_vectors(
     )
 
 
-async def _insert_clip_archive(conn: AnyConnection, plan: CompactionPlan) -> int:
-    """Insert the clip-archive; its token estimate."""
+async def _insert_clip_archive(
+    conn: AnyConnection, plan: CompactionPlan, outbox: Sequence[OutboxRecord]
+) -> None:
+    """Insert the clip-archive and, in the same statement, the outbox rows (in order)."""
     clip = plan.clip_archive
-    tokens = estimate_message_tokens(clip)
     try:
         await conn.execute(
             """
-            INSERT INTO messages (id, conversation_id, role, content, tool_calls, tool_call_id,
-                                  created_at, token_estimate, kind, compaction_id)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'clip_archive', $9)
+            WITH clip AS (
+                INSERT INTO messages (id, conversation_id, role, content, tool_calls,
+                                      tool_call_id, created_at, token_estimate, kind,
+                                      compaction_id)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'clip_archive', $9)
+            )
+            INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id)
+            SELECT $9, o.topic, o.key, o.payload, $2
+              FROM unnest($10::text[], $11::text[], $12::text[])
+                   WITH ORDINALITY AS o(topic, key, payload, n)
+             ORDER BY o.n
             """,
             clip.id,
             clip.conversation_id,
@@ -823,8 +845,11 @@ async def _insert_clip_archive(conn: AnyConnection, plan: CompactionPlan) -> int
             _tool_calls_json(clip.tool_calls),
             clip.tool_call_id,
             clip.created_at,
-            tokens,
+            estimate_message_tokens(clip),
             plan.compaction_id,
+            [r.topic for r in outbox],
+            [r.key for r in outbox],
+            [r.payload for r in outbox],
         )
     except asyncpg.UniqueViolationError as error:
         # Either another clip-archive exists that the plan did not know to
@@ -833,7 +858,6 @@ async def _insert_clip_archive(conn: AnyConnection, plan: CompactionPlan) -> int
             f"compaction {plan.compaction_id}: cannot insert clip-archive {clip.id}: "
             f"{error.detail or error}"
         ) from error
-    return tokens
 
 
 # -- helpers -------------------------------------------------------------------
