@@ -70,6 +70,10 @@ class PostgresSettings(_Section):
     # own sslmode / sslrootcert parameters win over these (see docs/security.md).
     sslmode: Literal["disable", "prefer", "require", "verify-ca", "verify-full"] | None = None
     ssl_rootcert: str | None = None
+    # One transaction per conversation for the batched ingest too (a Citus-style
+    # deployment distributed by conversation_id wants that; docs/scaling.md).
+    # Off: a group of messages goes in with one statement, far fewer round trips.
+    single_conversation_transactions: bool = False
 
     @field_validator("dsn")
     @classmethod
@@ -148,7 +152,18 @@ class ServiceSettings(_Section):
     data_dir: str = ".state/worker"
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=0, le=65535)
-    max_concurrent_compactions: int = Field(default=4, ge=1)
+    # Compactions in flight per worker. Most of a compaction is waiting for the
+    # LLM, so many fit on one core; the LLM calls are capped separately by
+    # [summarization].max_concurrent_llm_calls (docs/configuration.md).
+    max_concurrent_compactions: int = Field(default=64, ge=1)
+    # Message events accounted as one group: one PostgreSQL statement and one
+    # table write per conversation per group (docs/performance.md).
+    accounting_batch_max: int = Field(default=500, ge=1, le=100_000)
+    # Dirty table entries reach the Faust table (its changelog) at most this
+    # often; 0 writes after every group. PostgreSQL stays the source of truth.
+    table_flush_seconds: float = Field(default=1.0, ge=0, le=3600)
+    # Table entries kept decoded in memory; beyond it clean entries are dropped.
+    tally_cache_entries: int = Field(default=200_000, ge=100)
     command_timeout_seconds: float = Field(default=30.0, gt=0)
     reconcile_interval_seconds: float = Field(default=15.0, gt=0)
     outbox_relay_interval_seconds: float = Field(default=5.0, gt=0)

@@ -18,16 +18,17 @@ from typing import Any
 import faust
 
 from core.settings import ConfigError, Settings
+from streams.app_timers import register_timers
 from streams.kafka_security import kafka_security
-from streams.log_limits import limit_repeats
 from streams.metrics import Metrics
 from streams.runtime import configured_bootstrap
 from streams.topics import TOPICS, TopicNames
 from streams.wiring import LazyRuntime
-from streams.worker import Components, assemble, consumer, faust_patches
+from streams.worker import Components, assemble, batching, consumer, faust_patches
 from streams.worker.consumer import CommandToken
 from streams.worker.publisher import FaustPublisher
 from streams.worker.records import record_of
+from streams.worker.table_context import TableContexts
 
 
 def create_app(settings: Settings, servers: str) -> faust.App:
@@ -99,6 +100,7 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
     )
     metrics = Metrics()
     resources = LazyRuntime(settings, metrics)
+    contexts = TableContexts()
     components: Components[CommandToken] = assemble(
         settings,
         table=conversations,
@@ -108,8 +110,10 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         still_assigned=lambda record: consumer.assigned(app, record),
         owns=consumer.owns_conversation(app, names.control, partitions),
         metrics=metrics,
+        write_context=contexts,
+        tables_ready=lambda: not app.in_recovery,
     )
-    register(app, settings, components, resources, topics)
+    register(app, settings, components, resources, topics, contexts)
     app.components = components  # type: ignore[attr-defined]
     return app
 
@@ -120,6 +124,7 @@ def register(
     components: Components[CommandToken],
     resources: LazyRuntime,
     topics: dict[str, faust.TopicT],
+    contexts: TableContexts,
 ) -> None:
     """Agents, timers and signal handlers, each a thin call into a component."""
     names = components.names
@@ -129,14 +134,20 @@ def register(
 
     @app.agent(raw_topic(app, names.messages), concurrency=1)
     async def accounting_messages(stream: faust.StreamT[bytes]) -> None:
-        """Concurrency 1: acks stay in order; ``handle`` returns once the record is durable."""
-        async for event in stream.events():
-            await accounting.handle(record_of(event))
+        """Concurrency 1 (the table's writer); a group is acked once it is durable."""
+        manual: faust.StreamT[bytes] = stream.noack()  # type: ignore[attr-defined]
+        limit = settings.service.accounting_batch_max
+        async for group in batching.in_groups(manual, limit, contexts.seen):
+            await accounting.handle_batch([record_of(event) for event in group])
+            accounting.flush_table()
+            for event in group:
+                await manual.ack(event)
 
     @app.agent(control_topic, concurrency=1)
     async def accounting_control(stream: faust.StreamT[bytes]) -> None:
         """Completions and reconcile requests, never queued behind a message backlog."""
         async for event in stream.events():
+            contexts.seen(event)
             await accounting.handle(record_of(event))
 
     @app.agent(topics["commands"], concurrency=1)
@@ -149,9 +160,13 @@ def register(
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: faust.App, revoked: set[Any], **kwargs: Any) -> None:
         side.rebalance.on_revoked(set(revoked))
+        gone = {tp.partition for tp in revoked if tp.topic in (names.messages, names.control)}
+        components.table.forget(gone)
+        contexts.forget(gone)
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]
     async def on_rebalanced(sender: faust.App, **kwargs: Any) -> None:
+        components.table.invalidate_index()  # tables restored: rebuilt at the next pass
         await side.rebalance.rewind_uncommitted()
 
     register_timers(app, settings, components, side)
@@ -164,33 +179,3 @@ def register(
     from streams.web import register_views
 
     register_views(app, settings, components, resources)
-
-
-def register_timers(
-    app: faust.App,
-    settings: Settings,
-    components: Components[CommandToken],
-    side: consumer.ConsumerSide,
-) -> None:
-    """Each tick logs its own errors: an exception in a Faust timer stops the worker."""
-
-    @app.timer(interval=settings.service.reconcile_interval_seconds)  # type: ignore[untyped-decorator]
-    async def reconcile() -> None:
-        await components.reconciler.tick()
-
-    @app.timer(interval=settings.service.outbox_relay_interval_seconds)  # type: ignore[untyped-decorator]
-    async def relay_outbox() -> None:
-        await components.relay.tick()
-
-    @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
-    async def measure_lag() -> None:
-        side.lag.tick()
-
-    @app.timer(interval=2.0)  # type: ignore[untyped-decorator]
-    async def watch_progress() -> None:
-        await side.watchdog.tick()
-
-    @app.task  # type: ignore[untyped-decorator]
-    async def quiet_outage_logs() -> None:
-        """After Faust has set up logging, so its configuration cannot drop the filter."""
-        limit_repeats()

@@ -128,6 +128,28 @@ class Metrics:
             "Times the worker exited because re-seeking a stuck partition did not help",
             registry=r,
         )
+        self.accounting_batch_events = Histogram(
+            "compactor_accounting_batch_events",
+            "Message events accounted as one group",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000),
+            registry=r,
+        )
+        self.table_writes = Counter(
+            "compactor_table_writes_total",
+            "Token-table entries written to the Faust table (changelog records)",
+            registry=r,
+        )
+        self.reconcile_tick_seconds = Histogram(
+            "compactor_reconcile_tick_seconds",
+            "Wall time of one reconciliation pass (index rebuilds included)",
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
+            registry=r,
+        )
+        self.reconcile_candidates = Gauge(
+            "compactor_reconcile_candidates",
+            "Table entries reconciliation may act on (its index)",
+            registry=r,
+        )
         self.accounting_waiting = Gauge(
             "compactor_accounting_waiting",
             "1 while accounting is retrying a record (database or broker away)",

@@ -67,6 +67,7 @@ async def open_resources(settings: Settings) -> Runtime:
             min_size=settings.postgres.pool_min_size,
             max_size=settings.postgres.pool_max_size,
             raw_retention_days=settings.archive.raw_retention_days,
+            single_conversation_transactions=settings.postgres.single_conversation_transactions,
         )
     except BaseException:
         await _release(None, embedded)

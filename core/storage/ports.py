@@ -9,7 +9,8 @@ components can be tested without a database.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -36,6 +37,33 @@ class OutboxRow(BaseModel):
     topic: str
     key: str
     payload: str
+
+
+@dataclass(frozen=True)
+class IncomingMessage:
+    """A message to store, with its token count and the tenant it claims."""
+
+    message: ConversationMessage
+    tokens: int
+    tenant_id: str | None = None
+
+
+SaveStatus = Literal["inserted", "duplicate", "tenant_conflict"]
+
+
+@dataclass(frozen=True)
+class SaveOutcome:
+    status: SaveStatus
+    seq: int | None = None  # the arrival number, when inserted
+
+
+@dataclass(frozen=True)
+class StoreTotals:
+    """A conversation as the model would now see it, and its newest arrival."""
+
+    tokens: int = 0
+    rows: int = 0
+    last_seq: int | None = None
 
 
 class HistoryConflictError(Exception):
@@ -129,6 +157,14 @@ class MessageStore(Protocol):
         """
         ...
 
+    async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
+        """``save_message`` for a group, in the group's order, in as few round trips
+        as the store can: the accounting agent's hot path. A message whose
+        conversation belongs to another tenant is ``tenant_conflict`` and is not
+        written; the others are. Within the group, the first claim of a new
+        conversation fixes its tenant; a repeated id is a ``duplicate``."""
+        ...
+
     async def load_history(
         self,
         conversation_id: str,
@@ -213,6 +249,11 @@ class TallySource(Protocol):
 
     async def conversation_totals(self, conversation_id: str) -> tuple[int, int]:
         """(estimated tokens, rows) of the conversation as the model would now see it."""
+        ...
+
+    async def totals_of(self, conversation_ids: Collection[str]) -> dict[str, StoreTotals]:
+        """``conversation_totals`` and ``last_seq`` of many conversations in one query;
+        every id asked for is in the answer (an unknown one with zeros)."""
         ...
 
     async def conversation_token_total(self, conversation_id: str) -> int: ...

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -30,17 +30,20 @@ from core.compaction import (
 )
 from core.embedding.port import Embedder
 from core.messages import ConversationMessage, ToolCall
-from core.storage import pg_memory
+from core.storage import pg_ingest, pg_memory
 from core.storage.migrate import migrate
 from core.storage.pg_memory import RRF_K
 from core.storage.ports import (
     ApplyResult,
     ExpandedBatch,
     HistoryConflictError,
+    IncomingMessage,
     MemorySearchResult,
     OutboxRow,
     QueryMode,
+    SaveOutcome,
     SearchSources,
+    StoreTotals,
     TenantConflictError,
     WorkerStore,
 )
@@ -142,6 +145,7 @@ class PostgresStore:
         *,
         candidates_per_half: int = 50,
         raw_retention_days: int = 0,
+        single_conversation_transactions: bool = False,
     ) -> None:
         if candidates_per_half < 1:
             raise ValueError("candidates_per_half must be >= 1")
@@ -151,6 +155,7 @@ class PostgresStore:
         self._embedder = embedder
         self._candidates_per_half = candidates_per_half
         self._raw_retention_days = raw_retention_days
+        self._single_conversation_transactions = single_conversation_transactions
 
     @classmethod
     async def connect(
@@ -162,6 +167,7 @@ class PostgresStore:
         max_size: int = 10,
         run_migrations: bool = True,
         raw_retention_days: int = 0,
+        single_conversation_transactions: bool = False,
     ) -> PostgresStore:
         """A store with its own pool, migrating the database first by default.
 
@@ -178,7 +184,12 @@ class PostgresStore:
             init=configure_connection,
             reset=keep_session,
         )
-        return cls(pool, embedder, raw_retention_days=raw_retention_days)
+        return cls(
+            pool,
+            embedder,
+            raw_retention_days=raw_retention_days,
+            single_conversation_transactions=single_conversation_transactions,
+        )
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -246,6 +257,15 @@ class PostgresStore:
                 token_estimate,
             )
         return inserted is not None
+
+    async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
+        """Same rules as ``save_message``, a group at a time (``core.storage.pg_ingest``)."""
+        return await pg_ingest.save_group(
+            self._pool,
+            batch,
+            lock_class=CONVERSATION_LOCK_CLASS,
+            per_conversation=self._single_conversation_transactions,
+        )
 
     async def load_history(
         self,
@@ -552,6 +572,9 @@ class PostgresStore:
         )
         assert row is not None
         return int(row["tokens"]), int(row["rows"])
+
+    async def totals_of(self, conversation_ids: Collection[str]) -> dict[str, StoreTotals]:
+        return await pg_ingest.totals_of(self._pool, conversation_ids)
 
     async def conversations_over(self, threshold: int) -> list[tuple[str, int]]:
         """Conversations whose estimate exceeds ``threshold``, largest first.

@@ -18,11 +18,13 @@ offline ``compactor compact`` drives the same ones in-process.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from core.accounting import reconcile_due
 from core.settings import Settings
 from streams.metrics import Metrics
 from streams.scheduler import CompactionScheduler
@@ -35,7 +37,7 @@ from streams.worker.processor import CommandIntake, Processor
 from streams.worker.publisher import Publisher
 from streams.worker.records import Record
 from streams.worker.resources import Resources
-from streams.worker.tally_table import TallyTable
+from streams.worker.tally_table import TallyTable, WriteContext
 from streams.worker.timers import Reconciler
 
 Token = TypeVar("Token")
@@ -67,27 +69,27 @@ def assemble(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     still_assigned: Callable[[Record], bool] = lambda _: True,
     owns: Callable[[str], bool] = lambda _: True,
+    write_context: WriteContext | None = None,
+    tables_ready: Callable[[], bool] = lambda: True,
 ) -> Components[Token]:
     """The components over the given table, publisher and resources.
 
     ``ack`` acknowledges a command record once it and every earlier one of
     its partition are done (see ``streams.scheduler``); ``still_assigned``
     tells accounting whether to keep retrying a record through an outage, and
-    ``owns`` reconciliation whether a conversation is this worker's.
+    ``owns`` reconciliation whether a conversation is this worker's;
+    ``write_context`` lets the table flush write Faust table entries (see
+    ``streams.worker.table_context``).
     """
     service = settings.service
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
     metrics = metrics or Metrics()
     health = Health(clock)
-    tallies = TallyTable(table)
+    tallies = tally_table(settings, table, metrics, write_context)
     dead_letters = DeadLetters(
         publisher, metrics, clock, max_request_bytes=settings.kafka.max_request_bytes
     )
-    rules = AccountingRules(
-        budget=settings.budget,
-        max_content_chars=service.max_content_chars,
-        command_timeout_seconds=service.command_timeout_seconds,
-    )
+    rules = AccountingRules.of(settings)
     relay = OutboxRelay(resources, publisher, metrics)
     processor = Processor(
         resources=resources,
@@ -131,5 +133,24 @@ def assemble(
             resources=resources,
             owns=owns,
             clock=clock,
+            ready=tables_ready,
+            metrics=metrics,
         ),
+    )
+
+
+def tally_table(
+    settings: Settings,
+    table: MutableMapping[str, Any],
+    metrics: Metrics,
+    write_context: WriteContext | None = None,
+) -> TallyTable:
+    """The cached token table; its index holds what ``reconcile_due`` may ever act on."""
+    return TallyTable(
+        table,
+        candidate=lambda tally: reconcile_due(tally, settings.budget, math.inf, 0.0),
+        flush_seconds=settings.service.table_flush_seconds,
+        max_cached=settings.service.tally_cache_entries,
+        on_write=metrics.table_writes.inc,
+        write_context=write_context,
     )

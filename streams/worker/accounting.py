@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -33,7 +33,8 @@ from core.accounting import (
     resynced,
 )
 from core.budget import BudgetConfig
-from core.storage.ports import TenantConflictError
+from core.settings import Settings
+from core.storage.ports import IncomingMessage, SaveOutcome, StoreTotals
 from core.tokens import estimate_message_tokens
 from streams.events import CompactionCommand, CompactionCompleted, EraseRequest, MessageEvent
 from streams.metrics import Metrics
@@ -66,6 +67,15 @@ class AccountingRules:
     # is retried this often, then the record is dead-lettered with the error.
     max_attempts: int = 5
 
+    @classmethod
+    def of(cls, settings: Settings) -> AccountingRules:
+        service = settings.service
+        return cls(
+            budget=settings.budget,
+            max_content_chars=service.max_content_chars,
+            command_timeout_seconds=service.command_timeout_seconds,
+        )
+
 
 class Accounting:
     def __init__(
@@ -97,46 +107,75 @@ class Accounting:
         self._locks = KeyedLock()
 
     async def handle(self, record: Record) -> None:
-        """Account one record, durably: returns only once its effect is written.
-
-        An unusable record is dead-lettered with its reason; one that keeps
-        failing for another reason than an outage is dead-lettered with the
-        error after ``max_attempts``; during an outage it waits, for as long
-        as its partition stays assigned here.
-        """
+        """Account one record, durably: returns only once its effect is written, and
+        writes its table entry now (the control agent, the offline CLI)."""
         async with self._locks.hold(record.key):
-            failures = 0
-            last: Exception | None = None
-            while True:
-                try:
-                    if last is not None and self._gives_up(last, failures):
-                        await self._dead_letter(record, processing_error(last, failures))
-                    else:
-                        await self._account(record)
-                except Exception as error:
-                    failures += 1
-                    last = error
-                    self._waiting(record, error, failures)
-                    if not self._still_assigned(record):
-                        log.warning("abandoning %s: its partition was revoked", describe(record))
-                        return
-                    await self._sleep(backoff_seconds(failures - 1))
-                    continue
-                if failures:
-                    self._recovered(record, failures)
-                return
+            touched = await self._durably([record])
+        self._table.flush(only=touched)
+
+    async def handle_batch(self, records: Sequence[Record]) -> None:
+        """Account a group of message records, durably; their table entries are
+        written by the next due ``flush_table``.
+
+        Per group: one store call for the messages, one for the counts of the
+        conversations it must resync, the commands and dead letters sent
+        together. An unusable record is dead-lettered with its reason; during
+        an outage the group waits, for as long as its partitions stay assigned
+        here; a group that keeps failing otherwise is retried one record at a
+        time, so one bad record cannot hold up or dead-letter the others.
+        """
+        if records:
+            async with self._locks.hold_many(record.key for record in records):
+                await self._durably(records)
+            self._metrics.accounting_batch_events.observe(len(records))
+
+    def flush_table(self) -> int:
+        """Write the dirty table entries if ``table_flush_seconds`` have passed."""
+        return self._table.flush()
+
+    async def _durably(self, records: Sequence[Record]) -> set[str]:
+        failures = 0
+        pending = list(records)
+        while True:
+            try:
+                touched = await self._account(pending)
+            except Exception as error:
+                failures += 1
+                self._waiting(pending[0], error, failures)
+                pending = [record for record in pending if self._still_assigned(record)]
+                if not pending:
+                    log.warning("abandoning %s: its partition was revoked", describe(records[0]))
+                    return set()
+                await self._sleep(backoff_seconds(failures - 1))
+                if self._gives_up(error, failures):
+                    return await self._give_up(pending, error, failures)
+                continue
+            if failures:
+                self._recovered(pending[0], failures)
+            return touched
 
     def _gives_up(self, error: Exception, failures: int) -> bool:
         return not is_outage(error) and failures >= self._rules.max_attempts
 
-    async def _account(self, record: Record) -> None:
-        try:
-            if record.topic == self._names.messages:
-                await self.on_message(record)
-            else:
-                await self.on_control(record)
-        except InvalidRecord as error:
-            await self._dead_letter(record, error)
+    async def _give_up(self, pending: list[Record], error: Exception, failures: int) -> set[str]:
+        """One record left: dead-letter it with the error. More: retry each alone."""
+        if len(pending) == 1:
+            await self._dead_letter(pending[0], processing_error(error, failures))
+            self._recovered(pending[0], failures)
+            return set()
+        touched: set[str] = set()
+        for record in pending:
+            touched |= await self._durably([record])
+        return touched
+
+    async def _account(self, records: Sequence[Record]) -> set[str]:
+        if len(records) == 1 and records[0].topic != self._names.messages:
+            try:
+                return await self.on_control(records[0])
+            except InvalidRecord as error:
+                await self._dead_letter(records[0], error)
+                return set()
+        return await self.on_messages(records)
 
     async def _dead_letter(self, record: Record, error: InvalidRecord) -> None:
         await self._dead_letters.send(record, error)
@@ -153,7 +192,7 @@ class Accounting:
         )
         if failures == 1 or failures % 20 == 0:  # once, then every few minutes
             log.warning(
-                "accounting %s failed (%s, attempt %d), retrying the same record: %s: %s",
+                "accounting %s failed (%s, attempt %d), retrying the same records: %s: %s",
                 describe(record),
                 outage,
                 failures,
@@ -166,70 +205,130 @@ class Accounting:
         self._health.clear("accounting")
         log.warning("accounting resumed at %s after %d failed attempts", describe(record), failures)
 
-    async def on_message(self, record: Record) -> None:
-        parsed = decode_message(record, self._rules.max_content_chars)
+    async def on_messages(self, records: Sequence[Record]) -> set[str]:
+        """Store the group, then count each conversation once: from the store when
+        this worker has not checked its entry since it got the partition (or a
+        message was a redelivery), else by adding the new messages' tokens."""
+        decoded, letters = self._decode(records)
         store = await self._resources.store()
-        tokens = message_tokens(parsed)
-        try:
-            inserted = await store.save_message(
-                parsed.to_message(), tokens, tenant_id=parsed.tenant_id
-            )
-        except TenantConflictError as error:
-            raise InvalidRecord(str(error), "tenant_mismatch") from None
-        conversation_id = parsed.conversation_id
-        tally = self._table.get(conversation_id)
+        outcomes = await store.save_messages([incoming for _, incoming in decoded])
+        groups: dict[str, list[tuple[Record, IncomingMessage, SaveOutcome]]] = {}
+        for (record, incoming), outcome in zip(decoded, outcomes, strict=True):
+            if outcome.status == "tenant_conflict":
+                letters.append((record, tenant_mismatch(incoming)))
+            else:
+                groups.setdefault(incoming.message.conversation_id, []).append(
+                    (record, incoming, outcome)
+                )
+        resync = [
+            conversation_id
+            for conversation_id, items in groups.items()
+            if not self._table.synced(conversation_id)
+            or any(outcome.status == "duplicate" for _, _, outcome in items)
+        ]
+        totals = await store.totals_of(resync) if resync else {}
         now = self._clock()
-        if tally is None or not inserted:
-            # New to this table, or a redelivery the table may already have
-            # counted: PostgreSQL (which has just stored the message) decides.
-            total, count = await store.conversation_totals(conversation_id)
-            tally, issue = on_resync(tally, conversation_id, total, count, self._rules.budget, now)
-            self._metrics.events_in.labels("new" if inserted else "duplicate").inc()
-        else:
-            tally, issue = on_message(tally, tokens, self._rules.budget, now)
-            self._metrics.events_in.labels("new").inc()
-        self._table.put(tally)
-        if issue:
-            await self._send_command(tally, "over_budget")
+        commands = [
+            command
+            for conversation_id, items in groups.items()
+            if (command := self._count(conversation_id, items, totals.get(conversation_id), now))
+        ]
+        await asyncio.gather(
+            *(self._dead_letter(record, error) for record, error in letters),
+            *(self._publish_command(command, "over_budget") for command in commands),
+        )
+        return set(groups)
 
-    async def on_control(self, record: Record) -> None:
+    def _decode(
+        self, records: Sequence[Record]
+    ) -> tuple[list[tuple[Record, IncomingMessage]], list[tuple[Record, InvalidRecord]]]:
+        decoded: list[tuple[Record, IncomingMessage]] = []
+        letters: list[tuple[Record, InvalidRecord]] = []
+        for record in records:
+            try:
+                event = decode_message(record, self._rules.max_content_chars)
+            except InvalidRecord as error:
+                letters.append((record, error))
+                continue
+            incoming = IncomingMessage(event.to_message(), message_tokens(event), event.tenant_id)
+            decoded.append((record, incoming))
+        return decoded, letters
+
+    def _count(
+        self,
+        conversation_id: str,
+        items: Sequence[tuple[Record, IncomingMessage, SaveOutcome]],
+        totals: StoreTotals | None,
+        now: float,
+    ) -> CompactionCommand | None:
+        """One conversation's share of a group: its new tally, and a command if due."""
+        budget = self._rules.budget
+        tally = self._table.get(conversation_id)
+        inserted = [outcome for _, _, outcome in items if outcome.status == "inserted"]
+        self._metrics.events_in.labels("new").inc(len(inserted))
+        self._metrics.events_in.labels("duplicate").inc(len(items) - len(inserted))
+        if totals is not None:
+            tally, issue = on_resync(
+                tally, conversation_id, totals.tokens, totals.rows, budget, now
+            )
+            last_seq = totals.last_seq
+        else:
+            assert tally is not None  # synced entries are cached
+            issue = False
+            for _, incoming, _ in items:  # all inserted: a duplicate means a resync
+                tally, issued = on_message(tally, incoming.tokens, budget, now)
+                issue = issue or issued
+            last_seq = max((o.seq for o in inserted if o.seq is not None), default=None)
+        partition = items[-1][0].partition
+        self._table.put(tally, partition=partition, synced=True if totals is not None else None)
+        return self._command(tally, last_seq, "over_budget") if issue else None
+
+    async def on_control(self, record: Record) -> set[str]:
         control = decode_control(record)
         conversation_id = control.conversation_id
         if isinstance(control, EraseRequest):
-            await self.erase(conversation_id, "erase request")
-            return
+            await self.erase(conversation_id, "erase request", partition=record.partition)
+            return set()
         tally = self._table.get(conversation_id)
         store = await self._resources.store()
         now = self._clock()
         budget = self._rules.budget
+        totals: StoreTotals | None = None
         if isinstance(control, CompactionCompleted):
-            if tally is None and await self._erased_meanwhile(control):
-                return
+            if tally is None and await self._erased_meanwhile(control, record.partition):
+                return set()
+            if tally is None or completes_outstanding(tally, control.compaction_id):
+                totals = (await store.totals_of([conversation_id]))[conversation_id]
             if tally is None:
-                tally = rebuilt(conversation_id, *await store.conversation_totals(conversation_id))
-            totals = None
-            if completes_outstanding(tally, control.compaction_id):
-                totals = await store.conversation_totals(conversation_id)
-            tally, issue = on_completion(tally, completion_of(control), budget, now, totals)
+                assert totals is not None
+                tally = rebuilt(conversation_id, totals.tokens, totals.rows)
+            counts = None if totals is None else (totals.tokens, totals.rows)
+            tally, issue = on_completion(tally, completion_of(control), budget, now, counts)
             reason = "continue"
         else:
             # Reconciliation does not trust the table: the store's counts repair
             # an entry that drifted, before deciding.
-            totals = await store.conversation_totals(conversation_id)
-            tally = rebuilt(conversation_id, *totals) if tally is None else resynced(tally, *totals)
+            totals = (await store.totals_of([conversation_id]))[conversation_id]
+            tally = (
+                rebuilt(conversation_id, totals.tokens, totals.rows)
+                if tally is None
+                else resynced(tally, totals.tokens, totals.rows)
+            )
             tally, issue = on_reconcile(tally, budget, now, self._rules.command_timeout_seconds)
             reason = "reconcile"
-        self._table.put(tally)
+        self._table.put(tally, partition=record.partition, synced=True if totals else None)
         if issue:
-            await self._send_command(tally, reason)
+            last_seq = totals.last_seq if totals else await store.last_seq(conversation_id)
+            await self._publish_command(self._command(tally, last_seq, reason), reason)
+        return {conversation_id}
 
-    async def erase(self, conversation_id: str, why: str) -> None:
+    async def erase(self, conversation_id: str, why: str, *, partition: int | None = None) -> None:
         """Every row in the store, the table entry (a changelog tombstone), then a
         tombstone on the clip-archive topic so log-compacted copies forget it.
         Each step is idempotent: a retried record repeats them harmlessly."""
         store = await self._resources.store()
         removed = await store.erase_conversation(conversation_id)
-        self._table.delete(conversation_id)
+        self._table.delete(conversation_id, partition=partition)
         await self._publisher.publish("clip_archives", conversation_id.encode(), None)
         self._metrics.erasures.inc()
         log.info(
@@ -239,7 +338,7 @@ class Accounting:
             ", ".join(f"{table} {count}" for table, count in removed.items()),
         )
 
-    async def _erased_meanwhile(self, control: CompactionCompleted) -> bool:
+    async def _erased_meanwhile(self, control: CompactionCompleted, partition: int) -> bool:
         """A completion with no table entry whose compaction the store does not know:
         the conversation was erased after that compaction committed, and its
         clip-archive may have reached the topic after the erase's tombstone, so
@@ -249,30 +348,32 @@ class Accounting:
         store = await self._resources.store()
         if await store.compaction_applied(control.compaction_id):
             return False
-        await self.erase(control.conversation_id, "completion after an erase")
+        await self.erase(control.conversation_id, "completion after an erase", partition=partition)
         return True
 
-    async def _send_command(self, tally: ConversationTally, reason: str) -> None:
+    def _command(
+        self, tally: ConversationTally, up_to_seq: int | None, reason: str
+    ) -> CompactionCommand:
         assert tally.outstanding is not None
-        store = await self._resources.store()
-        command = CompactionCommand(
+        return CompactionCommand(
             compaction_id=tally.outstanding,
             conversation_id=tally.conversation_id,
             generation=tally.generation,
-            up_to_seq=await store.last_seq(tally.conversation_id),
+            up_to_seq=up_to_seq,
             issued_at=datetime.fromtimestamp(self._clock(), UTC),
             reason="reconcile" if reason == "reconcile" else "over_budget",
         )
+
+    async def _publish_command(self, command: CompactionCommand, reason: str) -> None:
         await self._publisher.publish(
-            "commands", tally.conversation_id.encode(), command.model_dump_json().encode()
+            "commands", command.conversation_id.encode(), command.model_dump_json().encode()
         )
         self._metrics.commands_issued.labels(reason).inc()
         log.info(
-            "compaction %s of %s requested (%s): %d tokens over budget %d",
+            "compaction %s of %s requested (%s), budget %d",
             command.compaction_id,
-            tally.conversation_id,
+            command.conversation_id,
             reason,
-            tally.token_total,
             self._rules.budget.budget_tokens,
         )
 
@@ -285,6 +386,15 @@ def processing_error(error: Exception, failures: int) -> InvalidRecord:
     return InvalidRecord(
         f"could not be processed after {failures} attempts: {type(error).__name__}: {error}"[:1000],
         "processing_error",
+    )
+
+
+def tenant_mismatch(incoming: IncomingMessage) -> InvalidRecord:
+    message = incoming.message
+    return InvalidRecord(
+        f"conversation {message.conversation_id[:80]!r} belongs to another tenant "
+        f"than the one message {message.id[:80]!r} claims ({incoming.tenant_id!r})",
+        "tenant_mismatch",
     )
 
 

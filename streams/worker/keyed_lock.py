@@ -8,8 +8,8 @@ conversation's read-modify-write of its table entry single-file.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Hashable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Hashable, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
 
 
 class KeyedLock:
@@ -29,6 +29,14 @@ class KeyedLock:
                 del self._locks[key]
             else:
                 self._locks[key] = (lock, users - 1)
+
+    @asynccontextmanager
+    async def hold_many(self, keys: Iterable[Hashable]) -> AsyncIterator[None]:
+        """Every key's lock, taken in one global order so two holders cannot deadlock."""
+        async with AsyncExitStack() as stack:
+            for key in sorted(set(keys), key=repr):
+                await stack.enter_async_context(self.hold(key))
+            yield
 
     def __len__(self) -> int:
         return len(self._locks)

@@ -1,35 +1,245 @@
-"""The token table, read and written as ``ConversationTally`` values.
+"""The token table, read and written as ``ConversationTally`` values, through a cache.
 
-The Faust table stores plain dicts (its changelog is JSON); this wrapper is
-the only place that converts, so no other code reads raw entries. Anything
-with ``get``/``__setitem__``/``__delitem__``/``items`` works underneath: a
-Faust ``Table`` in the worker, a dict in tests and the offline CLI.
+Writing a Faust table entry produces a changelog record: about half a
+millisecond here, more than everything else accounting does per message. So
+the working tallies live in memory and each changed ("dirty") entry reaches
+the table once per ``flush_seconds``, however many messages changed it
+(Kafka Streams' record cache does the same). Nothing is lost by writing late:
+PostgreSQL is the source of truth, and an entry this worker has not checked
+against it since it got the partition is resynced from the store on first
+touch (``synced``), so an entry restored stale from the changelog is repaired
+before it is trusted.
+
+The cache also keeps the reconciliation index: the entries reconciliation
+can act on (a command outstanding, or over budget and not stalled), so a
+pass costs what it can do, not the size of the table. The index is rebuilt by
+a scan of the table after each assignment (``rebuild_index``).
+
+Underneath, anything with ``get``/``__setitem__``/``pop``/``items`` works: a
+Faust ``Table`` in the worker, a dict in tests and the offline CLI. A Faust
+table write must happen "inside" an event of the entry's partition;
+``write_context(partition)`` provides that (``streams.worker.table_context``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator, MutableMapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 from core.accounting import ConversationTally
 
+log = logging.getLogger("compactor.worker")
+
+WriteContext = Callable[[int | None], AbstractContextManager[Any]]
+
+
+@dataclass
+class _Entry:
+    tally: ConversationTally
+    partition: int | None
+    synced: bool  # checked against the store since this worker got the partition
+    dirty: bool
+
+
+def _no_context(_: int | None) -> AbstractContextManager[Any]:
+    return nullcontext()
+
 
 class TallyTable:
-    def __init__(self, table: MutableMapping[str, Any]) -> None:
+    def __init__(
+        self,
+        table: MutableMapping[str, Any],
+        *,
+        candidate: Callable[[ConversationTally], bool] = lambda t: t.outstanding is not None,
+        flush_seconds: float = 0.0,
+        max_cached: int = 200_000,
+        write_context: WriteContext | None = None,
+        on_write: Callable[[int], None] = lambda _: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._table = table
+        self._candidate = candidate
+        self._flush_seconds = flush_seconds
+        self._max_cached = max_cached
+        self._write_context = write_context or _no_context
+        self._on_write = on_write
+        self._clock = clock
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self._dirty: set[str] = set()
+        self._index: set[str] = set()
+        self._index_valid = False
+        self._last_flush = clock()
+
+    # -- reading -------------------------------------------------------------
 
     def get(self, conversation_id: str) -> ConversationTally | None:
+        entry = self._cache.get(conversation_id)
+        if entry is not None:
+            self._cache.move_to_end(conversation_id)
+            return entry.tally
         raw = self._table.get(conversation_id)
         return None if raw is None else ConversationTally.model_validate(raw)
 
-    def put(self, tally: ConversationTally) -> None:
-        self._table[tally.conversation_id] = tally.model_dump()
-
-    def delete(self, conversation_id: str) -> None:
-        self._table.pop(conversation_id, None)
+    def synced(self, conversation_id: str) -> bool:
+        """Has this worker taken the store's counts for it since the assignment?"""
+        entry = self._cache.get(conversation_id)
+        return entry is not None and entry.synced
 
     def items(self) -> Iterator[tuple[str, ConversationTally]]:
-        """Every entry, over a snapshot of the keys (the agent may write meanwhile)."""
+        """Every entry, the cached ones as the cache has them (a snapshot of the keys)."""
+        seen: set[str] = set()
+        for conversation_id, entry in list(self._cache.items()):
+            seen.add(conversation_id)
+            yield conversation_id, entry.tally
         for conversation_id, raw in list(self._table.items()):
-            if raw is not None:
+            if raw is not None and conversation_id not in seen:
                 yield conversation_id, ConversationTally.model_validate(raw)
+
+    # -- writing -------------------------------------------------------------
+
+    def put(
+        self, tally: ConversationTally, *, partition: int | None = None, synced: bool | None = None
+    ) -> None:
+        """Cache the entry and mark it dirty; ``flush`` writes it to the table."""
+        conversation_id = tally.conversation_id
+        previous = self._cache.pop(conversation_id, None)
+        if partition is None and previous is not None:
+            partition = previous.partition
+        self._cache[conversation_id] = _Entry(
+            tally=tally,
+            partition=partition,
+            synced=synced if synced is not None else bool(previous and previous.synced),
+            dirty=True,
+        )
+        self._dirty.add(conversation_id)
+        self._index_entry(conversation_id, tally)
+
+    def delete(self, conversation_id: str, *, partition: int | None = None) -> None:
+        """Now, not at the next flush: an erasure must not wait (a changelog tombstone)."""
+        self._cache.pop(conversation_id, None)
+        self._dirty.discard(conversation_id)
+        self._index.discard(conversation_id)
+        if conversation_id in self._table:
+            with self._write_context(partition):
+                self._table.pop(conversation_id, None)
+
+    def flush(self, *, force: bool = False, only: Collection[str] | None = None) -> int:
+        """Write the dirty entries (``only`` those) if ``flush_seconds`` have passed
+        since the last flush, or ``force``; the number written."""
+        now = self._clock()
+        if only is None and not force and now - self._last_flush < self._flush_seconds:
+            return 0
+        keys = list(self._dirty) if only is None else self._dirty.intersection(only)
+        by_partition: dict[int | None, list[_Entry]] = {}
+        for conversation_id in keys:
+            entry = self._cache[conversation_id]
+            by_partition.setdefault(entry.partition, []).append(entry)
+        written = 0
+        for partition, entries in by_partition.items():
+            try:
+                context = self._write_context(partition)
+            except LookupError:  # no event of that partition seen yet: next flush
+                continue
+            with context:
+                for entry in entries:
+                    conversation_id = entry.tally.conversation_id
+                    self._table[conversation_id] = entry.tally.model_dump()
+                    entry.dirty = False
+                    self._dirty.discard(conversation_id)
+                    written += 1
+        if only is None:
+            self._last_flush = now
+        self._on_write(written)
+        self._evict()
+        return written
+
+    def _evict(self) -> None:
+        """Forget the least recently used clean entries beyond ``max_cached``."""
+        excess = len(self._cache) - self._max_cached
+        for conversation_id in list(self._cache)[: max(0, excess)]:
+            if not self._cache[conversation_id].dirty:
+                del self._cache[conversation_id]
+
+    def forget(self, partitions: Collection[int]) -> int:
+        """Drop what the cache holds for revoked partitions, dirty or not: their new
+        owner resyncs each entry from the store before it trusts it."""
+        gone = [c for c, e in self._cache.items() if e.partition in partitions]
+        for conversation_id in gone:
+            del self._cache[conversation_id]
+            self._dirty.discard(conversation_id)
+            self._index.discard(conversation_id)
+        return len(gone)
+
+    @property
+    def dirty(self) -> int:
+        return len(self._dirty)
+
+    @property
+    def cached(self) -> int:
+        return len(self._cache)
+
+    # -- the reconciliation index --------------------------------------------
+
+    def _index_entry(self, conversation_id: str, tally: ConversationTally) -> None:
+        if self._candidate(tally):
+            self._index.add(conversation_id)
+        else:
+            self._index.discard(conversation_id)
+
+    def consider(self, conversation_id: str) -> None:
+        """Put an entry in the index (the store says it may need a command)."""
+        self._index.add(conversation_id)
+
+    def candidates(self) -> list[str]:
+        return list(self._index)
+
+    def drop_candidate(self, conversation_id: str) -> None:
+        self._index.discard(conversation_id)
+
+    @property
+    def index_valid(self) -> bool:
+        return self._index_valid
+
+    def invalidate_index(self) -> None:
+        """The assignment changed: restored entries may be missing from the index."""
+        self._index_valid = False
+
+    async def rebuild_index(self, yield_every: int = 500) -> int:
+        """Scan the whole table once, yielding to the event loop every ``yield_every``
+        entries (a million RocksDB entries must not stall the worker)."""
+        self._index_valid = True  # an invalidation during the scan scans again
+        found = set(self._index)
+        for scanned, (conversation_id, raw) in enumerate(self._scan()):
+            if scanned % yield_every == yield_every - 1:
+                await asyncio.sleep(0)
+            entry = self._cache.get(conversation_id)
+            if entry is not None:
+                tally = entry.tally
+            elif raw is None:
+                continue
+            else:
+                tally = ConversationTally.model_validate(raw)
+            if self._candidate(tally):
+                found.add(conversation_id)
+        self._index |= found
+        return len(self._index)
+
+    def _scan(self) -> Iterator[tuple[str, Any]]:
+        """The table's items without copying them all first, where it allows that.
+
+        A RocksDB table iterates lazily (a copy of a million entries would stall
+        for seconds); a dict cannot be iterated while the agents write to it, so
+        it is copied, which is fast for a dict."""
+        if isinstance(self._table, dict):
+            yield from list(self._table.items())
+            return
+        try:
+            yield from self._table.items()
+        except RuntimeError:  # changed during the iteration: fall back to a copy
+            yield from list(self._table.items())

@@ -2,7 +2,10 @@
 
 Only a request is sent: the accounting agent owns the table and decides
 (``core.accounting.on_reconcile``, after taking the store's counts); this
-pass only asks ``reconcile_due``. Every few passes it also asks the store
+pass only asks ``reconcile_due``, of the entries in the table's index of
+those it may act on (``TallyTable.candidates``, rebuilt by one yielding scan
+after each assignment), so a pass costs what it can do, not the size of the
+table. Every few passes it also asks the store
 which conversations are over budget, so an entry that drifted below the
 store's count (or was lost) is repaired instead of being trusted.
 """
@@ -18,6 +21,7 @@ from datetime import UTC, datetime
 from core.accounting import reconcile_due
 from core.budget import BudgetConfig, compaction_due
 from streams.events import ReconcileRequest
+from streams.metrics import Metrics
 from streams.worker.publisher import Publisher
 from streams.worker.resources import Resources
 from streams.worker.tally_table import TallyTable
@@ -43,6 +47,8 @@ class Reconciler:
         resources: Resources | None = None,
         owns: Callable[[str], bool] = lambda _: True,
         clock: Callable[[], float] = time.time,
+        ready: Callable[[], bool] = lambda: True,
+        metrics: Metrics | None = None,
     ) -> None:
         self._table = table
         self._publisher = publisher
@@ -52,6 +58,8 @@ class Reconciler:
         self._clock = clock
         self._resources = resources
         self._owns = owns
+        self._ready = ready  # tables restored: the index may be rebuilt
+        self._metrics = metrics
         self._passes = 0
         self._last_request: dict[str, float] = {}
 
@@ -65,17 +73,26 @@ class Reconciler:
             return 0
 
     async def _pass(self) -> int:
+        started = time.perf_counter()
+        if not self._table.index_valid and self._ready():
+            await self._table.rebuild_index(YIELD_EVERY)
         now = self._clock()
         sent = 0
-        for scanned, (conversation_id, tally) in enumerate(self._table.items()):
+        for scanned, conversation_id in enumerate(self._table.candidates()):
             if scanned % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
-            if reconcile_due(tally, self._budget, now, self._timeout):
+            tally = self._table.get(conversation_id)
+            if tally is None or not self._owns(conversation_id):
+                self._table.drop_candidate(conversation_id)  # erased, or another worker's now
+            elif reconcile_due(tally, self._budget, now, self._timeout):
                 sent += await self._request(conversation_id, now)
         self._passes += 1
         resources = self._resources
         if resources is not None and self._passes % STORE_CHECK_EVERY == 1:
             sent += await self._check_against_store(resources, now)
+        if self._metrics is not None:
+            self._metrics.reconcile_tick_seconds.observe(time.perf_counter() - started)
+            self._metrics.reconcile_candidates.set(len(self._table.candidates()))
         return sent
 
     async def _check_against_store(self, resources: Resources, now: float) -> int:
@@ -91,7 +108,8 @@ class Reconciler:
         for conversation_id, total in over:
             tally = self._table.get(conversation_id)
             if tally is not None and compaction_due(tally.token_total, self._budget):
-                continue  # the table agrees; reconcile_due decides
+                self._table.consider(conversation_id)  # the table agrees; reconcile_due decides
+                continue
             if tally is None and not self._owns(conversation_id):
                 continue  # another worker's conversation
             if tally is not None and tally.stalled:

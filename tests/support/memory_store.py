@@ -12,7 +12,7 @@ enough for components, not a model of PostgreSQL's full-text search.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -24,11 +24,14 @@ from core.storage.ports import (
     ApplyResult,
     ExpandedBatch,
     HistoryConflictError,
+    IncomingMessage,
     MemoryHit,
     MemorySearchResult,
     OutboxRow,
     QueryMode,
+    SaveOutcome,
     SearchSources,
+    StoreTotals,
     TenantConflictError,
     TurnHit,
     WorkerStore,
@@ -117,6 +120,31 @@ class InMemoryStore:
             return False
         self.messages[message.id] = _Row(message, token_estimate, next(self._seq))
         return True
+
+    async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
+        """All or nothing, like the one transaction ``PostgresStore`` uses."""
+        self._call("save_messages")
+        if any(incoming.tokens < 0 for incoming in batch):
+            raise ValueError("token counts must be >= 0")
+        outcomes: list[SaveOutcome] = []
+        for incoming in batch:
+            message = incoming.message
+            owner = self.tenants.setdefault(message.conversation_id, incoming.tenant_id)
+            if owner != incoming.tenant_id:
+                outcomes.append(SaveOutcome("tenant_conflict"))
+                continue
+            compacted = any(
+                message.id in b.batch.source_message_ids
+                for b in self.batches.values()
+                if b.conversation_id == message.conversation_id
+            )
+            if message.id in self.messages or compacted:
+                outcomes.append(SaveOutcome("duplicate"))
+                continue
+            row = _Row(message, incoming.tokens, next(self._seq))
+            self.messages[message.id] = row
+            outcomes.append(SaveOutcome("inserted", row.seq))
+        return outcomes
 
     async def load_history(
         self,
@@ -361,6 +389,18 @@ class InMemoryStore:
         self._call("conversation_totals")
         rows = [r for r in self.messages.values() if r.message.conversation_id == conversation_id]
         return sum(r.tokens for r in rows), len(rows)
+
+    async def totals_of(self, conversation_ids: Collection[str]) -> dict[str, StoreTotals]:
+        self._call("totals_of")
+        totals: dict[str, StoreTotals] = {}
+        for conversation_id in conversation_ids:
+            rows = [
+                r for r in self.messages.values() if r.message.conversation_id == conversation_id
+            ]
+            totals[conversation_id] = StoreTotals(
+                sum(r.tokens for r in rows), len(rows), max((r.seq for r in rows), default=None)
+            )
+        return totals
 
     async def conversation_token_total(self, conversation_id: str) -> int:
         return (await self.conversation_totals(conversation_id))[0]

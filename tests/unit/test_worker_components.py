@@ -480,6 +480,8 @@ def test_the_tally_table_converts_both_ways_and_skips_empty_entries() -> None:
     table = TallyTable(raw)
     tally = ConversationTally(conversation_id="c1", token_total=5, message_count=1)
     table.put(tally)
+    assert "c1" not in raw  # cached until a flush
+    assert table.flush(force=True) == 1
     assert raw["c1"] == tally.model_dump()
     assert table.get("c1") == tally
     assert table.get("gone") is None and table.get("never") is None
@@ -494,7 +496,7 @@ def test_the_tally_table_converts_both_ways_and_skips_empty_entries() -> None:
 
 async def test_a_database_outage_is_waited_out_on_the_same_record() -> None:
     h = harness()
-    h.store.fail_times("save_message", 6)
+    h.store.fail_times("save_messages", 6)
     await h.message(0, "hello there")
     assert list(h.store.messages) == ["c1-m0000"]
     assert h.tally().token_total == 3
@@ -514,7 +516,7 @@ async def test_health_reports_the_outage_while_it_lasts() -> None:
         seen.append(h.components.health.describe())
 
     h.components.accounting._sleep = sleep
-    h.store.fail_times("conversation_totals", 1)
+    h.store.fail_times("totals_of", 1)
     await h.message(0, "hello there")
     (problems,) = seen
     (problem,) = problems
@@ -528,7 +530,7 @@ async def test_a_record_that_keeps_failing_for_another_reason_is_dead_lettered()
     original = h.store._call
 
     def failing(name: str) -> None:
-        if name == "save_message":
+        if name == "save_messages":
             raise ValueError("boom")  # not an outage: a bug, or a record breaking an assumption
         original(name)
 
@@ -543,7 +545,7 @@ async def test_a_record_that_keeps_failing_for_another_reason_is_dead_lettered()
 
 async def test_a_revoked_partition_stops_the_wait() -> None:
     h = harness()
-    h.store.fail_times("save_message", 1000)
+    h.store.fail_times("save_messages", 1000)
     h.assigned = False
     await h.message(0, "hello there")  # returns: the new owner redoes it
     assert h.store.messages == {} and h.table == {}

@@ -1,0 +1,29 @@
+"""Group a Faust stream's events by what is already waiting: no timer, no added latency.
+
+A group is whatever the stream's queue holds when the agent comes back for
+more, up to ``max_events``: one event when traffic is light (so a lone message
+is accounted at once), large groups under a backlog (so the per-group costs,
+one PostgreSQL statement and one table write per conversation, are shared).
+Faust's ``take_events`` would wait up to its ``within`` for a full group
+instead, and hands the group over outside the event's task context, where
+table writes are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+
+async def in_groups(
+    stream: Any, max_events: int, seen: Callable[[Any], None] = lambda _: None
+) -> AsyncIterator[list[Any]]:
+    """Lists of events, in order; ``seen`` is called for each as it arrives."""
+    queue = getattr(stream.channel, "queue", None)
+    group: list[Any] = []
+    async for event in stream.events():
+        seen(event)
+        group.append(event)
+        if len(group) >= max_events or queue is None or queue.empty():
+            yield group
+            group = []

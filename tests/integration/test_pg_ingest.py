@@ -1,0 +1,116 @@
+"""``PostgresStore.save_messages``: a group stored with the rules of ``save_message``.
+
+The group path is the worker's hot path, so it must agree with the
+one-at-a-time path on everything the contract says: idempotent by id (within
+the group too), arrival order, tool calls round-tripped, tenant claims, and
+a compacted message never coming back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from core.messages import ToolCall
+from core.storage.ports import IncomingMessage
+from core.storage.postgres import PostgresStore
+from tests.integration.test_postgres_store import CONV, make_plan, msg, save_all, stored
+
+pytestmark = pytest.mark.integration
+
+
+def incoming(message: object, tokens: int = 10, tenant: str | None = None) -> IncomingMessage:
+    return IncomingMessage(message, tokens, tenant)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("per_conversation", [False, True])
+async def test_a_group_is_stored_in_order_once_with_tool_calls(
+    pg_database: str, per_conversation: bool
+) -> None:
+    store = await PostgresStore.connect(
+        pg_database, max_size=2, single_conversation_transactions=per_conversation
+    )
+    try:
+        call = ToolCall(id="t1", name="search", arguments={"q": "kafka"})
+        group = [
+            incoming(msg(0, role="assistant", tool_calls=[call])),
+            incoming(msg(1, role="tool", tool_call_id="t1")),
+            incoming(msg(0, conversation_id="other")),
+            incoming(msg(1)),  # the same id again, in the same group
+            incoming(msg(2), tokens=7),
+        ]
+        outcomes = await store.save_messages(group)
+        assert [o.status for o in outcomes] == [
+            "inserted",
+            "inserted",
+            "inserted",
+            "duplicate",
+            "inserted",
+        ]
+        mine = [o.seq for o in outcomes if o.seq is not None]
+        assert mine == sorted(mine) or per_conversation  # per conversation: grouped order
+        history = await store.load_history(CONV)
+        assert [m.id for m in history] == [msg(i).id for i in range(3)]
+        assert history[0].tool_calls == (call,) and history[1].tool_call_id == "t1"
+        totals = await store.totals_of([CONV, "other", "nobody"])
+        assert (totals[CONV].tokens, totals[CONV].rows) == (27, 3)
+        assert totals[CONV].last_seq == max(o.seq for o in (outcomes[0], outcomes[1], outcomes[4]))
+        assert (totals["nobody"].rows, totals["nobody"].last_seq) == (0, None)
+        again = await store.save_messages(group[:2])
+        assert [o.status for o in again] == ["duplicate", "duplicate"]
+    finally:
+        await store.close()
+
+
+async def test_the_first_claim_fixes_the_tenant_and_other_claims_are_refused(
+    pg_store: PostgresStore,
+) -> None:
+    outcomes = await pg_store.save_messages(
+        [
+            incoming(msg(0), tenant="acme"),
+            incoming(msg(1), tenant="globex"),  # the group's first claim won
+            incoming(msg(0, conversation_id="free")),  # no tenant: fine, and fixes "none"
+            incoming(msg(1, conversation_id="free"), tenant="acme"),
+        ]
+    )
+    assert [o.status for o in outcomes] == [
+        "inserted",
+        "tenant_conflict",
+        "inserted",
+        "tenant_conflict",
+    ]
+    assert await pg_store.conversation_tenant(CONV) == "acme"
+    later = await pg_store.save_messages([incoming(msg(2), tenant="globex")])
+    assert later[0].status == "tenant_conflict"
+
+
+async def test_a_compacted_message_does_not_come_back_in_a_group(pg_store: PostgresStore) -> None:
+    history = [msg(i) for i in range(3)]
+    await save_all(pg_store, history)
+    plan = make_plan("cmp-1", [stored("cmp-1", 0, "s", history[:2])], [m.id for m in history[:2]])
+    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    outcomes = await pg_store.save_messages([incoming(m) for m in history] + [incoming(msg(3))])
+    assert [o.status for o in outcomes] == ["duplicate", "duplicate", "duplicate", "inserted"]
+    assert [m.id for m in await pg_store.load_history(CONV)] == [
+        plan.clip_archive.id,
+        history[2].id,
+        msg(3).id,
+    ]
+
+
+async def test_concurrent_groups_over_the_same_conversations_do_not_deadlock(
+    pg_store: PostgresStore,
+) -> None:
+    """Each group locks its conversations in one global order."""
+    names = [f"conv-{i}" for i in range(20)]
+    groups = [
+        [incoming(msg(k, conversation_id=name)) for name in (names if k % 2 else names[::-1])]
+        for k in range(6)
+    ]
+    results = await asyncio.wait_for(
+        asyncio.gather(*(pg_store.save_messages(g) for g in groups)), timeout=60
+    )
+    assert all(o.status == "inserted" for outcomes in results for o in outcomes)
+    totals = await pg_store.totals_of(names)
+    assert all(t.rows == 6 for t in totals.values())
