@@ -19,7 +19,24 @@ backlog and is timed from its first event to its last:
                     an agent that does nothing, then one that only writes
                     the table (changelog-backed; memory://, then ``--store``);
 * worker            ``compactor worker`` in a subprocess, polled on
-                    /metrics (compactor_events_in_total) every 50 ms.
+                    /metrics (compactor_events_in_total) every 50 ms, once per
+                    ``--batch-max`` value ([service].accounting_batch_max),
+                    each with a fresh consumer group and database; after it
+                    drains: the table writes per event
+                    (compactor_table_writes_total), the mean accounted group
+                    (compactor_accounting_batch_events) and a count of the
+                    messages PostgreSQL holds (every one must be there);
+* dense shape       the same backlog size over ``--dense-conversations``
+                    conversations (many events each: table writes coalesce),
+                    with its own Faust no-op floor and worker sweep;
+* scale-out         one, then two workers (one consumer group, one config,
+                    one database) on fresh topics: they start, the partitions
+                    are split, then the backlog is produced; timed from the
+                    first event either counted to the last. Both share the
+                    same CPUs here (their CPU % is printed).
+
+Ratios to the Faust floor are within a shape, measured in the same run.
+``--json FILE`` writes every figure for ``bench.plot``.
 
 Each Faust process is a subprocess with its own consumer group, timed from
 its first event to its last: the floors by their own clock, the worker by
@@ -27,6 +44,7 @@ polling. ``--pg-only`` runs only the PostgreSQL
 rows (no Kafka, no Faust).
 
     python -m bench.accounting_throughput [--events 20000] [--conversations 2000]
+        [--dense-conversations 200] [--batch-max 1 10 100 500 2000] [--json out.json]
     python -m bench.accounting_throughput --quick
     python -m bench.accounting_throughput --pg-only
 """
@@ -35,10 +53,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import shlex
+import signal
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -60,10 +84,12 @@ from bench.harness import (
     worker_config,
     worker_metrics,
 )
+from bench.harness import _git_revision as git_revision
+from core.settings import ServiceSettings
 from core.storage.postgres import PostgresStore, configure_connection
 from core.tokens import estimate_message_tokens
 from streams.events import MessageEvent
-from tests.support.worker import WorkerProcess
+from tests.support.worker import WorkerProcess, terminate_all, wait_for_split
 
 INSERT_SQL = """
 INSERT INTO messages (id, conversation_id, role, content, tool_calls,
@@ -254,25 +280,31 @@ def meter_for(infra: Infra, pid: int) -> CpuMeter:
     return CpuMeter({"reader": pid, "broker": infra.broker_pid, "postgres": infra.postgres_pid})
 
 
-async def drain(
-    infra: Infra,
-    proc: WorkerProcess | FloorProcess,
+Proc = WorkerProcess | FloorProcess
+
+
+async def timed_count(
     label: str,
-    topic: str,
-    args: argparse.Namespace,
+    procs: Sequence[Proc],
     expected: int,
     count_of: Callable[[], Awaitable[float]],
+    meter: CpuMeter,
+    timeout: float,
+    *,
+    own_clock: bool = False,
 ) -> Measured:
-    """Time a Faust process from its first event counted to its last (polled every 50 ms)."""
-    await wait_assigned(proc, topic, args.partitions)
-    note(f"{label}: ready; draining the backlog")
-    deadline = time.monotonic() + args.timeout
+    """Poll ``count_of`` every 50 ms; time from the first event counted to the last.
+
+    ``own_clock``: the reader times itself (the floors), polling only meters CPU,
+    so a backlog drained within one poll is no error."""
+    deadline = time.monotonic() + timeout
     first: tuple[float, float] | None = None  # (time, count)
-    meter = meter_for(infra, proc.pid)
     count = 0.0
+    now = time.perf_counter()
     while True:
-        if not proc.alive:
-            raise RuntimeError(f"{label} exited; log:\n{proc.log_tail()}")
+        for proc in procs:
+            if not proc.alive:
+                raise RuntimeError(f"{label}: {proc.name} exited; log:\n{proc.log_tail()}")
         count = await count_of()
         now = time.perf_counter()
         if count >= 1 and first is None:
@@ -285,9 +317,29 @@ async def drain(
         await asyncio.sleep(0.05)
     cpu = meter.stop()
     assert first is not None
-    if count - first[1] < 1:
+    if count - first[1] < 1 and not own_clock:
         raise RuntimeError(f"{label} drained the topic within one poll: use more --events")
     return Measured(label, int(count - first[1]), now - first[0], cpu)
+
+
+async def drain(
+    infra: Infra,
+    proc: Proc,
+    label: str,
+    topic: str,
+    args: argparse.Namespace,
+    expected: int,
+    count_of: Callable[[], Awaitable[float]],
+    *,
+    own_clock: bool = False,
+) -> Measured:
+    """Time a Faust process from its first event counted to its last (polled every 50 ms)."""
+    await wait_assigned(proc, topic, args.partitions)
+    note(f"{label}: ready; draining the backlog")
+    meter = meter_for(infra, proc.pid)
+    return await timed_count(
+        label, [proc], expected, count_of, meter, args.timeout, own_clock=own_clock
+    )
 
 
 async def faust_floor(
@@ -295,7 +347,7 @@ async def faust_floor(
 ) -> Measured:
     proc = FloorProcess(
         infra,
-        f"floor-{mode}-{store[:-3]}",
+        f"floor-{mode}-{store[:-3]}-{topic.rsplit('.', 2)[0][-8:]}",
         [
             "--topic",
             topic,
@@ -319,52 +371,233 @@ async def faust_floor(
         else f"Faust agent, table write only ({store})"
     )
     with running(proc):
-        polled = await drain(infra, proc, label, topic, args, expected, count_of)
+        polled = await drain(infra, proc, label, topic, args, expected, count_of, own_clock=True)
         # The floor timed itself (first event to last, in its own process): exact,
         # where polling is coarse for a reader this fast.
         own = await proc.get_json("/count")
     return Measured(label, own["count"] - 1, own["last_at"] - own["first_at"], polled.cpu)
 
 
-async def worker_drain(
-    infra: Infra, prefix: str, args: argparse.Namespace, expected: int
-) -> Measured:
+#: The installed worker's accounting settings (the batched agent adds them; the
+#: configuration refuses unknown keys, so they are only sent when it has them).
+BATCHED = "accounting_batch_max" in ServiceSettings.model_fields
+FLUSHED = "table_flush_seconds" in ServiceSettings.model_fields
+
+
+def accounting_config(
+    prefix: str, args: argparse.Namespace, batch_max: int | None
+) -> dict[str, dict[str, Any]]:
     config = worker_config(topic_prefix=prefix, partitions=args.partitions, store=args.store)
+    if BATCHED and batch_max is not None:
+        config["service"]["accounting_batch_max"] = batch_max
+    if FLUSHED and args.table_flush_seconds is not None:
+        config["service"]["table_flush_seconds"] = args.table_flush_seconds
+    return config
+
+
+def linger_env(args: argparse.Namespace) -> dict[str, str] | None:
     # Faust reads PRODUCER_LINGER (seconds) from the environment; unset, it is 0.
-    env = {"PRODUCER_LINGER": str(args.linger_ms / 1000)} if args.linger_ms else None
-    worker = new_worker(infra, "worker", await infra.new_database(), config, env)
+    return {"PRODUCER_LINGER": str(args.linger_ms / 1000)} if args.linger_ms else None
 
-    async def count_of() -> float:
-        metrics = await worker_metrics(worker)
-        duplicates = metrics.get('compactor_events_in_total{outcome="duplicate"}', 0.0)
-        if duplicates:
-            raise RuntimeError(f"{duplicates:.0f} events were accounted as duplicates")
-        return metrics.get("compactor_events_in_total", 0.0)
 
+async def events_in(worker: WorkerProcess) -> float:
+    metrics = await worker_metrics(worker)
+    for outcome in ("duplicate", "dead_lettered"):
+        wrong = metrics.get(f'compactor_events_in_total{{outcome="{outcome}"}}', 0.0)
+        if wrong:
+            raise RuntimeError(
+                f"{worker.name}: {wrong:.0f} events were {outcome.replace('_', ' ')}; "
+                f"log:\n{worker.log_tail()}"
+            )
+    return metrics.get("compactor_events_in_total", 0.0)
+
+
+async def stored_messages(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM messages"))
+    finally:
+        await conn.close()
+
+
+@dataclass
+class WorkerRun:
+    """One worker draining one shape's backlog at one accounting_batch_max."""
+
+    shape: str
+    batch_max: int | None
+    measured: Measured
+    events_total: float
+    table_writes: float | None
+    batch_sum: float | None
+    batch_count: float | None
+    stored: int
+    expected: int
+
+    @property
+    def writes_per_event(self) -> float | None:
+        if self.table_writes is None or not self.events_total:
+            return None
+        return self.table_writes / self.events_total
+
+    @property
+    def mean_batch(self) -> float | None:
+        if not self.batch_count or self.batch_sum is None:
+            return None
+        return self.batch_sum / self.batch_count
+
+
+async def worker_drain(
+    infra: Infra,
+    prefix: str,
+    args: argparse.Namespace,
+    expected: int,
+    batch_max: int | None = None,
+    shape: str = "",
+) -> WorkerRun:
+    config = accounting_config(prefix, args, batch_max)
+    dsn = await infra.new_database()
+    name = f"worker-{shape}-b{batch_max}" if batch_max is not None else f"worker-{shape}"
+    worker = new_worker(infra, name, dsn, config, linger_env(args))
     label = f"worker accounting agent ({args.store})"
+    if BATCHED and batch_max is not None:
+        label = f"worker, accounting_batch_max={batch_max} ({args.store})"
     with running(worker):
-        return await drain(infra, worker, label, f"{prefix}messages", args, expected, count_of)
+        measured = await drain(
+            infra, worker, label, f"{prefix}messages", args, expected, lambda: events_in(worker)
+        )
+        # Dirty entries reach the table at most every table_flush_seconds: wait for
+        # the last flush before counting the writes.
+        await asyncio.sleep(1.5 * (args.table_flush_seconds or 1.0) + 0.5)
+        metrics = await worker_metrics(worker)
+    stored = await stored_messages(dsn)
+    if stored != expected:
+        note(f"{label}: PostgreSQL holds {stored} messages, expected {expected}")
+    return WorkerRun(
+        shape=shape,
+        batch_max=batch_max if BATCHED else None,
+        measured=measured,
+        events_total=metrics.get("compactor_events_in_total", 0.0),
+        table_writes=metrics.get("compactor_table_writes_total"),
+        batch_sum=metrics.get("compactor_accounting_batch_events_sum"),
+        batch_count=metrics.get("compactor_accounting_batch_events_count"),
+        stored=stored,
+        expected=expected,
+    )
+
+
+@dataclass
+class ScaleRun:
+    workers: int
+    partitions: list[list[int]]
+    measured: Measured
+    produce_seconds: float
+    per_worker_events: list[float]
+
+
+async def scale_out(
+    infra: Infra, args: argparse.Namespace, events: list[MessageEvent], n: int
+) -> ScaleRun:
+    """``n`` workers of one service (one consumer group, one config, one database) on
+    fresh topics: wait until the partitions are split, then produce the backlog."""
+    assert infra.bootstrap is not None
+    prefix = unique_prefix(f"scale{n}")
+    names = await create_topics(infra.bootstrap, prefix, args.partitions)
+    config = accounting_config(prefix, args, args.scale_out_batch)
+    dsn = await infra.new_database()
+    workers = [new_worker(infra, f"scale{n}-w{i}", dsn, config, linger_env(args)) for i in range(n)]
+    label = f"{n} worker{'s' if n > 1 else ''}, accounting_batch_max={args.scale_out_batch}"
+    try:
+        for worker in workers:
+            worker.start()
+        if n == 1:
+            await wait_assigned(workers[0], names.messages, args.partitions)
+            split = [set(range(args.partitions))]
+        else:
+            split = await wait_for_split(workers, names.messages, args.partitions, timeout=180.0)
+        note(f"{label}: partitions {[sorted(p) for p in split]}; producing the backlog")
+        meter = CpuMeter(
+            {
+                **{f"worker {i + 1}": w.pid for i, w in enumerate(workers)},
+                "broker": infra.broker_pid,
+                "postgres": infra.postgres_pid,
+            }
+        )
+        last: list[float] = [0.0] * n
+
+        async def count_of() -> float:
+            last[:] = await asyncio.gather(*(events_in(w) for w in workers))
+            return sum(last)
+
+        counting = asyncio.create_task(
+            timed_count(label, workers, len(events), count_of, meter, args.timeout)
+        )
+        _, produce_seconds = await produce(infra.bootstrap, names.messages, events)
+        measured = await counting
+    finally:
+        terminate_all(workers)
+    stored = await stored_messages(dsn)
+    if stored != len(events):
+        note(f"{label}: PostgreSQL holds {stored} messages, expected {len(events)}")
+    return ScaleRun(n, [sorted(p) for p in split], measured, produce_seconds, list(last))
 
 
 # --------------------------------------------------------------------------- main
 
 
-async def run(args: argparse.Namespace, infra: Infra) -> list[Measured]:
+@dataclass
+class ShapeResult:
+    name: str
+    events: int
+    conversations: int
+    floor: Measured | None = None
+    workers: list[WorkerRun] = field(default_factory=list)
+
+
+@dataclass
+class Results:
+    rows: list[Measured] = field(default_factory=list)
+    shapes: list[ShapeResult] = field(default_factory=list)
+    scale: list[ScaleRun] = field(default_factory=list)
+
+
+async def produce_backlog(
+    infra: Infra, args: argparse.Namespace, tag: str, events: list[MessageEvent]
+) -> str:
+    """A fresh topic prefix holding ``events`` in its messages topic."""
+    assert infra.bootstrap is not None
+    prefix = unique_prefix(tag)
+    names = await create_topics(infra.bootstrap, prefix, args.partitions)
+    note(f"producing {len(events)} events to {names.messages}")
+    count, seconds = await produce(infra.bootstrap, names.messages, events)
+    note(f"produced {count} events in {seconds:.1f}s ({count / seconds:.0f}/s)")
+    return prefix
+
+
+async def sweep(infra: Infra, args: argparse.Namespace, shape: ShapeResult, prefix: str) -> None:
+    """The no-op floor, then the worker at every batch size, on one backlog."""
+    topic = f"{prefix}messages"
+    shape.floor = await faust_floor(infra, topic, args, "noop", "memory://", shape.events)
+    for batch_max in args.batch_max if BATCHED else [None]:
+        shape.workers.append(
+            await worker_drain(infra, prefix, args, shape.events, batch_max, shape.name)
+        )
+
+
+async def run(args: argparse.Namespace, infra: Infra) -> Results:
     run_id = f"r{int(time.time()) % 100000}"
     events = make_events(args.events, args.conversations, run_id)
-    results: list[Measured] = []
+    results = Results()
+    rows = results.rows
+    prefix = ""
     if not args.pg_only:
         assert infra.bootstrap is not None
-        prefix = unique_prefix("acct")
-        names = await create_topics(infra.bootstrap, prefix, args.partitions)
-        note(f"producing {len(events)} events to {names.messages}")
-        count, seconds = await produce(infra.bootstrap, names.messages, events)
-        note(f"produced {count} events in {seconds:.1f}s ({count / seconds:.0f}/s)")
+        prefix = await produce_backlog(infra, args, "acct", events)
         for decode in (False, True):
-            results.append(
+            rows.append(
                 await kafka_read(
                     infra.bootstrap,
-                    names.messages,
+                    f"{prefix}messages",
                     args.partitions,
                     len(events),
                     meter_for(infra, os.getpid()),
@@ -375,29 +608,42 @@ async def run(args: argparse.Namespace, infra: Infra) -> list[Measured]:
     for pooled in (False, True):
         meter = meter_for(infra, os.getpid())
         dsn = await infra.new_database()
-        results.append(await pg_insert_loop(dsn, events, meter, pooled=pooled))
+        rows.append(await pg_insert_loop(dsn, events, meter, pooled=pooled))
     meter = meter_for(infra, os.getpid())
-    results.append(await pg_batch_insert(await infra.new_database(), events, meter, 100))
+    rows.append(await pg_batch_insert(await infra.new_database(), events, meter, 100))
     meter = meter_for(infra, os.getpid())
-    results.append(await pg_store_calls(await infra.new_database(), events, meter))
-    if not args.pg_only:
-        results.append(
-            await faust_floor(infra, names.messages, args, "noop", "memory://", len(events))
+    rows.append(await pg_store_calls(await infra.new_database(), events, meter))
+    if args.pg_only:
+        return results
+    topic = f"{prefix}messages"
+    for store in dict.fromkeys(["memory://", args.store]):
+        rows.append(await faust_floor(infra, topic, args, "table", store, len(events)))
+    main = ShapeResult(f"{args.conversations}c", len(events), args.conversations)
+    results.shapes.append(main)
+    await sweep(infra, args, main, prefix)
+    if main.floor is not None:  # where it always was: before the table-write floors
+        at = next(i for i, r in enumerate(rows) if "table write" in r.label)
+        rows.insert(at, main.floor)
+    rows.extend(w.measured for w in main.workers)
+    if args.dense_conversations:
+        dense_events = make_events(args.events, args.dense_conversations, run_id + "d")
+        dense = ShapeResult(
+            f"{args.dense_conversations}c", len(dense_events), args.dense_conversations
         )
-        for store in dict.fromkeys(["memory://", args.store]):
-            results.append(
-                await faust_floor(infra, names.messages, args, "table", store, len(events))
-            )
-        results.append(await worker_drain(infra, prefix, args, len(events)))
+        results.shapes.append(dense)
+        await sweep(infra, args, dense, await produce_backlog(infra, args, "dense", dense_events))
+    if args.scale_out_batch:
+        for n in (1, 2):
+            results.scale.append(await scale_out(infra, args, events, n))
     return results
+
+
+def pct(cpu: dict[str, float], key: str) -> str:
+    return f"{cpu[key]:.0f}%" if key in cpu else "-"
 
 
 def report(results: list[Measured], store: str) -> None:
     baseline = results[0]
-
-    def pct(r: Measured, key: str) -> str:
-        return f"{r.cpu[key]:.0f}%" if key in r.cpu else "-"
-
     rows = [
         (
             r.label,
@@ -406,10 +652,10 @@ def report(results: list[Measured], store: str) -> None:
             f"{r.rate:,.0f}",
             f"{r.micros:.0f}",
             f"{r.rate / baseline.rate:.3f}",
-            pct(r, "reader"),
-            pct(r, "broker"),
-            pct(r, "postgres"),
-            pct(r, "machine"),
+            pct(r.cpu, "reader"),
+            pct(r.cpu, "broker"),
+            pct(r.cpu, "postgres"),
+            pct(r.cpu, "machine"),
         )
         for r in results
     ]
@@ -441,13 +687,214 @@ def report(results: list[Measured], store: str) -> None:
             None,
         ),
     }
-    if worker and all(parts.values()):
+    if worker and all(parts.values()) and not BATCHED:
         known = sum(r.micros for r in parts.values() if r)
         shares = " + ".join(f"{name} {r.micros:.0f}" for name, r in parts.items() if r)
         print(
             f"\nper event in the worker: {worker.micros:.0f} µs; its parts measured alone: "
             f"{shares} = {known:.0f} µs; not explained by them: {worker.micros - known:.0f} µs"
         )
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report_shapes(shapes: list[ShapeResult]) -> None:
+    rows = []
+    for shape in shapes:
+        floor = shape.floor
+        if floor is not None:
+            rows.append(
+                (
+                    f"{shape.events} / {shape.conversations}",
+                    "Faust no-op floor",
+                    floor.events,
+                    f"{floor.seconds:.2f}",
+                    f"{floor.rate:,.0f}",
+                    "1.000",
+                    "-",
+                    "-",
+                    "-",
+                    pct(floor.cpu, "reader"),
+                    pct(floor.cpu, "broker"),
+                    pct(floor.cpu, "postgres"),
+                    pct(floor.cpu, "machine"),
+                )
+            )
+        for w in shape.workers:
+            m = w.measured
+            rows.append(
+                (
+                    f"{shape.events} / {shape.conversations}",
+                    "worker" if w.batch_max is None else f"worker, batch_max {w.batch_max}",
+                    m.events,
+                    f"{m.seconds:.2f}",
+                    f"{m.rate:,.0f}",
+                    fmt(m.rate / floor.rate if floor else None, ".3f"),
+                    fmt(w.writes_per_event, ".3f"),
+                    fmt(w.mean_batch, ".1f"),
+                    f"{w.stored}/{w.expected}",
+                    pct(m.cpu, "reader"),
+                    pct(m.cpu, "broker"),
+                    pct(m.cpu, "postgres"),
+                    pct(m.cpu, "machine"),
+                )
+            )
+    print(
+        table(
+            (
+                "events / conversations",
+                "reader",
+                "events",
+                "seconds",
+                "events/s",
+                "÷ floor",
+                "table writes/event",
+                "mean group",
+                "in PostgreSQL",
+                "reader CPU",
+                "broker CPU",
+                "postgres CPU",
+                "machine busy",
+            ),
+            rows,
+        )
+    )
+    print(
+        "\n÷ floor: the worker's rate over the Faust no-op agent's on the same backlog in this"
+        " run. table writes/event: compactor_table_writes_total ÷ compactor_events_in_total;"
+        " mean group: compactor_accounting_batch_events sum ÷ count (events per accounted"
+        " group); in PostgreSQL: messages stored in the worker's database afterwards."
+        + ("" if BATCHED else " (This worker has no accounting_batch_max: one row per shape.)")
+    )
+
+
+def report_scale(scale: list[ScaleRun]) -> None:
+    one = next((s for s in scale if s.workers == 1), None)
+    rows = []
+    for s in scale:
+        m = s.measured
+        worker_cpu = [
+            f"{m.cpu[f'worker {i + 1}']:.0f}%"
+            for i in range(s.workers)
+            if f"worker {i + 1}" in m.cpu
+        ]
+        rows.append(
+            (
+                s.workers,
+                " | ".join(",".join(map(str, p)) for p in s.partitions),
+                " | ".join(f"{e:.0f}" for e in s.per_worker_events),
+                m.events,
+                f"{m.seconds:.2f}",
+                f"{m.rate:,.0f}",
+                fmt(m.rate / one.measured.rate if one else None, ".2f"),
+                " | ".join(worker_cpu),
+                pct(m.cpu, "broker"),
+                pct(m.cpu, "postgres"),
+                pct(m.cpu, "machine"),
+                f"{s.produce_seconds:.2f}",
+            )
+        )
+    print(
+        table(
+            (
+                "workers",
+                "partitions each",
+                "events each",
+                "events",
+                "seconds",
+                "events/s (all)",
+                "÷ 1 worker",
+                "worker CPU",
+                "broker CPU",
+                "postgres CPU",
+                "machine busy",
+                "produce s",
+            ),
+            rows,
+        )
+    )
+    print(
+        f"\nThe workers share this machine's {os.cpu_count()} CPUs with the broker, PostgreSQL"
+        " and this process: a second worker adds an event loop, not a core. The backlog is"
+        " produced once the partitions are split (produce s: how long that took; a rate near"
+        " events ÷ produce s is bounded by the producer)."
+    )
+
+
+def to_json(results: Results, args: argparse.Namespace) -> dict[str, Any]:
+    def measured(m: Measured | None) -> dict[str, Any] | None:
+        if m is None:
+            return None
+        return {
+            "label": m.label,
+            "events": m.events,
+            "seconds": m.seconds,
+            "events_per_s": m.rate,
+            "cpu_percent": m.cpu,
+        }
+
+    return {
+        "bench": "accounting_throughput",
+        **run_info("bench.accounting_throughput"),
+        "store": args.store,
+        "partitions": args.partitions,
+        "table_flush_seconds": args.table_flush_seconds,
+        "batched_worker": BATCHED,
+        "rows": [measured(r) for r in results.rows],
+        "shapes": [
+            {
+                "events": s.events,
+                "conversations": s.conversations,
+                "floor": measured(s.floor),
+                "workers": [
+                    {
+                        "accounting_batch_max": w.batch_max,
+                        **(measured(w.measured) or {}),
+                        "ratio_to_floor": (w.measured.rate / s.floor.rate if s.floor else None),
+                        "table_writes_per_event": w.writes_per_event,
+                        "mean_batch_events": w.mean_batch,
+                        "stored_in_postgres": w.stored,
+                        "expected": w.expected,
+                    }
+                    for w in s.workers
+                ],
+            }
+            for s in results.shapes
+        ],
+        "scale_out": [
+            {
+                "workers": s.workers,
+                "accounting_batch_max": args.scale_out_batch if BATCHED else None,
+                "partitions": s.partitions,
+                "events_per_worker": s.per_worker_events,
+                "produce_seconds": s.produce_seconds,
+                **(measured(s.measured) or {}),
+            }
+            for s in results.scale
+        ],
+    }
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (``timeout``, a supervisor) unwinds like Ctrl-C, so the broker,
+    PostgreSQL and workers this run started are stopped on the way out."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def run_info(module: str) -> dict[str, Any]:
+    """What the printed header says, for a JSON file."""
+    return {
+        "command": shlex.join(["python", "-m", module, *sys.argv[1:]]),
+        "cpus": os.cpu_count(),
+        "code": git_revision(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def main() -> None:
@@ -458,6 +905,31 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--conversations", type=int, default=2_000)
+    parser.add_argument(
+        "--dense-conversations",
+        type=int,
+        default=200,
+        help="a second run shape: --events over this many conversations (0: skip it)",
+    )
+    parser.add_argument(
+        "--batch-max",
+        type=int,
+        nargs="+",
+        default=[1, 10, 100, 500, 2000],
+        help="[service].accounting_batch_max values, one worker run each",
+    )
+    parser.add_argument(
+        "--table-flush-seconds",
+        type=float,
+        default=None,
+        help="[service].table_flush_seconds (default: the service's)",
+    )
+    parser.add_argument(
+        "--scale-out-batch",
+        type=int,
+        default=500,
+        help="accounting_batch_max of the 1-vs-2-worker rows (0: skip them)",
+    )
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--store", choices=["rocksdb://", "memory://"], default="rocksdb://")
     parser.add_argument("--pg-only", action="store_true", help="only the PostgreSQL baselines")
@@ -467,23 +939,42 @@ def main() -> None:
         default=0.0,
         help="producer linger for the Faust processes (the service leaves Faust's default, 0)",
     )
-    parser.add_argument("--quick", action="store_true", help="2 000 events, 200 conversations")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write JSON here")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 000 events over 200 (and 20) conversations, batch_max 1 and 500",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the worker")
     args = parser.parse_args()
+    interrupt_on_sigterm()
     if args.quick:  # smaller defaults; options given explicitly still win
-        parser.set_defaults(events=2_000, conversations=200)
+        parser.set_defaults(
+            events=2_000, conversations=200, dense_conversations=20, batch_max=[1, 500]
+        )
         args = parser.parse_args()
     print_header("accounting throughput", "bench.accounting_throughput")
     with Infra(kafka=not args.pg_only, partitions=args.partitions) as infra:
         print(infra.describe())
         print(f"postgres: server {asyncio.run(infra.server_version())}")
+        dense = f" (and over {args.dense_conversations})" if args.dense_conversations else ""
         print(
-            f"workload: {args.events} events over {args.conversations} conversations, "
+            f"workload: {args.events} events over {args.conversations} conversations{dense}, "
             f"{args.partitions} partitions, no compactions; worker store {args.store}, "
-            f"Faust producer linger {args.linger_ms:g} ms\n"
+            f"Faust producer linger {args.linger_ms:g} ms, table_flush_seconds "
+            f"{'default' if args.table_flush_seconds is None else args.table_flush_seconds}\n"
         )
         results = asyncio.run(run(args, infra))
-    report(results, args.store)
+    report(results.rows, args.store)
+    if results.shapes:
+        print()
+        report_shapes(results.shapes)
+    if results.scale:
+        print()
+        report_scale(results.scale)
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(results, args), indent=2) + "\n")
+        note(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
