@@ -8,8 +8,9 @@ not keep that true as paths are added, so PostgreSQL records it: a trigger on
 every table with a ``conversation_id`` column notes which conversations each
 transaction touched (``tests/support/write_audit.py``), the worker's own
 components run the whole flow in-process (``streams.offline.OfflineRun``:
-accounting, processor, outbox relay, reconciliation, erase), and the test
-fails naming every transaction that touched two conversations.
+accounting, processor, outbox relay, reconciliation, erase) over the store,
+model and embedder ``streams.wiring`` opens from the configuration, and the
+test fails naming every transaction that touched two conversations.
 
 The batch ingest (``PostgresStore.save_messages``) is the one known
 exception: by default it writes a whole batch, of many conversations, in one
@@ -28,18 +29,16 @@ from typing import Any
 import asyncpg
 import pytest
 
-from core.compactor import create_compactor
-from core.embedding.openai_compat import OpenAICompatEmbedder
 from core.messages import ConversationMessage
-from core.model.anthropic import AnthropicProvider
 from core.settings import Settings, parse_settings
 from core.storage.ports import IncomingMessage, TenantConflictError
 from core.storage.postgres import PostgresStore
 from streams.events import EraseRequest, MessageEvent
 from streams.offline import OfflineRun
+from streams.wiring import open_runtime
 from streams.worker.records import Record
 from tests.support import write_audit
-from tests.support.llm_server import LLMTestServer
+from tests.support.llm_server import ANTHROPIC_PATH, LLMTestServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -84,12 +83,18 @@ async def llm() -> AsyncIterator[LLMTestServer]:
         yield server
 
 
-def settings_for(single_conversation_transactions: bool) -> Settings:
+def settings_for(dsn: str, llm: LLMTestServer, single_conversation_transactions: bool) -> Settings:
+    """The worker's own configuration: the store, model and embedder are opened
+    from it by ``streams.wiring`` as ``compactor compact`` and the worker do, so
+    ``[postgres].single_conversation_transactions`` goes the same way too."""
     return parse_settings(
         {
             # 200 tokens: a conversation goes over budget every ~5 messages of 40.
             "budget": {"model_max_tokens": 400, "context_budget": 0.5},
             "summarization": {
+                "provider": "anthropic",
+                "base_url": llm.base_url,
+                "model": "claude-test",
                 "keep_recent": 2,
                 "chunk_size": 2,
                 # Re-summarise once more than 3 batches are live: supersedes batches.
@@ -98,8 +103,17 @@ def settings_for(single_conversation_transactions: bool) -> Settings:
                 "resummarize_buffer": 1,
                 "max_retries": 0,
             },
+            "embedding": {
+                "provider": "openai",
+                "base_url": llm.openai_base_url,
+                "model": "test-embed",
+            },
             "archive": {"raw_retention_days": 1},
-            "postgres": {"single_conversation_transactions": single_conversation_transactions},
+            "postgres": {
+                "dsn": dsn,
+                "pool_max_size": 4,
+                "single_conversation_transactions": single_conversation_transactions,
+            },
         }
     )
 
@@ -126,20 +140,6 @@ def interleaved(first: int, last: int) -> Iterator[MessageEvent]:
 
 def batch_message(conversation: str, index: int) -> ConversationMessage:
     return event(conversation, index).to_message()
-
-
-async def open_store(dsn: str, settings: Settings, llm: LLMTestServer) -> PostgresStore:
-    embedder = OpenAICompatEmbedder(
-        "test-embed", "test-key", base_url=llm.openai_base_url, max_retries=0
-    )
-    return await PostgresStore.connect(
-        dsn,
-        embedder=embedder,
-        max_size=4,
-        run_migrations=False,
-        raw_retention_days=settings.archive.raw_retention_days,
-        single_conversation_transactions=settings.postgres.single_conversation_transactions,
-    )
 
 
 async def backdate_archived_turns(pool: asyncpg.Pool) -> None:
@@ -254,27 +254,21 @@ async def test_no_write_transaction_touches_two_conversations(
         "tests/support/write_audit.py NOT_CONVERSATION_DATA with the reason it holds none"
     )
 
-    settings = settings_for(single)
-    store = await open_store(pg_database, settings, llm)
-    try:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")  # the LLM test server's
+    settings = settings_for(pg_database, llm, single)
+    async with open_runtime(settings) as runtime:
+        store = runtime.store
+        assert runtime.resolved_model.kind == "anthropic"  # over HTTP to the test server
+        assert store.embedder is not None  # archived turns get embedded (an UPDATE)
         windows = write_audit.TxidWindows.on(store.pool)
         monkeypatch.setattr(store, "save_messages", windows.wrap(store.save_messages))
-        compactor = create_compactor(
-            model=AnthropicProvider("test-key", base_url=llm.base_url),
-            messages_store=store,
-            memory_store=store,
-            config=settings.summarization.compaction(),
-            model_name="claude-test",
-            budget=settings.budget,
-        )
-        run = OfflineRun(settings, store, compactor)
+        run = OfflineRun(settings, store, runtime.compactor)
         await drive_every_write_path(run, store, monkeypatch)
 
+        assert llm.requests_to(ANTHROPIC_PATH), "no compaction reached the model"
         async with store.pool.acquire() as conn:
             seen = await write_audit.writes_seen(conn)
             wide = await write_audit.wide_transactions(conn)
-    finally:
-        await store.close()
 
     missing = sorted(EXPECTED_WRITES - seen)
     assert not missing, f"the flow never wrote {missing}: extend drive_every_write_path"
