@@ -34,7 +34,7 @@ Faust only lets happen once the table is recovered); VmRSS after it and
 VmHWM at the end; then, for ``--ticks`` reconcile intervals
 (``--interval``, [service].reconcile_interval_seconds), /healthz every 100 ms
 (its slowest answer: how long the event loop was held) and /metrics every
-200 ms: each pass's wall time from ``compactor_reconcile_tick_seconds``
+200 ms, until ``--ticks`` passes were seen: each pass's wall time from ``compactor_reconcile_tick_seconds``
 (Δsum ÷ Δcount) and ``compactor_reconcile_candidates`` just before it. The
 same actionable count at two table sizes tells whether a pass's cost follows
 the table or the candidates.
@@ -195,7 +195,8 @@ class Tick:
     at: float  # seconds after the restore completed (when the pass was seen)
     seconds: float  # the pass's wall time (Δsum ÷ Δcount)
     passes: int
-    candidates_before: float | None
+    candidates_before: float | None  # the gauge before the pass (set by the previous one)
+    candidates_after: float | None  # the gauge the pass itself set
 
 
 @dataclass
@@ -205,6 +206,7 @@ class Probe:
     healthz_failures: int = 0
     ticks: list[Tick] = field(default_factory=list)
     candidates_last: float | None = None
+    has_tick_metric: bool = False
 
 
 async def poll_healthz(worker: WorkerProcess, probe: Probe, stop: asyncio.Event) -> None:
@@ -236,6 +238,8 @@ async def poll_ticks(
             metrics = {}
         total, count = metrics.get(TICK_SUM), metrics.get(TICK_COUNT)
         if total is not None and count is not None:
+            probe.has_tick_metric = True
+            after = metrics.get(CANDIDATES)
             if last_count is not None and last_sum is not None and count > last_count:
                 probe.ticks.append(
                     Tick(
@@ -243,6 +247,7 @@ async def poll_ticks(
                         (total - last_sum) / (count - last_count),
                         int(count - last_count),
                         candidates,
+                        after,
                     )
                 )
             last_sum, last_count = total, count
@@ -350,8 +355,18 @@ async def measure(infra: Infra, args: argparse.Namespace, size: int, actionable:
             asyncio.create_task(poll_healthz(worker, window_probe, stop)),
             asyncio.create_task(poll_ticks(worker, window_probe, stop, restored)),
         ]
-        window = (args.ticks + 0.5) * args.interval
-        await asyncio.sleep(window)
+        # At least --ticks intervals, and until --ticks passes were seen (a first
+        # pass that sends thousands of requests can outlast its interval).
+        window_start = time.perf_counter()
+        deadline = window_start + args.timeout
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.perf_counter()
+            enough = now - window_start >= (args.ticks + 0.5) * args.interval
+            seen = len(window_probe.ticks) >= args.ticks or not window_probe.has_tick_metric
+            if (enough and seen) or now > deadline or not worker.alive:
+                break
+        window = time.perf_counter() - window_start
         stop.set()
         await asyncio.gather(*tasks)
         status = proc_status(worker.pid)
@@ -436,8 +451,9 @@ def report(results: list[Result]) -> None:
                 f"{r.hwm_kib / 1024:.0f}",
                 ms(r.restore_probe.slowest_healthz),
                 ms(r.window_probe.slowest_healthz),
+                f"{r.window_seconds:.0f}",
                 len(r.window_probe.ticks),
-                "-" if first is None else f"{first.candidates_before or 0:.0f}",
+                "-" if first is None else f"{first.candidates_after or 0:.0f}",
                 ms(first.seconds if first else None),
                 "-" if steady_cand is None else f"{steady_cand:.0f}",
                 ms(steady_mean),
@@ -458,10 +474,11 @@ def report(results: list[Result]) -> None:
                 "VmHWM MiB",
                 "slowest /healthz restoring ms",
                 "slowest /healthz after ms",
+                "probed s",
                 "passes",
-                "1st pass candidates",
+                "1st pass: candidates at its end",
                 "1st pass ms",
-                "later candidates",
+                "later: candidates",
                 "later pass mean ms",
                 "entry restored",
                 "actionable healed",
@@ -490,8 +507,8 @@ def report(results: list[Result]) -> None:
         small, large = group[0], group[-1]
         if small.size == large.size:
             continue
-        for what in ("1st pass", "later passes"):
-            pick = Result.first_seconds if what == "1st pass" else Result.later_seconds
+        for what in ("1st pass (index rebuilt: a table scan)", "later passes"):
+            pick = Result.first_seconds if what.startswith("1st") else Result.later_seconds
             a, b = pick(small), pick(large)
             if a and b:
                 lines.append(
@@ -509,11 +526,15 @@ def report(results: list[Result]) -> None:
             "\nno pass seen in some runs: this worker has no compactor_reconcile_tick_seconds"
             " (or no pass ran in the window); the /healthz column still holds."
         )
-    print("\npasses (seconds after the restore, wall time, candidates before):")
+    print(
+        "\npasses (seen this long after the restore: wall time, candidates before → after;"
+        " the first one after the restore also rebuilds the candidate index, scanning the"
+        " whole table once):"
+    )
     for r in results:
         detail = ", ".join(
-            f"{t.at:.1f}s {t.seconds * 1000:.1f}ms/{t.candidates_before or 0:.0f}"
-            + (f" ×{t.passes}" if t.passes > 1 else "")
+            f"{t.at:.1f}s: {t.seconds * 1000:.1f} ms, {t.candidates_before or 0:.0f}"
+            f" → {t.candidates_after or 0:.0f}" + (f" ×{t.passes}" if t.passes > 1 else "")
             for t in r.window_probe.ticks
         )
         print(f"  {r.size} / {r.actionable}: {detail or '-'}")
@@ -546,6 +567,7 @@ def to_json(results: list[Result], args: argparse.Namespace) -> dict[str, Any]:
                         "seconds": t.seconds,
                         "passes": t.passes,
                         "candidates_before": t.candidates_before,
+                        "candidates_after": t.candidates_after,
                     }
                     for t in r.window_probe.ticks
                 ],
