@@ -1,8 +1,9 @@
 """A burst of messages against one worker with a slow LLM: how far over budget
 do conversations get, and for how long (P4; the soft trigger ``compact_at``).
 
-For every ``--concurrency`` (the worker's max_concurrent_compactions) and
-every ``--compact-at`` value (``none`` = trigger at the budget) a fresh worker
+For every ``--budget-tokens``, every ``--concurrency`` (the worker's
+max_concurrent_compactions; 64 ships) and every ``--compact-at`` value
+(``none`` = trigger at the budget) a fresh worker
 is started against the LLM test server (``tests.support.llm_server``, every
 reply after ``--latency-ms``), with a fresh topic set and database. Then:
 
@@ -38,7 +39,8 @@ What is measured, per run:
   (worker, broker, PostgreSQL, and how busy the whole machine was).
 
     python -m bench.burst [--events 10000] [--conversations 100] [--latency-ms 500]
-                          [--concurrency 4 16] [--compact-at none 0.85]
+                          [--budget-tokens 8000] [--concurrency 4 64] [--compact-at none 0.85]
+    python -m bench.burst --rate 200      # paced traffic instead of a burst
     python -m bench.burst --quick
 """
 
@@ -87,6 +89,7 @@ class Run:
     compact_at: float | None
     budget: BudgetConfig
     conversations: int
+    burst_ratio: float  # tokens the burst brings each conversation ÷ budget
     accounted_seconds: float = math.nan  # burst produced → last burst event accounted
     settled_seconds: float = math.nan  # burst produced → settled (or timed out)
     settled: bool = False
@@ -402,12 +405,17 @@ def row(run: Run, events: int) -> tuple[Any, ...]:
     compactions = int(m.get("compactor_compactions_succeeded_total", 0.0))
     share = run.over_seconds / max(1e-9, run.window_seconds * run.conversations)
     return (
+        run.budget.budget_tokens,
+        f"{run.burst_ratio:.2f}",
         run.concurrency,
         "none" if run.compact_at is None else f"{run.compact_at:g}",
         f"{events / run.accounted_seconds:.0f}",
         f"{run.settled_seconds:.1f}" + ("" if run.settled else " (timeout)"),
         compactions,
-        int(m.get("compactor_compactions_noop_total", 0.0)),
+        "/".join(
+            str(int(m.get(f'compactor_compactions_noop_total{{reason="{reason}"}}', 0.0)))
+            for reason in ("replayed", "under_budget", "nothing_to_compress")
+        ),
         int(m.get("compactor_compactions_failed_total", 0.0)),
         run.llm_calls,
         f"{run.peak_in_flight:.0f}/{run.peak_llm}",
@@ -426,12 +434,14 @@ def row(run: Run, events: int) -> tuple[Any, ...]:
 
 def report(runs: list[Run], args: argparse.Namespace) -> None:
     headers = (
+        "budget",
+        "burst ÷ budget",
         "max_concurrent",
         "compact_at",
         "accounted/s",
         "settled s",
         "compactions",
-        "noop",
+        "noop replayed/under/nothing",
         "failed",
         "LLM calls",
         "peak in flight/LLM",
@@ -472,16 +482,19 @@ async def run_all(args: argparse.Namespace, infra: Infra) -> list[Run]:
     server = CountingLLMServer(latency_seconds=args.latency_ms / 1000)
     await server.start()
     try:
-        for concurrency in args.concurrency:
-            for compact_at in args.compact_at:
-                budget = BudgetConfig(
-                    context_budget=0.8, model_max_tokens=args.budget_tokens * 5 // 4
-                )
-                if compact_at is not None:
-                    budget = budget.model_copy(update={"compact_at": compact_at})
-                run = Run(concurrency, compact_at, budget, args.conversations)
-                await run_one(run, infra, server, args)
-                runs.append(run)
+        for budget_tokens in args.budget_tokens:
+            for concurrency in args.concurrency:
+                for compact_at in args.compact_at:
+                    budget = bench_budget(budget_tokens, compact_at)
+                    run = Run(
+                        concurrency,
+                        compact_at,
+                        budget,
+                        args.conversations,
+                        burst_ratio(args, budget),
+                    )
+                    await run_one(run, infra, server, args)
+                    runs.append(run)
     finally:
         await server.close()
     return runs
@@ -489,6 +502,19 @@ async def run_all(args: argparse.Namespace, infra: Infra) -> list[Run]:
 
 def rate_text(rate: float) -> str:
     return f"produced at {rate:g} events/s" if rate > 0 else "produced as fast as possible"
+
+
+def bench_budget(budget_tokens: int, compact_at: float | None) -> BudgetConfig:
+    """``budget_tokens`` as 0.8 × a model window, like the shipped default."""
+    return BudgetConfig(
+        context_budget=0.8, model_max_tokens=budget_tokens * 5 // 4, compact_at=compact_at
+    )
+
+
+def burst_ratio(args: argparse.Namespace, budget: BudgetConfig) -> float:
+    events: int = args.events
+    per_conversation = events / args.conversations * tokens_per_message(args.words)
+    return float(per_conversation / budget.budget_tokens)
 
 
 def ratio_or_none(text: str) -> float | None:
@@ -504,11 +530,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--events", type=int, default=10_000, help="burst size")
     parser.add_argument("--conversations", type=int, default=100)
     parser.add_argument("--latency-ms", type=float, default=500.0, help="LLM reply delay")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 16])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 64])
     parser.add_argument(
         "--compact-at", type=ratio_or_none, nargs="+", default=[None, 0.85], help="none or ratio"
     )
-    parser.add_argument("--budget-tokens", type=int, default=4000, help="budget per conversation")
+    parser.add_argument(
+        "--budget-tokens", type=int, nargs="+", default=[8000], help="budgets to run"
+    )
     parser.add_argument("--words", type=int, default=60, help="words per message")
     parser.add_argument("--prefill", choices=["staggered", "none"], default="staggered")
     parser.add_argument(
@@ -533,13 +561,11 @@ def main() -> None:
     print_header("bursts: history ÷ budget at each compaction, time over budget", "bench.burst")
     with Infra(partitions=args.partitions) as infra:
         print(infra.describe())
-        budget = BudgetConfig(context_budget=0.8, model_max_tokens=args.budget_tokens * 5 // 4)
         print(
             f"workload: {args.events} message events over {args.conversations} conversations,"
             f" round-robin, {rate_text(args.rate)}, prefill {args.prefill};"
             f" ~{tokens_per_message(args.words)} tokens per"
-            f" message ({args.words} words); budget {budget.budget_tokens} tokens, target"
-            f" {budget.target_tokens}; LLM reply after {args.latency_ms:g} ms; default"
+            f" message ({args.words} words); target 0.8 × budget; LLM reply after {args.latency_ms:g} ms; default"
             f" [summarization] (chunk_size 20, keep_recent 5); store {args.store}\n"
         )
         runs = asyncio.run(run_all(args, infra))
