@@ -1,0 +1,128 @@
+"""The outbox relay under load: what it sends at once, and what it marks together.
+
+Why: a burst of compactions finishing together used to queue behind one lock
+shared by every compaction, each publishing its records one after the other
+and awaiting each ack (34-184 ms commit+relay in docs/performance.md). And a
+mark must touch one compaction's rows only, so every write transaction stays
+inside one conversation (docs/scaling.md).
+
+The publisher here holds every send until the expected number of sends are in
+flight together: a relay that sent them one at a time would never get there,
+and the test fails at its (generous) deadline instead of passing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, cast
+
+import pytest
+
+from core.storage.ports import OutboxRow
+from streams.metrics import Metrics
+from streams.worker.outbox import OutboxRelay
+from streams.worker.resources import Opened
+
+pytestmark = pytest.mark.unit
+
+DEADLINE = 10.0
+
+
+class OutboxOnly:
+    """The three outbox methods of the store, recording every mark."""
+
+    def __init__(self, rows: Sequence[OutboxRow]) -> None:
+        self.rows = list(rows)
+        self.published: set[int] = set()
+        self.marks: list[list[int]] = []
+
+    async def pending_outbox(
+        self, *, compaction_id: str | None = None, limit: int = 100
+    ) -> list[OutboxRow]:
+        rows = [r for r in self.rows if r.id not in self.published]
+        return [r for r in rows if compaction_id in (None, r.compaction_id)][:limit]
+
+    async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
+        return [r for r in self.rows if r.compaction_id == compaction_id]
+
+    async def mark_published(self, ids: Sequence[int]) -> None:
+        self.marks.append(list(ids))
+        self.published.update(ids)
+
+
+class GatePublisher:
+    """Holds every send until ``together`` sends are in flight at once."""
+
+    def __init__(self, together: int) -> None:
+        self.together = together
+        self.started: list[tuple[str, bytes | None]] = []
+        self._all_in = asyncio.Event()
+
+    async def publish(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: Any = None
+    ) -> None:
+        self.started.append((topic, value))
+        if len(self.started) >= self.together:
+            self._all_in.set()
+        await self._all_in.wait()
+
+
+def rows(compaction_id: str, first_id: int) -> list[OutboxRow]:
+    key = f"conv-{compaction_id}"
+    return [
+        OutboxRow(id=first_id, compaction_id=compaction_id, topic="clip_archives", key=key,
+                  payload=f"{compaction_id}-clip"),
+        OutboxRow(id=first_id + 1, compaction_id=compaction_id, topic="control", key=key,
+                  payload=f"{compaction_id}-done"),
+    ]  # fmt: skip
+
+
+def relay_over(store: OutboxOnly, publisher: GatePublisher) -> OutboxRelay:
+    resources = Opened(cast(Any, store), cast(Any, None))
+    return OutboxRelay(resources, publisher, Metrics())
+
+
+async def test_a_compactions_records_are_in_flight_together() -> None:
+    store = OutboxOnly(rows("a", 1))
+    publisher = GatePublisher(together=2)
+    relay = relay_over(store, publisher)
+    assert await asyncio.wait_for(relay.relay("a"), DEADLINE) == 2
+    assert [topic for topic, _ in publisher.started] == ["clip_archives", "control"]
+    assert store.marks == [[1, 2]]
+
+
+async def test_compactions_relay_side_by_side_not_behind_one_lock() -> None:
+    store = OutboxOnly([*rows("a", 1), *rows("b", 3)])
+    publisher = GatePublisher(together=4)
+    relay = relay_over(store, publisher)
+    published = await asyncio.wait_for(asyncio.gather(relay.relay("a"), relay.relay("b")), DEADLINE)
+    assert published == [2, 2]
+    assert sorted(store.marks) == [[1, 2], [3, 4]]  # one mark per compaction
+
+
+async def test_a_timer_pass_marks_each_compaction_on_its_own_and_leaves_claimed_ones() -> None:
+    store = OutboxOnly([*rows("a", 1), *rows("b", 3), *rows("c", 5)])
+    publisher = GatePublisher(together=1)
+    relay = relay_over(store, publisher)
+    with relay.claim("b"):  # its processor is about to relay it
+        await asyncio.wait_for(relay.tick(), DEADLINE)
+        assert store.marks == [[1, 2], [5, 6]]
+        assert [value for _, value in publisher.started] == [
+            b"a-clip",
+            b"a-done",
+            b"c-clip",
+            b"c-done",
+        ]
+    await asyncio.wait_for(relay.tick(), DEADLINE)  # the processor crashed before relaying
+    assert store.marks[-1] == [3, 4]
+    assert store.published == {1, 2, 3, 4, 5, 6}
+
+
+async def test_relaying_again_sends_published_rows_too() -> None:
+    store = OutboxOnly(rows("a", 1))
+    store.published = {1, 2}
+    publisher = GatePublisher(together=2)
+    relay = relay_over(store, publisher)
+    assert await asyncio.wait_for(relay.relay("a", again=True), DEADLINE) == 2
+    assert await asyncio.wait_for(relay.relay("a"), DEADLINE) == 0
