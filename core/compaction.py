@@ -82,7 +82,7 @@ class CompactionTuning(BaseModel):
     max_consecutive_failures: int = Field(default=3, ge=1)
     circuit_cooldown_seconds: float = Field(default=60.0, ge=0)
     # The provider guard (core/provider_guard.py), one per worker.
-    max_concurrent_llm_calls: int = Field(default=8, ge=1)
+    max_concurrent_llm_calls: int = Field(default=64, ge=1)
     provider_failure_threshold: int = Field(default=5, ge=1)
     provider_cooldown_seconds: float = Field(default=5.0, ge=0)
     provider_max_cooldown_seconds: float = Field(default=15.0, ge=0)

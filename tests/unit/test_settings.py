@@ -160,7 +160,7 @@ def test_provider_guard_and_target_keys_reach_the_compactor() -> None:
     assert limits.max_wait_seconds == 0
     assert (settings.budget.budget_tokens, settings.budget.target_tokens) == (1000, 750)
     defaults = guard_limits(Settings().summarization.compaction())
-    assert (defaults.max_concurrent, defaults.failure_threshold) == (8, 5)
+    assert (defaults.max_concurrent, defaults.failure_threshold) == (64, 5)
     assert Settings().budget.target_ratio == 0.8
     with pytest.raises(ConfigError, match=r"\[budget\]\.target_ratio = 0"):
         parse_settings({"budget": {"target_ratio": 0}})
