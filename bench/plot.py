@@ -47,6 +47,12 @@ def plain_ticks(ax: Any, values: Iterable[float]) -> None:
     ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
 
 
+def minor_label(value: float, _: object) -> str:
+    """Label the 2× and 5× minor ticks of a log axis (a narrow range has no major one)."""
+    digits = f"{value:.0f}"
+    return f"{value:,.0f}" if digits[0] in "25" and set(digits[1:]) <= {"0"} else ""
+
+
 # --------------------------------------------------------------------------- (a)
 
 
@@ -87,19 +93,24 @@ def plot_accounting(ax: Any, data: Mapping[str, Any] | None) -> None:
             p1 = "P1 bar: 0.5 × floor" if n == 0 else None
             ax.axhline(0.5 * rate, color=colour, linestyle=":", linewidth=1, label=p1)
     for scale in data.get("scale_out", []):
-        if scale.get("workers", 1) > 1:
-            x = scale.get("accounting_batch_max") or 1
-            xs_all.append(x)
-            ax.plot(
-                [x],
-                [scale["events_per_s"]],
-                "*",
-                markersize=13,
-                color="black",
-                label=f"{scale['workers']} workers (same CPUs), first shape",
-            )
+        x = scale.get("accounting_batch_max") or 1
+        xs_all.append(x)
+        n = scale.get("workers", 1)
+        ax.plot(
+            [x],
+            [scale["events_per_s"]],
+            "*",
+            markersize=13,
+            color="black",
+            markerfacecolor="black" if n > 1 else "none",
+            label=f"{n} worker{'s' if n > 1 else ''}, scale-out run (same CPUs)",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor_label))
     if xs_all:
         ax.set_xlim(min(xs_all) / 1.6, max(xs_all) * 1.6)
         plain_ticks(ax, xs_all)
@@ -110,7 +121,7 @@ def plot_accounting(ax: Any, data: Mapping[str, Any] | None) -> None:
     caption = (
         f"{data.get('date', '')}, {data.get('cpus', '?')} CPUs, store {data.get('store', '?')}"
     )
-    ax.text(0.01, 0.99, caption, transform=ax.transAxes, fontsize=7, va="top")
+    ax.set_title(f"(a) accounting throughput\n{caption}", fontsize=10)
 
 
 # --------------------------------------------------------------------------- (b)

@@ -202,6 +202,7 @@ class Tick:
 @dataclass
 class Probe:
     slowest_healthz: float = 0.0
+    slowest_at: float = 0.0  # when that request was sent, seconds after the probe's origin
     healthz_answers: int = 0
     healthz_failures: int = 0
     ticks: list[Tick] = field(default_factory=list)
@@ -209,7 +210,9 @@ class Probe:
     has_tick_metric: bool = False
 
 
-async def poll_healthz(worker: WorkerProcess, probe: Probe, stop: asyncio.Event) -> None:
+async def poll_healthz(
+    worker: WorkerProcess, probe: Probe, stop: asyncio.Event, origin: float
+) -> None:
     """/healthz every 100 ms; the slowest answer is how long the loop was held."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         while not stop.is_set():
@@ -220,7 +223,9 @@ async def poll_healthz(worker: WorkerProcess, probe: Probe, stop: asyncio.Event)
                 probe.healthz_answers += 1
             except (aiohttp.ClientError, TimeoutError):
                 probe.healthz_failures += 1
-            probe.slowest_healthz = max(probe.slowest_healthz, time.perf_counter() - started)
+            took = time.perf_counter() - started
+            if took > probe.slowest_healthz:
+                probe.slowest_healthz, probe.slowest_at = took, started - origin
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.1)
 
@@ -338,7 +343,7 @@ async def measure(infra: Infra, args: argparse.Namespace, size: int, actionable:
         assigned = time.perf_counter()
         note(f"assigned after {assigned - started:.1f}s; restoring")
         stop = asyncio.Event()
-        healthz = asyncio.create_task(poll_healthz(worker, restore_probe, stop))
+        healthz = asyncio.create_task(poll_healthz(worker, restore_probe, stop, assigned))
         sentinel = message_event(f"{tag}-sentinel", 0, token_count=20)
         await produce(infra.bootstrap, names.messages, [sentinel])
         await wait_counted(worker, 1, args.timeout)
@@ -352,7 +357,7 @@ async def measure(infra: Infra, args: argparse.Namespace, size: int, actionable:
         )
         stop = asyncio.Event()
         tasks = [
-            asyncio.create_task(poll_healthz(worker, window_probe, stop)),
+            asyncio.create_task(poll_healthz(worker, window_probe, stop, restored)),
             asyncio.create_task(poll_ticks(worker, window_probe, stop, restored)),
         ]
         # At least --ticks intervals, and until --ticks passes were seen (a first
@@ -537,7 +542,11 @@ def report(results: list[Result]) -> None:
             f" → {t.candidates_after or 0:.0f}" + (f" ×{t.passes}" if t.passes > 1 else "")
             for t in r.window_probe.ticks
         )
-        print(f"  {r.size} / {r.actionable}: {detail or '-'}")
+        print(
+            f"  {r.size} / {r.actionable}: {detail or '-'}; slowest /healthz"
+            f" {r.window_probe.slowest_healthz * 1000:.0f} ms, asked"
+            f" {r.window_probe.slowest_at:.1f}s after the restore"
+        )
 
 
 def to_json(results: list[Result], args: argparse.Namespace) -> dict[str, Any]:
@@ -559,6 +568,7 @@ def to_json(results: list[Result], args: argparse.Namespace) -> dict[str, Any]:
                 "vmhwm_mib": r.hwm_kib / 1024,
                 "slowest_healthz_restoring_ms": r.restore_probe.slowest_healthz * 1000,
                 "slowest_healthz_after_ms": r.window_probe.slowest_healthz * 1000,
+                "slowest_healthz_after_asked_at_s": r.window_probe.slowest_at,
                 "healthz_failures": r.window_probe.healthz_failures,
                 "window_seconds": r.window_seconds,
                 "passes": [
