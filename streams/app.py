@@ -12,6 +12,7 @@ least once); the table is a cache of PostgreSQL, rebuilt from it when lost.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from streams.worker.consumer import CommandToken
 from streams.worker.publisher import FaustPublisher
 from streams.worker.records import record_of
 from streams.worker.table_context import TableContexts
+
+log = logging.getLogger("compactor.worker")
 
 
 def create_app(settings: Settings, servers: str) -> faust.App:
@@ -173,6 +176,10 @@ def register(
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close_resources(sender: faust.App, **kwargs: Any) -> None:
+        try:  # a graceful stop leaves the changelog current (a crash resyncs instead)
+            components.table.flush(force=True)
+        except Exception as error:
+            log.warning("final table flush failed: %s", error)
         await intake.scheduler.drain()
         await resources.close()
 

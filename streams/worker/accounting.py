@@ -265,8 +265,9 @@ class Accounting:
         budget = self._rules.budget
         tally = self._table.get(conversation_id)
         inserted = [outcome for _, _, outcome in items if outcome.status == "inserted"]
-        self._metrics.events_in.labels("new").inc(len(inserted))
-        self._metrics.events_in.labels("duplicate").inc(len(items) - len(inserted))
+        for label, count in (("new", len(inserted)), ("duplicate", len(items) - len(inserted))):
+            if count:  # a label appears once it happened (the metrics views rely on it)
+                self._metrics.events_in.labels(label).inc(count)
         if totals is not None:
             tally, issue = on_resync(
                 tally, conversation_id, totals.tokens, totals.rows, budget, now
@@ -274,11 +275,11 @@ class Accounting:
             last_seq = totals.last_seq
         else:
             assert tally is not None  # synced entries are cached
-            issue = False
-            for _, incoming, _ in items:  # all inserted: a duplicate means a resync
+            issue, last_seq = False, None
+            for _, incoming, outcome in items:  # all inserted: a duplicate means a resync
                 tally, issued = on_message(tally, incoming.tokens, budget, now)
-                issue = issue or issued
-            last_seq = max((o.seq for o in inserted if o.seq is not None), default=None)
+                if issued:  # as if alone: the command covers up to the message that crossed
+                    issue, last_seq = True, outcome.seq
         partition = items[-1][0].partition
         self._table.put(tally, partition=partition, synced=True if totals is not None else None)
         return self._command(tally, last_seq, "over_budget") if issue else None
