@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar, cast
 
 from core.budget import BudgetConfig, compaction_due
 from core.compaction import CompactionResult
+from core.messages import ConversationMessage
 from streams.events import CompactionCommand, CompactionCompleted
 from streams.metrics import Metrics
 from streams.scheduler import CompactionScheduler
@@ -66,11 +67,18 @@ class Processor:
         conversation_id = command.conversation_id
         # Three independent reads, asked at once: one round trip of latency, not
         # three. The history is wasted only on a replay or a command not due.
-        applied, total, history = await asyncio.gather(
+        # Every outcome is collected (a database outage fails all three; an
+        # exception left unretrieved would be logged as a bug), the first raised.
+        outcomes = await asyncio.gather(
             store.compaction_applied(command.compaction_id),
             store.conversation_token_total(conversation_id),
             store.load_history(conversation_id, up_to_seq=command.up_to_seq),
+            return_exceptions=True,
         )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        applied, total, history = cast(tuple[bool, int, list[ConversationMessage]], outcomes)
         if applied:
             return await self._replayed(command)
         if not compaction_due(total, self._budget):
