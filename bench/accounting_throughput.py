@@ -31,9 +31,11 @@ backlog and is timed from its first event to its last:
                     with its own Faust no-op floor and worker sweep;
 * scale-out         one, then two workers (one consumer group, one config,
                     one database) on fresh topics: they start, the partitions
-                    are split, then the backlog is produced; timed from the
-                    first event either counted to the last. Both share the
-                    same CPUs here (their CPU % is printed).
+                    are split, each accounts a warm-up event per partition,
+                    they are frozen (SIGSTOP) while the backlog is produced
+                    and thawed together; timed from the first event either
+                    counted to the last. Both share the same CPUs here
+                    (their CPU % is printed).
 
 Ratios to the Faust floor are within a shape, measured in the same run.
 ``--json FILE`` writes every figure for ``bench.plot``.
@@ -53,9 +55,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -433,6 +437,7 @@ class WorkerRun:
     batch_count: float | None
     stored: int
     expected: int
+    audit: CommitAudit | None = None
 
     @property
     def writes_per_event(self) -> float | None:
@@ -462,15 +467,24 @@ async def worker_drain(
     label = f"worker accounting agent ({args.store})"
     if BATCHED and batch_max is not None:
         label = f"worker, accounting_batch_max={batch_max} ({args.store})"
+    topic = f"{prefix}messages"
+    audit = CommitAudit(infra, config["service"]["app_id"], topic, dsn)
     with running(worker):
-        measured = await drain(
-            infra, worker, label, f"{prefix}messages", args, expected, lambda: events_in(worker)
-        )
-        # Dirty entries reach the table at most every table_flush_seconds: wait for
-        # the last flush before counting the writes.
-        await asyncio.sleep(1.5 * (args.table_flush_seconds or 1.0) + 0.5)
-        metrics = await worker_metrics(worker)
+        auditing = asyncio.create_task(audit.run())
+        try:
+            measured = await drain(
+                infra, worker, label, topic, args, expected, lambda: events_in(worker)
+            )
+            # Dirty entries reach the table at most every table_flush_seconds: wait for
+            # the last flush (and the last offset commit) before counting.
+            await asyncio.sleep(1.5 * (args.table_flush_seconds or 1.0) + 0.5)
+            metrics = await worker_metrics(worker)
+        finally:
+            audit.stop.set()
+            await auditing
     stored = await stored_messages(dsn)
+    if audit.violations:
+        note(f"{label}: {audit.violations} samples had more offsets committed than rows stored")
     if stored != expected:
         note(f"{label}: PostgreSQL holds {stored} messages, expected {expected}")
     return WorkerRun(
@@ -483,7 +497,82 @@ async def worker_drain(
         batch_count=metrics.get("compactor_accounting_batch_events_count"),
         stored=stored,
         expected=expected,
+        audit=audit,
     )
+
+
+class CommitAudit:
+    """Every message stored before its offset is committed: sampled every 200 ms,
+    the consumer group's committed offsets (read first) never exceed the rows
+    PostgreSQL holds (counted after). The topic holds only the backlog, from
+    offset 0, so the committed offsets summed are the messages committed."""
+
+    def __init__(self, infra: Infra, group: str, topic: str, dsn: str) -> None:
+        assert infra.bootstrap is not None
+        self.bootstrap = infra.bootstrap
+        self.group, self.topic, self.dsn = group, topic, dsn
+        self.stop = asyncio.Event()
+        self.samples = 0
+        self.violations = 0
+        self.worst = 0  # the largest committed − stored seen (> 0 is a violation)
+        self.last_committed = 0
+
+    async def run(self) -> None:
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            while True:
+                try:
+                    offsets = await admin.list_consumer_group_offsets(self.group)
+                except Exception:  # the group is not there yet
+                    offsets = {}
+                committed = sum(
+                    max(0, meta.offset) for tp, meta in offsets.items() if tp.topic == self.topic
+                )
+                stored = int(await conn.fetchval("SELECT count(*) FROM messages"))
+                self.samples += 1
+                self.last_committed = committed
+                if committed > stored:
+                    self.violations += 1
+                self.worst = max(self.worst, committed - stored)
+                if self.stop.is_set():
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), 0.2)
+        finally:
+            await conn.close()
+            await admin.close()
+
+    def describe(self) -> str:
+        verdict = "ok" if not self.violations else f"{self.violations} BAD"
+        return f"{verdict} ({self.samples} samples, {self.last_committed} committed at the end)"
+
+
+def one_key_per_partition(args: argparse.Namespace) -> list[str]:
+    """A conversation id for each partition of the messages topic (murmur2, as
+    every Kafka client partitions a key)."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    partitioner = DefaultPartitioner()
+    every = list(range(args.partitions))
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < args.partitions:
+        cid = f"warm-{i:04d}"
+        found.setdefault(partitioner(cid.encode(), every, every), cid)
+        i += 1
+    return [found[p] for p in every]
+
+
+async def wait_total(workers: Sequence[WorkerProcess], expected: int, within: float) -> None:
+    deadline = time.monotonic() + within
+    while sum(await asyncio.gather(*(events_in(w) for w in workers))) < expected:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"warm-up events not accounted within {within:.0f}s")
+        await asyncio.sleep(0.1)
 
 
 @dataclass
@@ -499,7 +588,8 @@ async def scale_out(
     infra: Infra, args: argparse.Namespace, events: list[MessageEvent], n: int
 ) -> ScaleRun:
     """``n`` workers of one service (one consumer group, one config, one database) on
-    fresh topics: wait until the partitions are split, then produce the backlog."""
+    fresh topics: wait until the partitions are split and every worker is warm,
+    freeze them, produce the backlog, thaw them together and time the drain."""
     assert infra.bootstrap is not None
     prefix = unique_prefix(f"scale{n}")
     names = await create_topics(infra.bootstrap, prefix, args.partitions)
@@ -507,6 +597,7 @@ async def scale_out(
     dsn = await infra.new_database()
     workers = [new_worker(infra, f"scale{n}-w{i}", dsn, config, linger_env(args)) for i in range(n)]
     label = f"{n} worker{'s' if n > 1 else ''}, accounting_batch_max={args.scale_out_batch}"
+    frozen = False
     try:
         for worker in workers:
             worker.start()
@@ -515,7 +606,12 @@ async def scale_out(
             split = [set(range(args.partitions))]
         else:
             split = await wait_for_split(workers, names.messages, args.partitions, timeout=180.0)
-        note(f"{label}: partitions {[sorted(p) for p in split]}; producing the backlog")
+        # One event per partition first, so every worker has opened its PostgreSQL
+        # pool (the runtime opens at the first event) before the clock runs.
+        warm = [message_event(cid, 0, token_count=20) for cid in one_key_per_partition(args)]
+        await produce(infra.bootstrap, names.messages, warm)
+        await wait_total(workers, len(warm), args.timeout)
+        note(f"{label}: partitions {[sorted(p) for p in split]}, warmed up; producing the backlog")
         meter = CpuMeter(
             {
                 **{f"worker {i + 1}": w.pid for i, w in enumerate(workers)},
@@ -526,23 +622,37 @@ async def scale_out(
         last: list[float] = [0.0] * n
 
         async def count_of() -> float:
-            last[:] = await asyncio.gather(*(events_in(w) for w in workers))
+            counts = await asyncio.gather(*(events_in(w) for w in workers))
+            last[:] = [c - len(p) for c, p in zip(counts, split, strict=True)]
             return sum(last)
 
-        counting = asyncio.create_task(
-            timed_count(label, workers, len(events), count_of, meter, args.timeout)
-        )
+        # Frozen (SIGSTOP) while the backlog is written, then thawed together: each
+        # worker drains a backlog waiting in its partitions, as in the sweep. A few
+        # seconds frozen are far inside the consumer session timeout.
+        for worker in workers:
+            os.kill(worker.pid, signal.SIGSTOP)
+        frozen = True
         _, produce_seconds = await produce(infra.bootstrap, names.messages, events)
-        measured = await counting
+        for worker in workers:
+            os.kill(worker.pid, signal.SIGCONT)
+        frozen = False
+        measured = await timed_count(label, workers, len(events), count_of, meter, args.timeout)
     finally:
+        if frozen:
+            for worker in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGCONT)
         terminate_all(workers)
-    stored = await stored_messages(dsn)
+    stored = await stored_messages(dsn) - len(warm)
     if stored != len(events):
         note(f"{label}: PostgreSQL holds {stored} messages, expected {len(events)}")
     return ScaleRun(n, [sorted(p) for p in split], measured, produce_seconds, list(last))
 
 
 # --------------------------------------------------------------------------- main
+
+
+PARTS = ("baselines", "sweep", "dense", "scale-out")
 
 
 @dataclass
@@ -589,10 +699,13 @@ async def run(args: argparse.Namespace, infra: Infra) -> Results:
     events = make_events(args.events, args.conversations, run_id)
     results = Results()
     rows = results.rows
+    parts = set(args.parts)
     prefix = ""
-    if not args.pg_only:
+    if not args.pg_only and parts & {"baselines", "sweep"}:
         assert infra.bootstrap is not None
         prefix = await produce_backlog(infra, args, "acct", events)
+    if "baselines" in parts and not args.pg_only:
+        assert infra.bootstrap is not None
         for decode in (False, True):
             rows.append(
                 await kafka_read(
@@ -604,35 +717,38 @@ async def run(args: argparse.Namespace, infra: Infra) -> Results:
                     decode=decode,
                 )
             )
-    note("PostgreSQL baselines")
-    for pooled in (False, True):
+    if "baselines" in parts:
+        note("PostgreSQL baselines")
+        for pooled in (False, True):
+            meter = meter_for(infra, os.getpid())
+            dsn = await infra.new_database()
+            rows.append(await pg_insert_loop(dsn, events, meter, pooled=pooled))
         meter = meter_for(infra, os.getpid())
-        dsn = await infra.new_database()
-        rows.append(await pg_insert_loop(dsn, events, meter, pooled=pooled))
-    meter = meter_for(infra, os.getpid())
-    rows.append(await pg_batch_insert(await infra.new_database(), events, meter, 100))
-    meter = meter_for(infra, os.getpid())
-    rows.append(await pg_store_calls(await infra.new_database(), events, meter))
+        rows.append(await pg_batch_insert(await infra.new_database(), events, meter, 100))
+        meter = meter_for(infra, os.getpid())
+        rows.append(await pg_store_calls(await infra.new_database(), events, meter))
     if args.pg_only:
         return results
     topic = f"{prefix}messages"
-    for store in dict.fromkeys(["memory://", args.store]):
-        rows.append(await faust_floor(infra, topic, args, "table", store, len(events)))
-    main = ShapeResult(f"{args.conversations}c", len(events), args.conversations)
-    results.shapes.append(main)
-    await sweep(infra, args, main, prefix)
-    if main.floor is not None:  # where it always was: before the table-write floors
-        at = next(i for i, r in enumerate(rows) if "table write" in r.label)
-        rows.insert(at, main.floor)
-    rows.extend(w.measured for w in main.workers)
-    if args.dense_conversations:
+    if "baselines" in parts:
+        for store in dict.fromkeys(["memory://", args.store]):
+            rows.append(await faust_floor(infra, topic, args, "table", store, len(events)))
+    if "sweep" in parts:
+        main = ShapeResult(f"{args.conversations}c", len(events), args.conversations)
+        results.shapes.append(main)
+        await sweep(infra, args, main, prefix)
+        if main.floor is not None:  # where it always was: before the table-write floors
+            at = next((i for i, r in enumerate(rows) if "table write" in r.label), len(rows))
+            rows.insert(at, main.floor)
+        rows.extend(w.measured for w in main.workers)
+    if args.dense_conversations and "dense" in parts:
         dense_events = make_events(args.events, args.dense_conversations, run_id + "d")
         dense = ShapeResult(
             f"{args.dense_conversations}c", len(dense_events), args.dense_conversations
         )
         results.shapes.append(dense)
         await sweep(infra, args, dense, await produce_backlog(infra, args, "dense", dense_events))
-    if args.scale_out_batch:
+    if args.scale_out_batch and "scale-out" in parts:
         for n in (1, 2):
             results.scale.append(await scale_out(infra, args, events, n))
     return results
@@ -643,6 +759,8 @@ def pct(cpu: dict[str, float], key: str) -> str:
 
 
 def report(results: list[Measured], store: str) -> None:
+    if not results:
+        return
     baseline = results[0]
     rows = [
         (
@@ -716,6 +834,7 @@ def report_shapes(shapes: list[ShapeResult]) -> None:
                     "-",
                     "-",
                     "-",
+                    "-",
                     pct(floor.cpu, "reader"),
                     pct(floor.cpu, "broker"),
                     pct(floor.cpu, "postgres"),
@@ -735,6 +854,7 @@ def report_shapes(shapes: list[ShapeResult]) -> None:
                     fmt(w.writes_per_event, ".3f"),
                     fmt(w.mean_batch, ".1f"),
                     f"{w.stored}/{w.expected}",
+                    w.audit.describe() if w.audit else "-",
                     pct(m.cpu, "reader"),
                     pct(m.cpu, "broker"),
                     pct(m.cpu, "postgres"),
@@ -753,6 +873,7 @@ def report_shapes(shapes: list[ShapeResult]) -> None:
                 "table writes/event",
                 "mean group",
                 "in PostgreSQL",
+                "stored before committed",
                 "reader CPU",
                 "broker CPU",
                 "postgres CPU",
@@ -765,7 +886,9 @@ def report_shapes(shapes: list[ShapeResult]) -> None:
         "\n÷ floor: the worker's rate over the Faust no-op agent's on the same backlog in this"
         " run. table writes/event: compactor_table_writes_total ÷ compactor_events_in_total;"
         " mean group: compactor_accounting_batch_events sum ÷ count (events per accounted"
-        " group); in PostgreSQL: messages stored in the worker's database afterwards."
+        " group); in PostgreSQL: messages stored in the worker's database afterwards;"
+        " stored before committed: every 200 ms the consumer group's committed offsets"
+        " (read first) were at most the rows PostgreSQL held (counted after)."
         + ("" if BATCHED else " (This worker has no accounting_batch_max: one row per shape.)")
     )
 
@@ -817,9 +940,10 @@ def report_scale(scale: list[ScaleRun]) -> None:
     )
     print(
         f"\nThe workers share this machine's {os.cpu_count()} CPUs with the broker, PostgreSQL"
-        " and this process: a second worker adds an event loop, not a core. The backlog is"
-        " produced once the partitions are split (produce s: how long that took; a rate near"
-        " events ÷ produce s is bounded by the producer)."
+        " and this process: a second worker adds an event loop, not a core. Once the"
+        " partitions were split and each worker had accounted one warm-up event per"
+        " partition, the workers were frozen (SIGSTOP), the backlog produced (produce s),"
+        " and the workers thawed together (SIGCONT): both drain a waiting backlog."
     )
 
 
@@ -856,6 +980,15 @@ def to_json(results: Results, args: argparse.Namespace) -> dict[str, Any]:
                         "table_writes_per_event": w.writes_per_event,
                         "mean_batch_events": w.mean_batch,
                         "stored_in_postgres": w.stored,
+                        "commit_audit": (
+                            {
+                                "samples": w.audit.samples,
+                                "violations": w.audit.violations,
+                                "committed_at_end": w.audit.last_committed,
+                            }
+                            if w.audit
+                            else None
+                        ),
                         "expected": w.expected,
                     }
                     for w in s.workers
@@ -875,6 +1008,15 @@ def to_json(results: Results, args: argparse.Namespace) -> dict[str, Any]:
             for s in results.scale
         ],
     }
+
+
+def keep_logs(infra: Infra, into: Path) -> None:
+    """Copy every worker's and floor's log out of the run's temporary directory."""
+    for log in infra.tmp.glob("*/*.log"):
+        target = into / log.parent.name / log.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, target)
+    note(f"logs kept in {into}")
 
 
 def interrupt_on_sigterm() -> None:
@@ -939,7 +1081,16 @@ def main() -> None:
         default=0.0,
         help="producer linger for the Faust processes (the service leaves Faust's default, 0)",
     )
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="what to run (default: all): the single-component baselines, the worker sweep"
+        " on the main shape, the dense shape's sweep, the 1-vs-2-worker scale-out",
+    )
     parser.add_argument("--json", default=None, metavar="FILE", help="also write JSON here")
+    parser.add_argument("--keep-logs", default=None, metavar="DIR", help="copy worker logs here")
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -964,7 +1115,11 @@ def main() -> None:
             f"Faust producer linger {args.linger_ms:g} ms, table_flush_seconds "
             f"{'default' if args.table_flush_seconds is None else args.table_flush_seconds}\n"
         )
-        results = asyncio.run(run(args, infra))
+        try:
+            results = asyncio.run(run(args, infra))
+        finally:
+            if args.keep_logs:
+                keep_logs(infra, Path(args.keep_logs))
     report(results.rows, args.store)
     if results.shapes:
         print()
