@@ -154,8 +154,10 @@ class ServiceSettings(_Section):
     web_port: int = Field(default=6066, ge=0, le=65535)
     # Compactions in flight per worker. Most of a compaction is waiting for the
     # LLM, so many fit on one core; the LLM calls are capped separately by
-    # [summarization].max_concurrent_llm_calls (docs/configuration.md).
-    max_concurrent_compactions: int = Field(default=64, ge=1)
+    # [summarization].max_concurrent_llm_calls (64). Twice that many slots let
+    # a compaction's reads, commit and publish overlap other compactions' LLM
+    # calls (docs/configuration.md, "How many compactions at once").
+    max_concurrent_compactions: int = Field(default=128, ge=1)
     # Message events accounted as one group: one PostgreSQL statement and one
     # table write per conversation per group (docs/performance.md).
     accounting_batch_max: int = Field(default=500, ge=1, le=100_000)
