@@ -144,6 +144,7 @@ class Phase:
     # → clip-archive created_at (in the compaction transaction), → its record
     # timestamp (the relay's send), → consumed here.
     stages: list[tuple[float, float, float, float]] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)  # worker, machine over the phase
 
     @property
     def throughput(self) -> float:
@@ -378,6 +379,7 @@ async def run_phase(
         poller.last.get("compactor_compaction_latency_seconds_sum", 0.0),
         poller.last.get("compactor_compaction_latency_seconds_count", 0.0),
     )
+    meter = CpuMeter({"worker": worker.pid}).start()
     started = time.time()
     for batch in batches:
         sent = await send_over_budget(producer, names.messages, batch, args.messages)
@@ -399,6 +401,7 @@ async def run_phase(
                 )
             )
     phase.seconds = max(collector.arrived[c] for c in conversations) - started
+    phase.cpu = meter.stop()
     await asyncio.sleep(0.1)  # one more /metrics sample
     count = poller.last.get("compactor_compaction_latency_seconds_count", 0.0) - histogram[1]
     if count:
@@ -737,6 +740,8 @@ def report(phases: list[Phase], directs: list[Phase]) -> None:
                 f"{p.peak_in_flight:.0f}" if p.peak_in_flight is not None else "-",
                 p.peak_llm if p.peak_llm is not None else "-",
                 f"{(p.llm_calls or 0) / len(p.latencies):.2f}",
+                f"{p.cpu.get('worker', float('nan')):.0f}",
+                f"{p.cpu.get('machine', float('nan')):.0f}",
             )
         )
     print(
@@ -760,6 +765,8 @@ def report(phases: list[Phase], directs: list[Phase]) -> None:
                 "peak in flight",
                 "peak LLM",
                 "LLM calls/compaction",
+                "worker CPU %",
+                "machine busy %",
             ),
             rows,
         )
@@ -772,7 +779,8 @@ def report(phases: list[Phase], directs: list[Phase]) -> None:
         " events published) over the phase."
         "\ndirect: load_history + compress in this process (no Kafka, no worker), median of"
         " the direct runs; ideal/s: n compactions in ceil(n ÷ max_concurrent) rounds of one\n"
-        " direct p50 each (burst only)."
+        " direct p50 each (burst only);\nworker CPU: % of one core over the phase;"
+        " machine busy: % of all cores, whoever used them (other sessions too)."
     )
 
 
