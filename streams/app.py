@@ -141,10 +141,11 @@ def register(
         manual: faust.StreamT[bytes] = stream.noack()  # type: ignore[attr-defined]
         limit = settings.service.accounting_batch_max
         async for group in batching.in_groups(manual, limit, contexts.seen):
-            await accounting.handle_batch([record_of(event) for event in group])
+            revoked = await accounting.handle_batch([record_of(event) for event in group])
             accounting.flush_table()
             for event in group:
-                await manual.ack(event)
+                if event.message.partition not in revoked:
+                    await manual.ack(event)
 
     @app.agent(control_topic, concurrency=1)
     async def accounting_control(stream: faust.StreamT[bytes]) -> None:
@@ -164,6 +165,7 @@ def register(
     async def on_revoked(sender: faust.App, revoked: set[Any], **kwargs: Any) -> None:
         side.rebalance.on_revoked(set(revoked))
         gone = {tp.partition for tp in revoked if tp.topic in (names.messages, names.control)}
+        components.table.flush_partitions(gone)  # still ours: the changelog gets them
         components.table.forget(gone)
         contexts.forget(gone)
 

