@@ -62,6 +62,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,7 @@ from bench.harness import (
     worker_config,
 )
 from core.accounting import compaction_id_for
+from core.budget import BudgetConfig
 from core.compactor import create_compactor
 from core.model.factory import build_model_provider
 from core.settings import SummarizationSettings, resolve_model
@@ -710,6 +712,93 @@ def report_p3(drains: list[Drain], args: argparse.Namespace) -> None:
     )
 
 
+async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, float, float]:
+    """CPU per compaction without Kafka: ``Processor.compact`` (the worker's own
+    code: reads, compress, commit, relay to a recording publisher) for
+    ``--cpu-compactions`` conversations, ``--cpu-concurrency`` at a time, against
+    real PostgreSQL and the LLM test server at 0 ms, both in this process.
+
+    Returns (compactions, wall seconds, CPU seconds of this process). CPU time,
+    unlike the drain rate, hardly moves with what else the machine runs.
+    """
+    from streams.metrics import Metrics
+    from streams.worker.outbox import OutboxRelay
+    from streams.worker.processor import Processor
+    from streams.worker.resources import Opened
+    from tests.support.memory_store import RecordingPublisher
+
+    server = LLMTestServer()
+    await server.start()
+    settings = SummarizationSettings(
+        provider="openai", base_url=server.openai_base_url, model="bench-model", max_retries=0
+    )
+    resolved = resolve_model(settings, environ={})
+    model = build_model_provider(resolved, timeout_seconds=settings.timeout_seconds)
+    store = await PostgresStore.connect(await infra.new_database())
+    budget = BudgetConfig(context_budget=BUDGET[0], model_max_tokens=BUDGET[1])
+    compactor = create_compactor(
+        model=model,
+        messages_store=store,
+        memory_store=store,
+        config=settings.compaction(),
+        model_name=resolved.model,
+        budget=budget,
+    )
+    publisher, metrics = RecordingPublisher(), Metrics()
+    resources = Opened(store, compactor)
+    relay = OutboxRelay(resources, publisher, metrics)
+    processor = Processor(
+        resources=resources, publisher=publisher, relay=relay, metrics=metrics, budget=budget
+    )
+    conversations = [f"cpu-{i:05d}" for i in range(args.cpu_compactions)]
+    try:
+        for c in conversations:
+            for event in [*prefill_events(c, args.messages), over_budget_event(c, args.messages)]:
+                await store.save_message(event.to_message(), event.token_count or 0)
+        slots = asyncio.Semaphore(args.cpu_concurrency)
+
+        async def one(conversation_id: str) -> None:
+            async with slots:
+                command = CompactionCommand(
+                    compaction_id=compaction_id_for(conversation_id, 0),
+                    conversation_id=conversation_id,
+                    generation=0,
+                    issued_at=datetime.now(UTC),
+                )
+                outcome = await processor.compact(command)
+                if outcome.status != "compacted":
+                    raise RuntimeError(f"{conversation_id}: {outcome}")
+
+        note(f"CPU: {len(conversations)} compactions in this process")
+        started, cpu = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one(c) for c in conversations))
+        return len(conversations), time.perf_counter() - started, time.process_time() - cpu
+    finally:
+        await store.close()
+        await server.close()
+
+
+def report_cpu(result: tuple[int, float, float], args: argparse.Namespace) -> None:
+    count, wall, cpu = result
+    print(
+        "\nCPU per compaction in-process (Processor.compact, real PostgreSQL, LLM test server"
+        " at 0 ms in this process, recording publisher, no Kafka):\n"
+        + table(
+            ("n", "concurrency", "wall s", "compactions/s", "CPU ms/compaction"),
+            [
+                (
+                    count,
+                    args.cpu_concurrency,
+                    f"{wall:.2f}",
+                    f"{count / wall:.1f}",
+                    f"{cpu * 1000 / count:.2f}",
+                )
+            ],
+        )
+    )
+    print("CPU: this process (the worker's code and the LLM test server), not PostgreSQL's.")
+
+
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f}"
 
@@ -848,8 +937,13 @@ def main() -> None:
     parser.add_argument("--store", choices=["rocksdb://", "memory://"], default="rocksdb://")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per phase")
     parser.add_argument(
-        "--scenario", choices=["all", "p2", "p3"], default="all", help="p2: serial/burst tables"
+        "--scenario",
+        choices=["all", "p2", "p3", "cpu"],
+        default="all",
+        help="p2: serial/burst tables; p3: a thousand at once; cpu: CPU per compaction in-process",
     )
+    parser.add_argument("--cpu-compactions", type=int, default=400)
+    parser.add_argument("--cpu-concurrency", type=int, default=16)
     parser.add_argument("--p3-conversations", type=int, default=1000, help="P3 drain size")
     parser.add_argument("--p3-latency-ms", type=float, nargs="+", default=[500.0, 0.0])
     parser.add_argument(
@@ -876,6 +970,7 @@ def main() -> None:
             latency_ms=[0.0, 200.0],
             concurrency=[4],
             p3_conversations=100,
+            cpu_compactions=100,
         )
         args = parser.parse_args()
     print_header("compaction latency", "bench.compaction_latency")
@@ -890,11 +985,15 @@ def main() -> None:
             phases, directs, hops = asyncio.run(run(args, infra))
         if args.scenario in ("all", "p3"):
             drains = asyncio.run(run_p3(args, infra))
+        if args.scenario in ("all", "cpu"):
+            cpu = asyncio.run(compaction_cpu(args, infra))
     if args.scenario in ("all", "p2"):
         report(phases, directs)
         report_stages(phases, directs, hops)
     if args.scenario in ("all", "p3"):
         report_p3(drains, args)
+    if args.scenario in ("all", "cpu"):
+        report_cpu(cpu, args)
 
 
 if __name__ == "__main__":
