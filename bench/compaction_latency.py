@@ -44,6 +44,11 @@ worker's process tree (% of one core) and the whole machine (% of all cores)
 over the drain. ``--py-spy FILE`` records the worker with py-spy during each
 drain (FILE.<latency>ms.txt, raw collapsed stacks), when py-spy is installed.
 
+CPU (``--scenario cpu``): ``Processor.compact`` for ``--cpu-compactions``
+conversations in this process, without Kafka, against real PostgreSQL and the
+LLM test server at 0 ms: CPU milliseconds per compaction (this process), a
+figure that moves far less with the machine's other load than a drain rate.
+
     python -m bench.compaction_latency [--conversations 40] [--latency-ms 0 500] [--concurrency 4 16]
     python -m bench.compaction_latency --scenario p3 [--p3-conversations 1000] [--p3-latency-ms 500 0]
     python -m bench.compaction_latency --quick
