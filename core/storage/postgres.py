@@ -307,6 +307,38 @@ class PostgresStore:
         )
         return bool(found)
 
+    async def compaction_inputs(
+        self, compaction_id: str, conversation_id: str, *, up_to_seq: int | None
+    ) -> tuple[bool, int, list[ConversationMessage]]:
+        """``compaction_applied``, ``conversation_token_total`` and ``load_history``
+        (up to ``up_to_seq``) in one round trip, from one snapshot.
+
+        What the processor asks before every compaction; as three queries they
+        were three round trips, each paid in CPU by the worker and PostgreSQL.
+        """
+        rows = await self._pool.fetch(
+            """
+            SELECT f.applied, f.total, m.id, m.conversation_id, m.role, m.content,
+                   m.tool_calls, m.tool_call_id, m.created_at
+              FROM (SELECT EXISTS (SELECT 1 FROM compactions WHERE compaction_id = $1)
+                               AS applied,
+                           (SELECT coalesce(sum(token_estimate), 0) FROM messages
+                             WHERE conversation_id = $2) AS total) AS f
+              LEFT JOIN LATERAL (
+                    SELECT * FROM messages
+                     WHERE conversation_id = $2
+                       AND (kind = 'clip_archive' OR $3::bigint IS NULL OR seq <= $3)
+                   ) AS m ON true
+             ORDER BY (m.kind = 'clip_archive') DESC, m.created_at, m.id
+            """,
+            compaction_id,
+            conversation_id,
+            up_to_seq,
+        )
+        first = rows[0]
+        history = [_row_to_message(row) for row in rows if row["id"] is not None]
+        return bool(first["applied"]), int(first["total"]), history
+
     async def apply_compaction(
         self, plan: CompactionPlan, outbox: OutboxFactory | None = None
     ) -> ApplyResult:

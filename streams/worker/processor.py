@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Generic, Literal, TypeVar, cast
+from typing import Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 from core.budget import BudgetConfig, compaction_due
 from core.compaction import CompactionResult
 from core.messages import ConversationMessage
+from core.storage.ports import WorkerStore
 from streams.events import CompactionCommand, CompactionCompleted
 from streams.metrics import Metrics
 from streams.scheduler import CompactionScheduler
@@ -65,20 +66,7 @@ class Processor:
     async def compact(self, command: CompactionCommand) -> CompactionOutcome:
         store = await self._resources.store()
         conversation_id = command.conversation_id
-        # Three independent reads, asked at once: one round trip of latency, not
-        # three. The history is wasted only on a replay or a command not due.
-        # Every outcome is collected (a database outage fails all three; an
-        # exception left unretrieved would be logged as a bug), the first raised.
-        outcomes = await asyncio.gather(
-            store.compaction_applied(command.compaction_id),
-            store.conversation_token_total(conversation_id),
-            store.load_history(conversation_id, up_to_seq=command.up_to_seq),
-            return_exceptions=True,
-        )
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        applied, total, history = cast(tuple[bool, int, list[ConversationMessage]], outcomes)
+        applied, total, history = await _inputs(store, command)
         if applied:
             return await self._replayed(command)
         if not compaction_due(total, self._budget):
@@ -175,6 +163,40 @@ class Processor:
             reason,
         )
         return CompactionOutcome("noop", reason)
+
+
+@runtime_checkable
+class CompactionInputs(Protocol):
+    """A store that answers the processor's three questions in one round trip
+    (``PostgresStore.compaction_inputs``)."""
+
+    async def compaction_inputs(
+        self, compaction_id: str, conversation_id: str, *, up_to_seq: int | None
+    ) -> tuple[bool, int, list[ConversationMessage]]: ...
+
+
+async def _inputs(
+    store: WorkerStore, command: CompactionCommand
+) -> tuple[bool, int, list[ConversationMessage]]:
+    """Is the compaction applied, the conversation's stored total, its history up to
+    the command's cut: every compaction asks, so in one round trip where the store
+    can. Otherwise three independent reads, asked at once; every outcome is
+    collected (a database outage fails all three, and an exception left
+    unretrieved would be logged as a bug) and the first failure raised."""
+    if isinstance(store, CompactionInputs):
+        return await store.compaction_inputs(
+            command.compaction_id, command.conversation_id, up_to_seq=command.up_to_seq
+        )
+    outcomes = await asyncio.gather(
+        store.compaction_applied(command.compaction_id),
+        store.conversation_token_total(command.conversation_id),
+        store.load_history(command.conversation_id, up_to_seq=command.up_to_seq),
+        return_exceptions=True,
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return cast(tuple[bool, int, list[ConversationMessage]], tuple(outcomes))
 
 
 Token = TypeVar("Token")

@@ -1,0 +1,72 @@
+"""``PostgresStore.compaction_inputs`` answers exactly what the three reads it
+replaces answer.
+
+Why: the processor asks it before every compaction instead of
+``compaction_applied``, ``conversation_token_total`` and ``load_history``
+(one round trip instead of three); a difference in any of the three (a
+message past the command's cut, the clip-archive's place, an empty
+conversation) would change what gets compacted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from core.storage.postgres import PostgresStore
+from tests.support.builders import history
+from tests.support.builders import message as make_message
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+async def separately(
+    store: PostgresStore, compaction_id: str, conversation_id: str, up_to_seq: int | None
+) -> tuple[bool, int, list[object]]:
+    return (
+        await store.compaction_applied(compaction_id),
+        await store.conversation_token_total(conversation_id),
+        list(await store.load_history(conversation_id, up_to_seq=up_to_seq)),
+    )
+
+
+async def test_an_unknown_conversation_has_nothing(pg_store: PostgresStore) -> None:
+    assert await pg_store.compaction_inputs("cmp-x", "nobody", up_to_seq=None) == (False, 0, [])
+    assert await pg_store.compaction_inputs("cmp-x", "nobody", up_to_seq=3) == (False, 0, [])
+
+
+async def test_the_same_answers_as_the_three_reads(pg_store: PostgresStore) -> None:
+    messages = history(6)
+    other = history(2, conversation_id="conv-2")
+    for i, message in enumerate([*messages, *other]):
+        await pg_store.save_message(message, 10 + i)
+    seqs = await pg_store.pool.fetch(
+        "SELECT id, seq FROM messages WHERE conversation_id = 'conv-1' ORDER BY seq"
+    )
+    cut = int(seqs[3]["seq"])  # the command counted the first four messages
+    for up_to_seq in (None, cut):
+        got = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=up_to_seq)
+        assert got == await separately(pg_store, "cmp-1", "conv-1", up_to_seq)
+    applied, total, loaded = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=cut)
+    assert (applied, total) == (False, sum(range(10, 16)))  # every stored row counts
+    assert [m.id for m in loaded] == [m.id for m in messages[:4]]  # only up to the cut
+
+
+async def test_after_a_compaction_the_clip_archive_leads_and_it_is_applied(
+    pg_store: PostgresStore,
+) -> None:
+    """A real compaction through the compactor's plan shape: the clip-archive
+    first whatever its time, later messages after it, and the id applied."""
+    from tests.integration.test_postgres_pool import plan_over
+
+    messages = history(4)
+    for message in messages:
+        await pg_store.save_message(message, 10)
+    await pg_store.apply_compaction(plan_over(messages[:2]))
+    newer = make_message(9)
+    await pg_store.save_message(newer, 10)
+    for up_to_seq in (None, 1):  # the clip-archive is kept whatever the cut
+        got = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=up_to_seq)
+        assert got == await separately(pg_store, "cmp-1", "conv-1", up_to_seq)
+    applied, _, loaded = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=None)
+    assert applied is True
+    assert [m.id for m in loaded] == ["clip-archive-cmp-1", "m00002", "m00003", "m00009"]
