@@ -414,6 +414,17 @@ class PostgresStore:
                 list(ids),
             )
 
+    async def mark_compaction_published(self, compaction_id: str) -> None:
+        """Mark every row of one compaction published (a row published before
+        keeps its first time): for a relay that sent the records the compaction
+        built, so it never read their ids back. One compaction's rows are one
+        conversation's."""
+        await self._pool.execute(
+            "UPDATE outbox SET published_at = now() "
+            "WHERE compaction_id = $1 AND published_at IS NULL",
+            compaction_id,
+        )
+
     # -- MemoryStore ---------------------------------------------------------
 
     async def live_batches(self, conversation_id: str) -> list[StoredBatch]:

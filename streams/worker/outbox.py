@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence, Set
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
 
 from core.clip_archive import is_clip_archive
 from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, OutboxRecord
@@ -95,6 +96,14 @@ def outbox_events(
     return build
 
 
+@runtime_checkable
+class MarksByCompaction(Protocol):
+    """A store that marks a compaction's rows published by its id
+    (``PostgresStore.mark_compaction_published``)."""
+
+    async def mark_compaction_published(self, compaction_id: str) -> None: ...
+
+
 class OutboxRelay:
     """Publishes committed outbox rows and marks them published.
 
@@ -126,8 +135,19 @@ class OutboxRelay:
         finally:
             self._claimed.discard(compaction_id)
 
-    async def relay(self, compaction_id: str | None = None, *, again: bool = False) -> int:
+    async def relay(
+        self,
+        compaction_id: str | None = None,
+        *,
+        again: bool = False,
+        records: Sequence[OutboxRecord] = (),
+    ) -> int:
         """Publish unpublished outbox rows, then mark them (at least once).
+
+        ``records``: what the compaction just committed wrote to the outbox (its
+        processor kept them); with a store that marks by compaction they are
+        sent without reading the rows back first, one round trip fewer before
+        the clip-archive is out.
 
         ``again`` publishes every row of ``compaction_id``, published or not.
         A command that comes back for an applied compaction (redelivered, or
@@ -146,6 +166,10 @@ class OutboxRelay:
                 for group in _by_compaction(rows, skip=self._claimed):
                     published += await self._publish(store, group)
                 return published
+        if records and not again and isinstance(store, MarksByCompaction):
+            await self._send(records)
+            await store.mark_compaction_published(compaction_id)
+            return len(records)
         if again:
             rows = await store.outbox_rows(compaction_id)
         else:
@@ -156,16 +180,17 @@ class OutboxRelay:
         """One compaction's rows: every send in flight at once, then one mark."""
         if not rows:
             return 0
-        await asyncio.gather(
-            *(
-                self._publisher.publish(row.topic, row.key.encode(), row.payload.encode())
-                for row in rows
-            )
-        )
-        for row in rows:
-            self._metrics.outbox_published.labels(row.topic).inc()
+        await self._send(rows)
         await store.mark_published([row.id for row in rows])
         return len(rows)
+
+    async def _send(self, records: Sequence[OutboxRow | OutboxRecord]) -> None:
+        """Every record in flight at once; returns when the broker has them all."""
+        await asyncio.gather(
+            *(self._publisher.publish(r.topic, r.key.encode(), r.payload.encode()) for r in records)
+        )
+        for r in records:
+            self._metrics.outbox_published.labels(r.topic).inc()
 
     async def tick(self) -> None:
         """The timer's pass: rows a crash left unpublished between commit and publish."""

@@ -18,7 +18,13 @@ from datetime import UTC, datetime
 from typing import Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 from core.budget import BudgetConfig, compaction_due
-from core.compaction import CompactionResult
+from core.compaction import (
+    AppliedStats,
+    CompactionPlan,
+    CompactionResult,
+    OutboxFactory,
+    OutboxRecord,
+)
 from core.messages import ConversationMessage
 from core.storage.ports import WorkerStore
 from streams.events import CompactionCommand, CompactionCompleted
@@ -76,21 +82,22 @@ class Processor:
         metrics = self._metrics
         metrics.compactions_started.inc()
         metrics.in_flight.inc()
+        built = _Built()
         with self._relay.claim(command.compaction_id):
             try:
                 result = await compactor.compress(
                     history,
                     conversation_id,
                     compaction_id=command.compaction_id,
-                    outbox=outbox_events(command, history, self._clock),
+                    outbox=built.capture(outbox_events(command, history, self._clock)),
                     check_applied=False,
                 )
             finally:
                 metrics.in_flight.dec()
-            return await self._settle(command, result)
+            return await self._settle(command, result, built.records)
 
     async def _settle(
-        self, command: CompactionCommand, result: CompactionResult
+        self, command: CompactionCommand, result: CompactionResult, records: list[OutboxRecord]
     ) -> CompactionOutcome:
         """What a finished ``compress`` means: publish its events, or say why not."""
         metrics = self._metrics
@@ -106,7 +113,7 @@ class Processor:
             # (No message compressed but a new batch: the clip-archive was re-fitted
             # under the target, a compaction like any other.)
             return await self._complete_without_compaction(command, "nothing_to_compress")
-        await self._relay.relay(command.compaction_id)
+        await self._relay.relay(command.compaction_id, records=records)
         metrics.compactions_succeeded.inc()
         issued = (datetime.fromtimestamp(self._clock(), UTC) - command.issued_at).total_seconds()
         metrics.compaction_latency.observe(max(0.0, issued))
@@ -163,6 +170,21 @@ class Processor:
             reason,
         )
         return CompactionOutcome("noop", reason)
+
+
+class _Built:
+    """Keeps the outbox records a compaction's transaction wrote, so the relay can
+    send them without reading them back (used only once the compaction committed)."""
+
+    def __init__(self) -> None:
+        self.records: list[OutboxRecord] = []
+
+    def capture(self, factory: OutboxFactory) -> OutboxFactory:
+        def build(plan: CompactionPlan, stats: AppliedStats) -> list[OutboxRecord]:
+            self.records = list(factory(plan, stats))
+            return self.records
+
+        return build
 
 
 @runtime_checkable

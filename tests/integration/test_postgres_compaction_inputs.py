@@ -70,3 +70,28 @@ async def test_after_a_compaction_the_clip_archive_leads_and_it_is_applied(
     applied, _, loaded = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=None)
     assert applied is True
     assert [m.id for m in loaded] == ["clip-archive-cmp-1", "m00002", "m00003", "m00009"]
+
+
+async def test_marking_a_compaction_published_touches_its_rows_only(
+    pg_store: PostgresStore,
+) -> None:
+    await pg_store.pool.executemany(
+        "INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id) "
+        "VALUES ($1, $2, $3, $4, $5)",
+        [
+            ("cmp-a", "clip_archives", "conv-a", "a1", "conv-a"),
+            ("cmp-a", "control", "conv-a", "a2", "conv-a"),
+            ("cmp-b", "control", "conv-b", "b1", "conv-b"),
+        ],
+    )
+    first = await pg_store.pool.fetchval("SELECT now()")
+    await pg_store.mark_compaction_published("cmp-a")
+    assert [r.payload for r in await pg_store.pending_outbox()] == ["b1"]
+    stamped = await pg_store.pool.fetch(
+        "SELECT published_at FROM outbox WHERE compaction_id = 'cmp-a'"
+    )
+    await pg_store.mark_compaction_published("cmp-a")  # again: the first time stays
+    again = await pg_store.pool.fetch(
+        "SELECT published_at FROM outbox WHERE compaction_id = 'cmp-a'"
+    )
+    assert stamped == again and all(r["published_at"] >= first for r in stamped)

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import pytest
 
+from core.compaction import OutboxRecord
 from core.storage.ports import OutboxRow
 from streams.metrics import Metrics
 from streams.worker.outbox import OutboxRelay
@@ -126,3 +127,43 @@ async def test_relaying_again_sends_published_rows_too() -> None:
     relay = relay_over(store, publisher)
     assert await asyncio.wait_for(relay.relay("a", again=True), DEADLINE) == 2
     assert await asyncio.wait_for(relay.relay("a"), DEADLINE) == 0
+
+
+class MarksByCompactionStore(OutboxOnly):
+    """A store that can mark a compaction's rows by its id (as PostgreSQL can)."""
+
+    def __init__(self, rows: Sequence[OutboxRow]) -> None:
+        super().__init__(rows)
+        self.reads = 0
+        self.compaction_marks: list[str] = []
+
+    async def pending_outbox(
+        self, *, compaction_id: str | None = None, limit: int = 100
+    ) -> list[OutboxRow]:
+        self.reads += 1
+        return await super().pending_outbox(compaction_id=compaction_id, limit=limit)
+
+    async def mark_compaction_published(self, compaction_id: str) -> None:
+        self.compaction_marks.append(compaction_id)
+        self.published.update(r.id for r in self.rows if r.compaction_id == compaction_id)
+
+
+async def test_the_records_a_compaction_built_are_sent_without_reading_them_back() -> None:
+    committed = rows("a", 1)
+    store = MarksByCompactionStore(committed)
+    publisher = GatePublisher(together=2)
+    relay = relay_over(store, publisher)
+    records = [OutboxRecord(topic=r.topic, key=r.key, payload=r.payload) for r in committed]
+    assert await asyncio.wait_for(relay.relay("a", records=records), DEADLINE) == 2
+    assert [value for _, value in publisher.started] == [b"a-clip", b"a-done"]
+    assert (store.reads, store.compaction_marks, store.published) == (0, ["a"], {1, 2})
+
+
+async def test_without_a_mark_by_compaction_the_rows_are_read_back() -> None:
+    committed = rows("a", 1)
+    store = OutboxOnly(committed)
+    publisher = GatePublisher(together=2)
+    relay = relay_over(store, publisher)
+    records = [OutboxRecord(topic=r.topic, key=r.key, payload=r.payload) for r in committed]
+    assert await asyncio.wait_for(relay.relay("a", records=records), DEADLINE) == 2
+    assert store.marks == [[1, 2]]
