@@ -132,20 +132,20 @@ def register(
     """Agents, timers and signal handlers, each a thin call into a component."""
     names = components.names
     accounting, intake = components.accounting, components.intake
+    acks = batching.AcksAfterFlush(components.table)
     control_topic = topics["control"]
     side = consumer.ConsumerSide.of(app, settings.service, components)
 
     @app.agent(raw_topic(app, names.messages), concurrency=1)
     async def accounting_messages(stream: faust.StreamT[bytes]) -> None:
-        """Concurrency 1 (the table's writer); a group is acked once it is durable."""
+        """Concurrency 1 (the table's writer); a group is acked once it is durable,
+        its table entries included (``AcksAfterFlush``)."""
         manual: faust.StreamT[bytes] = stream.noack()  # type: ignore[attr-defined]
         limit = settings.service.accounting_batch_max
         async for group in batching.in_groups(manual, limit, contexts.seen):
             revoked = await accounting.handle_batch([record_of(event) for event in group])
-            accounting.flush_table()
-            for event in group:
-                if event.message.partition not in revoked:
-                    await manual.ack(event)
+            acks.hold(manual, group, skip=revoked)
+            await acks.settle()
 
     @app.agent(control_topic, concurrency=1)
     async def accounting_control(stream: faust.StreamT[bytes]) -> None:
@@ -167,6 +167,7 @@ def register(
         gone = {tp.partition for tp in revoked if tp.topic in (names.messages, names.control)}
         components.table.flush_partitions(gone)  # still ours: the changelog gets them
         components.table.forget(gone)
+        acks.drop(gone)
         contexts.forget(gone)
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]
@@ -174,7 +175,7 @@ def register(
         components.table.invalidate_index()  # tables restored: rebuilt at the next pass
         await side.rebalance.rewind_uncommitted()
 
-    register_timers(app, settings, components, side)
+    register_timers(app, settings, components, side, acks)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close_resources(sender: faust.App, **kwargs: Any) -> None:

@@ -12,6 +12,7 @@ import faust
 from core.settings import Settings
 from streams.log_limits import limit_repeats
 from streams.worker import Components, consumer
+from streams.worker.batching import AcksAfterFlush
 from streams.worker.consumer import CommandToken
 
 log = logging.getLogger("compactor.worker")
@@ -22,6 +23,7 @@ def register_timers(
     settings: Settings,
     components: Components[CommandToken],
     side: consumer.ConsumerSide,
+    acks: AcksAfterFlush,
 ) -> None:
     """Each tick logs its own errors: an exception in a Faust timer stops the worker."""
 
@@ -35,9 +37,9 @@ def register_timers(
 
     @app.timer(interval=max(settings.service.table_flush_seconds, 0.5))  # type: ignore[untyped-decorator]
     async def flush_table() -> None:
-        """Dirty entries of conversations that went quiet (busy ones flush per group)."""
+        """Entries (and the acks waiting on them) of a stream that went quiet."""
         try:
-            components.table.flush()
+            await acks.settle()
         except Exception as error:
             log.warning("table flush failed, retried at the next one: %s", error)
 

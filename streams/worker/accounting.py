@@ -115,7 +115,7 @@ class Accounting:
 
     async def handle_batch(self, records: Sequence[Record]) -> set[int]:
         """Account a group of message records, durably; their table entries are
-        written by the next due ``flush_table``.
+        written by the next due flush (``streams.worker.batching.AcksAfterFlush``).
 
         Per group: one store call for the messages, one for the counts of the
         conversations it must resync, the commands and dead letters sent
@@ -135,10 +135,6 @@ class Accounting:
             await self._durably(records)
         self._metrics.accounting_batch_events.observe(len(records))
         return {p for p, epoch in epochs.items() if self._table.epoch(p) != epoch}
-
-    def flush_table(self) -> int:
-        """Write the dirty table entries if ``table_flush_seconds`` have passed."""
-        return self._table.flush()
 
     async def _durably(self, records: Sequence[Record]) -> set[str]:
         failures = 0

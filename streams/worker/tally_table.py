@@ -146,11 +146,14 @@ class TallyTable:
             with self._write_context(partition):
                 self._table.pop(conversation_id, None)
 
+    def flush_due(self) -> bool:
+        return self._clock() - self._last_flush >= self._flush_seconds
+
     def flush(self, *, force: bool = False, only: Collection[str] | None = None) -> int:
         """Write the dirty entries (``only`` those) if ``flush_seconds`` have passed
         since the last flush, or ``force``; the number written."""
         now = self._clock()
-        if only is None and not force and now - self._last_flush < self._flush_seconds:
+        if only is None and not force and not self.flush_due():
             return 0
         keys = list(self._dirty) if only is None else self._dirty.intersection(only)
         by_partition: dict[int | None, list[_Entry]] = {}

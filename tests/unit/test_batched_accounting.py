@@ -286,3 +286,34 @@ async def test_a_group_in_flight_when_its_partition_is_revoked_keeps_nothing_and
     h.store.save_messages = original  # type: ignore[method-assign]
     await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])  # redelivered
     assert h.tally("c").token_total == 100  # a duplicate: resynced from the store
+
+
+class _Event:
+    def __init__(self, partition: int) -> None:
+        self.message = type("M", (), {"partition": partition})()
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.acked: list[_Event] = []
+
+    async def ack(self, event: _Event) -> None:
+        self.acked.append(event)
+
+
+async def test_events_are_acked_only_once_their_table_entries_are_flushed() -> None:
+    from streams.worker.batching import AcksAfterFlush
+
+    now = [0.0]
+    raw: dict[str, Any] = {}
+    table = TallyTable(raw, flush_seconds=1.0, clock=lambda: now[0])
+    acks, stream = AcksAfterFlush(table), _Stream()
+    first, second, revoked = _Event(0), _Event(1), _Event(2)
+    table.put(ConversationTally(conversation_id="c", token_total=5), partition=0)
+    acks.hold(stream, [first, second, revoked], skip={2})
+    assert await acks.settle() == 0 and stream.acked == [] and raw == {}  # not due yet
+    acks.drop({1})  # partition 1 revoked meanwhile: read again by its next owner
+    now[0] = 1.0
+    assert await acks.settle() == 1
+    assert stream.acked == [first] and raw["c"]["token_total"] == 5  # flushed, then acked
+    assert len(acks) == 0
