@@ -52,6 +52,11 @@ figure that moves far less with the machine's other load than a drain rate.
     python -m bench.compaction_latency [--conversations 40] [--latency-ms 0 500] [--concurrency 4 16]
     python -m bench.compaction_latency --scenario p3 [--p3-conversations 1000] [--p3-latency-ms 500 0]
     python -m bench.compaction_latency --quick
+
+``--json FILE`` also writes the figures as JSON for ``bench.plot``: ``latency``
+(one object per serial/burst phase: max_concurrent, llm_ms, phase, n, p50_ms,
+p95_ms, compactions_per_s, peak_in_flight), ``p3`` (conversations, llm_ms,
+drain_s, rate_per_s, peak_in_flight, peak_llm) and ``cpu``.
 """
 
 from __future__ import annotations
@@ -59,7 +64,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
+import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -924,6 +932,67 @@ def report_stages(phases: list[Phase], directs: list[Phase], hops: list[float]) 
     )
 
 
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def to_json(
+    args: argparse.Namespace,
+    phases: list[Phase] | None,
+    drains: list[Drain] | None,
+    cpu: tuple[int, float, float] | None,
+) -> dict[str, Any]:
+    """Every figure of the printed tables that bench.plot draws, plus the run's identity."""
+    latency = [
+        {
+            "max_concurrent": p.concurrency,
+            "llm_ms": p.latency_ms,
+            "phase": p.name,
+            "n": len(p.latencies),
+            "p50_ms": percentile(p.latencies, 50) * 1000,
+            "p95_ms": percentile(p.latencies, 95) * 1000,
+            "compactions_per_s": _finite(p.throughput),
+            "peak_in_flight": p.peak_in_flight,
+            "worker_cpu_percent": _finite(p.cpu.get("worker")),
+            "machine_busy_percent": _finite(p.cpu.get("machine")),
+        }
+        for p in phases or []
+    ]
+    p3 = [
+        {
+            "conversations": d.conversations,
+            "llm_ms": d.latency_ms,
+            "drain_s": d.seconds,
+            "rate_per_s": _finite(d.rate),
+            "peak_in_flight": d.peak_in_flight,
+            "peak_llm": d.peak_llm,
+            "p50_ms": percentile(d.latencies, 50) * 1000 if d.latencies else None,
+            "p99_ms": percentile(d.latencies, 99) * 1000 if d.latencies else None,
+            "machine_busy_percent": _finite(d.cpu.get("machine")),
+        }
+        for d in drains or []
+    ]
+    out: dict[str, Any] = {
+        "bench": "compaction_latency",
+        "command": shlex.join(["python", "-m", "bench.compaction_latency", *sys.argv[1:]]),
+        "cpus": os.cpu_count(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "store": args.store,
+        "latency": latency,
+        "p3": p3,
+    }
+    if cpu is not None:
+        count, wall, cpu_seconds = cpu
+        out["cpu"] = {
+            "n": count,
+            "concurrency": args.cpu_concurrency,
+            "wall_s": wall,
+            "compactions_per_s": count / wall if wall else None,
+            "cpu_ms_per_compaction": cpu_seconds * 1000 / count if count else None,
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.compaction_latency",
@@ -960,6 +1029,7 @@ def main() -> None:
     parser.add_argument(
         "--p3-pool", type=int, default=None, help="P3 [postgres].pool_max_size (default: shipped)"
     )
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write JSON here")
     parser.add_argument("--py-spy", default=None, help="record the P3 worker to FILE.<ms>ms.txt")
     parser.add_argument(
         "--quick",
@@ -979,6 +1049,9 @@ def main() -> None:
         )
         args = parser.parse_args()
     print_header("compaction latency", "bench.compaction_latency")
+    phases: list[Phase] | None = None
+    drains: list[Drain] | None = None
+    cpu: tuple[int, float, float] | None = None
     with Infra(partitions=args.partitions) as infra:
         print(infra.describe())
         print(
@@ -992,13 +1065,16 @@ def main() -> None:
             drains = asyncio.run(run_p3(args, infra))
         if args.scenario in ("all", "cpu"):
             cpu = asyncio.run(compaction_cpu(args, infra))
-    if args.scenario in ("all", "p2"):
+    if phases is not None:
         report(phases, directs)
         report_stages(phases, directs, hops)
-    if args.scenario in ("all", "p3"):
+    if drains is not None:
         report_p3(drains, args)
-    if args.scenario in ("all", "cpu"):
+    if cpu is not None:
         report_cpu(cpu, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(args, phases, drains, cpu), indent=2) + "\n")
+        note(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

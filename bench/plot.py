@@ -9,7 +9,7 @@
     right axis) against ``max_concurrent_compactions``, one colour per LLM
     delay; from ``bench.compaction_latency``'s JSON, or any JSON list of
     ``{"max_concurrent", "llm_ms", "p50_ms", "compactions_per_s"}`` objects
-    (optionally ``"phase"``; a dict holding such a list under ``rows``,
+    (optionally ``"phase"``; a dict holding such a list under ``latency``, ``rows``,
     ``results``, ``drains`` or ``scenarios`` works too).
 
     python -m bench.plot --accounting acct.json --latency latency.json \\
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "performance-throughput.png"
-LIST_KEYS = ("rows", "results", "drains", "scenarios", "runs")
+LIST_KEYS = ("latency", "rows", "results", "drains", "scenarios", "runs")
 
 
 def load(path: str | None) -> Any:
