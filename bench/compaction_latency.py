@@ -328,6 +328,14 @@ async def kafka_hop(bootstrap: str, topic: str, partitions: int, samples: int = 
     return statistics.median(hops)
 
 
+async def close_model(model: object) -> None:
+    """Close the provider's HTTP client inside its own event loop: left to the garbage
+    collector, its ``aclose`` task ran in a later ``asyncio.run`` ("Event loop is closed")."""
+    aclose = getattr(model, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 async def direct_baseline(
     infra: Infra, server: CountingLLMServer, args: argparse.Namespace, tag: str
 ) -> list[float]:
@@ -363,6 +371,7 @@ async def direct_baseline(
                 raise RuntimeError(f"direct compaction failed: {result.reason}")
     finally:
         await store.close()
+        await close_model(model)
     return times
 
 
@@ -788,6 +797,7 @@ async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, f
         return len(conversations), time.perf_counter() - started, time.process_time() - cpu
     finally:
         await store.close()
+        await close_model(model)
         await server.close()
 
 
