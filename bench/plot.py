@@ -63,6 +63,11 @@ def plot_accounting(ax: Any, data: Mapping[str, Any] | None) -> None:
         return
     colours = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"]
     xs_all: list[float] = []
+    top: dict[float, float] = {}  # the highest rate at each batch_max, over the shapes
+    for shape in data["shapes"]:
+        for w in shape["workers"]:
+            x = w["accounting_batch_max"] or 1
+            top[x] = max(top.get(x, 0.0), w["events_per_s"])
     for n, shape in enumerate(data["shapes"]):
         colour = colours[n % len(colours)]
         name = f"{shape['events']:,} events / {shape['conversations']:,} conversations"
@@ -80,7 +85,8 @@ def plot_accounting(ax: Any, data: Mapping[str, Any] | None) -> None:
                         f"{writes:.3g} writes/event",
                         (x, y),
                         textcoords="offset points",
-                        xytext=(4, 6),
+                        # the top point's label above, the others' below: apart
+                        xytext=(4, 6) if y >= top[x] else (4, -12),
                         fontsize=7,
                         color=colour,
                     )
@@ -190,13 +196,41 @@ def plot_latency(ax: Any, data: Any) -> None:
             )
     ax.set_xscale("log", base=2)
     plain_ticks(ax, [p[0] for points in lines.values() for p in points])
+    # p50 spans ~30 ms (serial, no LLM delay) to seconds (bursts queued behind few slots)
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor_label))
+    rate_ax.set_ylim(bottom=0)
     ax.set_xlabel("[service].max_concurrent_compactions")
-    ax.set_ylabel("p50 latency, ms (solid)")
+    ax.set_ylabel("p50 latency, ms (solid, log scale)")
     rate_ax.set_ylabel("compactions / s (dashed)")
     ax.grid(True, which="both", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     more, more_labels = rate_ax.get_legend_handles_labels()
-    ax.legend(handles + more, labels + more_labels, fontsize=7, loc="upper left")
+    # below the axes: inside, it hid the curves' left ends
+    ax.legend(
+        handles + more,
+        labels + more_labels,
+        fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        ncol=2,
+    )
+    if isinstance(data, Mapping) and data.get("date"):
+        bursts = {
+            int(n)
+            for row in latency_rows(data)
+            if row.get("phase") == "burst"
+            for n in [row.get("n", 0)]
+        }
+        size = f"; bursts of {', '.join(map(str, sorted(bursts)))} conversations" if bursts else ""
+        ax.set_title(
+            "(b) compaction latency and rate vs concurrency\n"
+            f"{data['date']}, {data.get('cpus', '?')} CPUs{size}",
+            fontsize=10,
+        )
 
 
 # --------------------------------------------------------------------------- main
@@ -213,7 +247,7 @@ def draw(accounting: Any, latency: Any, out: Path) -> None:
     plot_latency(right, latency)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, bbox_inches="tight")  # keeps the legend below panel (b)
     plt.close(fig)
 
 
