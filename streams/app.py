@@ -179,8 +179,8 @@ def register(
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close_resources(sender: faust.App, **kwargs: Any) -> None:
-        try:  # a graceful stop leaves the changelog current (a crash resyncs instead)
-            components.table.flush(force=True)
+        try:  # the changelog current and the held acks given, before Faust's last commit
+            await acks.settle(force=True)
         except Exception as error:
             log.warning("final table flush failed: %s", error)
         await intake.scheduler.drain()
