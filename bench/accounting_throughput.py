@@ -90,6 +90,7 @@ from bench.harness import (
 )
 from bench.harness import _git_revision as git_revision
 from core.settings import ServiceSettings
+from core.storage.ports import IncomingMessage
 from core.storage.postgres import PostgresStore, configure_connection
 from core.tokens import estimate_message_tokens
 from streams.events import MessageEvent
@@ -275,6 +276,43 @@ async def pg_store_calls(dsn: str, events: list[MessageEvent], meter: CpuMeter) 
     finally:
         await store.close()
     return Measured("PostgresStore calls, as the agent makes them", len(events), seconds, cpu)
+
+
+async def pg_save_groups(
+    dsn: str, events: list[MessageEvent], meter: CpuMeter, group: int, *, per_conversation: bool
+) -> Measured:
+    """What the grouped agent asks of PostgreSQL: ``save_messages`` per group of
+    ``group`` events, and ``totals_of`` for the group's conversations seen for
+    the first time. ``per_conversation``: [postgres].single_conversation_transactions,
+    one transaction per conversation of the group (docs/scaling.md)."""
+    store = await PostgresStore.connect(
+        dsn, run_migrations=False, single_conversation_transactions=per_conversation
+    )
+    seen: set[str] = set()
+    try:
+        meter.start()
+        started = time.perf_counter()
+        for i in range(0, len(events), group):
+            chunk = events[i : i + group]
+            await store.save_messages([incoming_of(e) for e in chunk])
+            new = {e.conversation_id for e in chunk} - seen
+            if new:
+                seen |= new
+                await store.totals_of(new)
+        seconds = time.perf_counter() - started
+        cpu = meter.stop()
+    finally:
+        await store.close()
+    mode = "a transaction per conversation" if per_conversation else "one transaction"
+    return Measured(f"save_messages, groups of {group}, {mode}", len(events), seconds, cpu)
+
+
+def incoming_of(event: MessageEvent) -> IncomingMessage:
+    message = event.to_message()
+    tokens = event.token_count
+    return IncomingMessage(
+        message, tokens if tokens is not None else estimate_message_tokens(message), None
+    )
 
 
 # --------------------------------------------------------------------------- Faust processes
@@ -729,6 +767,12 @@ async def run(args: argparse.Namespace, infra: Infra) -> Results:
         rows.append(await pg_batch_insert(await infra.new_database(), events, meter, 100))
         meter = meter_for(infra, os.getpid())
         rows.append(await pg_store_calls(await infra.new_database(), events, meter))
+        for per_conversation in (False, True):
+            meter = meter_for(infra, os.getpid())
+            dsn = await infra.new_database()
+            rows.append(
+                await pg_save_groups(dsn, events, meter, 50, per_conversation=per_conversation)
+            )
     if args.pg_only:
         return results
     topic = f"{prefix}messages"
