@@ -23,6 +23,7 @@ from typing import Any
 
 import asyncpg
 
+from core.messages import ToolCall
 from core.storage.ports import IncomingMessage, SaveOutcome, StoreTotals
 
 _LOCK_SQL = """
@@ -74,11 +75,17 @@ SELECT conversation_id, coalesce(sum(token_estimate), 0) AS tokens, count(*) AS 
 """
 
 
-def _tool_calls_text(incoming: IncomingMessage) -> str | None:
-    calls = incoming.message.tool_calls
-    if calls is None:
+def tool_calls_json(tool_calls: tuple[ToolCall, ...] | None) -> list[dict[str, Any]] | None:
+    """A message's tool calls as the ``tool_calls`` jsonb column holds them."""
+    if tool_calls is None:
         return None
-    return json.dumps([call.model_dump(mode="json") for call in calls], separators=(",", ":"))
+    return [call.model_dump(mode="json") for call in tool_calls]
+
+
+def _tool_calls_text(incoming: IncomingMessage) -> str | None:
+    """The same as text: ``unnest`` takes a ``text[]``, cast to jsonb in SQL."""
+    calls = tool_calls_json(incoming.message.tool_calls)
+    return None if calls is None else json.dumps(calls, separators=(",", ":"))
 
 
 def _first_claims(batch: Sequence[IncomingMessage]) -> dict[str, str | None]:

@@ -251,7 +251,7 @@ class PostgresStore:
                 message.conversation_id,
                 message.role,
                 message.content,
-                _tool_calls_json(message.tool_calls),
+                pg_ingest.tool_calls_json(message.tool_calls),
                 message.tool_call_id,
                 message.created_at,
                 token_estimate,
@@ -908,7 +908,7 @@ async def _insert_clip_archive(
             clip.conversation_id,
             clip.role,
             clip.content,
-            _tool_calls_json(clip.tool_calls),
+            pg_ingest.tool_calls_json(clip.tool_calls),
             clip.tool_call_id,
             clip.created_at,
             estimate_message_tokens(clip),
@@ -957,12 +957,6 @@ def _check_vectors(vectors: list[list[float]], expected: int) -> None:
         raise ValueError(f"embedding size {size} outside 1..{_MAX_VECTOR_DIMS}")
     if not all(math.isfinite(x) for v in vectors for x in v):
         raise ValueError("embedder returned a non-finite component")
-
-
-def _tool_calls_json(tool_calls: tuple[ToolCall, ...] | None) -> list[dict[str, Any]] | None:
-    if tool_calls is None:
-        return None
-    return [call.model_dump(mode="json") for call in tool_calls]
 
 
 def _row_to_message(row: Any) -> ConversationMessage:

@@ -93,12 +93,13 @@ class TallyTable:
         return entry is not None and entry.synced
 
     def items(self) -> Iterator[tuple[str, ConversationTally]]:
-        """Every entry, the cached ones as the cache has them (a snapshot of the keys)."""
+        """Every entry, the cached ones as the cache has them; the table is read as
+        ``rebuild_index`` reads it (lazily where it can be)."""
         seen: set[str] = set()
         for conversation_id, entry in list(self._cache.items()):
             seen.add(conversation_id)
             yield conversation_id, entry.tally
-        for conversation_id, raw in list(self._table.items()):
+        for conversation_id, raw in self._scan():
             if raw is not None and conversation_id not in seen:
                 yield conversation_id, ConversationTally.model_validate(raw)
 
