@@ -23,6 +23,8 @@ class MessageEvent(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: Literal[1] = 1
+    # Unique within the conversation: a redelivery (same conversation, same id)
+    # is stored once; another conversation may use the same id.
     message_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
     conversation_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
     role: Role

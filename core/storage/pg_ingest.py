@@ -62,8 +62,8 @@ SELECT r.id, r.conversation_id, r.role, r.content, r.tool_calls::jsonb,
        SELECT 1 FROM archival_memory AS a
         WHERE a.conversation_id = r.conversation_id AND a.source_message_ids @> ARRAY[r.id])
  ORDER BY r.ord
-ON CONFLICT (id) DO NOTHING
-RETURNING id, seq
+ON CONFLICT (conversation_id, id) DO NOTHING
+RETURNING conversation_id, id, seq
 """
 
 _TOTALS_SQL = """
@@ -158,14 +158,18 @@ async def _save_in_transaction(
             admitted.append((position, incoming))
     seqs = await _insert(conn, admitted)
     for position, incoming in admitted:
-        seq = seqs.pop(incoming.message.id, None)  # a repeated id: its first copy only
+        key = (incoming.message.conversation_id, incoming.message.id)
+        seq = seqs.pop(key, None)  # a repeated id: its first copy only
         outcomes[position] = (
             SaveOutcome("duplicate") if seq is None else SaveOutcome("inserted", seq)
         )
     return outcomes
 
 
-async def _insert(conn: Any, admitted: Sequence[tuple[int, IncomingMessage]]) -> dict[str, int]:
+async def _insert(
+    conn: Any, admitted: Sequence[tuple[int, IncomingMessage]]
+) -> dict[tuple[str, str], int]:
+    """{(conversation id, message id): arrival number} of the rows inserted."""
     if not admitted:
         return {}
     rows = [incoming for _, incoming in admitted]
@@ -181,7 +185,7 @@ async def _insert(conn: Any, admitted: Sequence[tuple[int, IncomingMessage]]) ->
         [r.tokens for r in rows],
         list(range(len(rows))),
     )
-    return {row["id"]: int(row["seq"]) for row in inserted}
+    return {(row["conversation_id"], row["id"]): int(row["seq"]) for row in inserted}
 
 
 async def totals_of(

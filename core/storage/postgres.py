@@ -244,7 +244,7 @@ class PostgresStore:
                  WHERE NOT EXISTS (
                        SELECT 1 FROM archival_memory
                         WHERE conversation_id = $2 AND source_message_ids @> ARRAY[$1::text])
-                ON CONFLICT (id) DO NOTHING
+                ON CONFLICT (conversation_id, id) DO NOTHING
                 RETURNING id
                 """,
                 message.id,
@@ -320,7 +320,8 @@ class PostgresStore:
             """
             SELECT f.applied, f.total, m.id, m.conversation_id, m.role, m.content,
                    m.tool_calls, m.tool_call_id, m.created_at
-              FROM (SELECT EXISTS (SELECT 1 FROM compactions WHERE compaction_id = $1)
+              FROM (SELECT EXISTS (SELECT 1 FROM compactions
+                                    WHERE conversation_id = $2 AND compaction_id = $1)
                                AS applied,
                            (SELECT coalesce(sum(token_estimate), 0) FROM messages
                              WHERE conversation_id = $2) AS total) AS f
@@ -714,7 +715,7 @@ async def _lock_and_record(conn: AnyConnection, plan: CompactionPlan) -> bool:
                                  batches_created, tokens_before, tokens_after)
         SELECT $1, $2, $3, $4, $5, $6
           FROM (SELECT pg_advisory_xact_lock($7, hashtext($2))) AS locked
-        ON CONFLICT (compaction_id) DO NOTHING
+        ON CONFLICT (conversation_id, compaction_id) DO NOTHING
         RETURNING compaction_id
         """,
         plan.compaction_id,
@@ -770,7 +771,7 @@ async def _insert_batches(
                                      compaction_id, superseded_by, embedding, embedding_model,
                                      covered_days)
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-        ON CONFLICT (id) DO NOTHING
+        ON CONFLICT (conversation_id, id) DO NOTHING
         """,
         [
             (

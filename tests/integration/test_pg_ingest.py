@@ -114,3 +114,37 @@ async def test_concurrent_groups_over_the_same_conversations_do_not_deadlock(
     assert all(o.status == "inserted" for outcomes in results for o in outcomes)
     totals = await pg_store.totals_of(names)
     assert all(t.rows == 6 for t in totals.values())
+
+
+def same_id(message_id: str, conversation_id: str, index: int) -> object:
+    return msg(index, conversation_id=conversation_id).model_copy(update={"id": message_id})
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+async def test_conversations_may_reuse_a_message_id(pg_store: PostgresStore, grouped: bool) -> None:
+    """Producers choose ids: "m1" in two conversations is two messages (it used to be
+    one, the second dropped as a duplicate). Within a conversation it stays one."""
+    a = [same_id(f"m{i}", "conv-a", i) for i in range(3)]
+    b = [same_id(f"m{i}", "conv-b", i) for i in range(3)]
+    if grouped:
+        outcomes = await pg_store.save_messages([incoming(m) for m in [*a, *b, a[0]]])
+        assert [o.status for o in outcomes] == ["inserted"] * 6 + ["duplicate"]
+    else:
+        for m in [*a, *b]:
+            assert await pg_store.save_message(m, 10)  # type: ignore[arg-type]
+        assert not await pg_store.save_message(a[0], 10)  # type: ignore[arg-type]
+    assert [m.id for m in await pg_store.load_history("conv-b")] == ["m0", "m1", "m2"]
+
+    plan = make_plan(
+        "cmp-a",
+        [stored("cmp-a", 0, "s", a[:2], conversation_id="conv-a")],  # type: ignore[arg-type]
+        ["m0", "m1"],
+        conversation_id="conv-a",
+    )
+    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert [m.id for m in await pg_store.load_history("conv-a")] == [plan.clip_archive.id, "m2"]
+    assert [m.id for m in await pg_store.load_history("conv-b")] == ["m0", "m1", "m2"]
+    # A redelivery of conv-a's compacted m0 stays compacted; conv-b's m0 is untouched.
+    again = await pg_store.save_messages([incoming(a[0]), incoming(b[0])])
+    assert [o.status for o in again] == ["duplicate", "duplicate"]
+    assert (await pg_store.totals_of(["conv-b"]))["conv-b"].rows == 3

@@ -377,3 +377,57 @@ async def test_txid_windows_bracket_only_the_wrapped_call(pg_database: str) -> N
         assert before not in windows and after not in windows
     finally:
         await pool.close()
+
+
+_UNIQUE_WITHOUT_CONVERSATION_SQL = """
+SELECT t.relname AS table_name, i.relname AS index_name, x.indisprimary AS is_primary
+  FROM pg_index AS x
+  JOIN pg_class AS i ON i.oid = x.indexrelid
+  JOIN pg_class AS t ON t.oid = x.indrelid
+  JOIN pg_namespace AS n ON n.oid = t.relnamespace
+ WHERE n.nspname = 'public' AND x.indisunique AND t.relname = ANY($1::text[])
+   AND NOT EXISTS (SELECT 1 FROM pg_attribute AS a
+                    WHERE a.attrelid = t.oid AND a.attname = 'conversation_id'
+                      AND a.attnum = ANY(x.indkey))
+ ORDER BY 1, 2
+"""
+
+
+async def unkeyed_constraints(conn: asyncpg.Connection) -> list[str]:
+    """What keeps the schema from being distributed by conversation_id: a table
+    with conversation data but no primary key, a nullable conversation_id, or a
+    primary key or unique index without the column (Citus refuses all three)."""
+    tables = (await write_audit.discover(conn)).keyed
+    problems = [
+        f"{r['table_name']}: {'primary key' if r['is_primary'] else 'unique index'} "
+        f"{r['index_name']} lacks conversation_id"
+        for r in await conn.fetch(_UNIQUE_WITHOUT_CONVERSATION_SQL, list(tables))
+    ]
+    for table in tables:
+        has_key = await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = $1::regclass AND indisprimary)",
+            table,
+        )
+        nullable = await conn.fetchval(
+            "SELECT is_nullable = 'YES' FROM information_schema.columns "
+            "WHERE table_schema = 'public' AND table_name = $1 AND column_name = 'conversation_id'",
+            table,
+        )
+        problems += [f"{table}: no primary key"] * (not has_key)
+        problems += [f"{table}: conversation_id may be NULL"] * bool(nullable)
+    return problems
+
+
+async def test_every_table_is_keyed_by_conversation_id(pg_database: str) -> None:
+    conn = await asyncpg.connect(pg_database)
+    try:
+        assert await unkeyed_constraints(conn) == []
+        await conn.execute(
+            "CREATE TABLE notes (id text PRIMARY KEY, conversation_id text, body text)"
+        )
+        assert await unkeyed_constraints(conn) == [
+            "notes: primary key notes_pkey lacks conversation_id",
+            "notes: conversation_id may be NULL",
+        ]
+    finally:
+        await conn.close()

@@ -71,7 +71,8 @@ class InMemoryStore:
     callers' error paths.
     """
 
-    messages: dict[str, _Row] = field(default_factory=dict)
+    # Keyed like the PostgreSQL tables: a message id is unique within its conversation.
+    messages: dict[tuple[str, str], _Row] = field(default_factory=dict)
     batches: dict[str, StoredBatch] = field(default_factory=dict)
     compactions: set[str] = field(default_factory=set)
     compaction_owner: dict[str, str] = field(default_factory=dict)  # compaction → conversation
@@ -80,7 +81,7 @@ class InMemoryStore:
     fail_next: dict[str, Exception] = field(default_factory=dict)
     outage: dict[str, int] = field(default_factory=dict)
     closed: bool = False
-    archived: dict[str, _Archived] = field(default_factory=dict)
+    archived: dict[tuple[str, str], _Archived] = field(default_factory=dict)
     raw_retention_days: int = 0
     tenants: dict[str, str | None] = field(default_factory=dict)  # the conversations table
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
@@ -95,6 +96,14 @@ class InMemoryStore:
         if remaining:
             self.outage[name] = remaining - 1
             raise ConnectionResetError(f"{name}: the database is away")
+
+    def message_ids(self, conversation_id: str | None = None) -> list[str]:
+        """Live message ids in arrival order (of one conversation, or of all)."""
+        return [
+            message_id
+            for cid, message_id in self.messages
+            if conversation_id is None or cid == conversation_id
+        ]
 
     def fail_times(self, name: str, times: int) -> None:
         """The next ``times`` calls of ``name`` fail as if the database were away."""
@@ -116,9 +125,11 @@ class InMemoryStore:
             for b in self.batches.values()
             if b.conversation_id == message.conversation_id
         )
-        if message.id in self.messages or compacted:
+        if (message.conversation_id, message.id) in self.messages or compacted:
             return False
-        self.messages[message.id] = _Row(message, token_estimate, next(self._seq))
+        self.messages[message.conversation_id, message.id] = _Row(
+            message, token_estimate, next(self._seq)
+        )
         return True
 
     async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
@@ -138,11 +149,11 @@ class InMemoryStore:
                 for b in self.batches.values()
                 if b.conversation_id == message.conversation_id
             )
-            if message.id in self.messages or compacted:
+            if (message.conversation_id, message.id) in self.messages or compacted:
                 outcomes.append(SaveOutcome("duplicate"))
                 continue
             row = _Row(message, incoming.tokens, next(self._seq))
-            self.messages[message.id] = row
+            self.messages[message.conversation_id, message.id] = row
             outcomes.append(SaveOutcome("inserted", row.seq))
         return outcomes
 
@@ -175,9 +186,10 @@ class InMemoryStore:
         self._call("apply_compaction")
         if plan.compaction_id in self.compactions:
             return ApplyResult(outcome="already_applied")
-        missing = [i for i in plan.deleted_message_ids if i not in self.messages]
+        cid = plan.conversation_id
+        missing = [i for i in plan.deleted_message_ids if (cid, i) not in self.messages]
         stale = [old for old, _ in plan.superseded if self._live_batch(old) is None]
-        if missing or stale or plan.clip_archive.id in self.messages:
+        if missing or stale or (cid, plan.clip_archive.id) in self.messages:
             raise HistoryConflictError(
                 f"compaction {plan.compaction_id}: gone {missing}, superseded {stale}"
             )
@@ -185,10 +197,10 @@ class InMemoryStore:
         for stored in sorted(plan.new_batches, key=lambda b: b.batch.depth):
             for message_id in stored.batch.source_message_ids:
                 owner.setdefault(message_id, stored.id)
-        gone = [self.messages.pop(i) for i in plan.deleted_message_ids]
+        gone = [self.messages.pop((cid, i)) for i in plan.deleted_message_ids]
         for old_row in gone:
             if not is_clip_archive(old_row.message):
-                self.archived[old_row.message.id] = _Archived(
+                self.archived[cid, old_row.message.id] = _Archived(
                     old_row.message, owner.get(old_row.message.id), self.now()
                 )
         removed = sum(old_row.tokens for old_row in gone)
@@ -197,7 +209,7 @@ class InMemoryStore:
         for stored in plan.new_batches:
             self.batches.setdefault(stored.id, stored)
         added = estimate_message_tokens(plan.clip_archive)
-        self.messages[plan.clip_archive.id] = _Row(plan.clip_archive, added, next(self._seq))
+        self.messages[cid, plan.clip_archive.id] = _Row(plan.clip_archive, added, next(self._seq))
         self.compactions.add(plan.compaction_id)
         self.compaction_owner[plan.compaction_id] = plan.conversation_id
         stats = AppliedStats(tokens_removed=removed, tokens_added=added)
@@ -305,7 +317,11 @@ class InMemoryStore:
             return None
         covered = set(stored.batch.source_message_ids)
         turns = sorted(
-            (a.message for a in self.archived.values() if a.message.id in covered),
+            (
+                a.message
+                for (cid, message_id), a in self.archived.items()
+                if cid == conversation_id and message_id in covered
+            ),
             key=lambda m: (m.created_at, m.id),
         )
         return ExpandedBatch(

@@ -84,7 +84,7 @@ async def test_a_crossing_in_a_later_group_uses_the_groups_newest_arrival() -> N
         [message_record(h, 1, "c", 30), message_record(h, 2, "c", 30), message_record(h, 3, "x", 1)]
     )
     (command,) = commands(h)
-    assert command.up_to_seq == h.store.messages["c-m0002"].seq
+    assert command.up_to_seq == h.store.messages["c", "c-m0002"].seq
 
 
 async def test_a_redelivered_message_in_a_group_resyncs_from_the_store() -> None:
@@ -111,7 +111,7 @@ async def test_bad_records_in_a_group_are_dead_lettered_and_the_rest_accounted()
         dict(p.headers)["dlq.error_type"].decode() for p in h.publisher.on("dead_letters")
     )
     assert reasons == ["invalid_json", "tenant_mismatch"]
-    assert sorted(h.store.messages) == ["c-m0000", "c-m0002"]
+    assert sorted(h.store.message_ids()) == ["c-m0000", "c-m0002"]
     assert h.tally("c").token_total == 10
 
 
@@ -134,7 +134,7 @@ async def test_a_group_that_keeps_failing_is_retried_record_by_record() -> None:
 
     h.store.save_messages = poisoned  # type: ignore[method-assign]
     await h.components.accounting.handle_batch([message_record(h, i, "c", 5) for i in range(3)])
-    assert sorted(h.store.messages) == ["c-m0000", "c-m0002"]
+    assert sorted(h.store.message_ids()) == ["c-m0000", "c-m0002"]
     (letter,) = h.publisher.on("dead_letters")
     assert dict(letter.headers)["dlq.error_type"] == b"processing_error"
 

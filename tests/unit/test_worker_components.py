@@ -187,7 +187,7 @@ async def test_a_new_conversation_is_stored_and_tallied_without_a_command() -> N
     tally = h.tally()
     assert (tally.token_total, tally.message_count) == (3, 1)
     assert tally.outstanding is None
-    assert list(h.store.messages) == ["c1-m0000"]
+    assert h.store.message_ids() == ["c1-m0000"]
     assert h.publisher.sent == []
     assert h.table["c1"]["token_total"] == 3  # the table holds plain dicts (its changelog is JSON)
 
@@ -202,6 +202,24 @@ async def test_a_redelivered_message_is_stored_and_counted_once() -> None:
     assert len(h.store.messages) == 2
     duplicates = h.components.metrics.events_in.labels("duplicate")._value.get()
     assert duplicates == 1
+
+
+async def test_two_conversations_may_use_the_same_message_id() -> None:
+    """Ids are unique within a conversation (the tables' keys start with it)."""
+    h = harness()
+    for conversation in ("c1", "c2", "c1"):
+        event = MessageEvent(
+            message_id="m1",
+            conversation_id=conversation,
+            role="user",
+            content="hello there",
+            created_at=T0,
+        )
+        await h.components.accounting.handle(
+            h.record(NAMES.messages, conversation, event.model_dump_json())
+        )
+    assert h.store.message_ids("c1") == h.store.message_ids("c2") == ["m1"]
+    assert h.tally("c1").message_count == h.tally("c2").message_count == 1
 
 
 async def test_crossing_the_budget_issues_exactly_one_command() -> None:
@@ -225,7 +243,7 @@ async def test_a_completion_is_applied_once() -> None:
     outstanding = h.tally().outstanding
     assert outstanding is not None
     completed = compacted(outstanding, generation=0)
-    del h.store.messages["c1-m0000"], h.store.messages["c1-m0001"]  # what it compacted
+    del h.store.messages["c1", "c1-m0000"], h.store.messages["c1", "c1-m0001"]  # compacted
     await h.control(completed)
     after = h.tally()
     assert (after.token_total, after.message_count) == (100, 1)  # the store's counts
@@ -396,8 +414,8 @@ async def test_nothing_to_compress_completes_as_a_noop() -> None:
 async def test_a_command_for_a_conversation_back_under_budget_is_a_noop() -> None:
     h = harness()
     command = await over_budget(h)
-    for message_id in list(h.store.messages)[:5]:
-        del h.store.messages[message_id]
+    for key in list(h.store.messages)[:5]:
+        del h.store.messages[key]
     outcome = await h.components.processor.compact(command)
     assert (outcome.status, outcome.reason) == ("noop", "under_budget")
 
@@ -498,7 +516,7 @@ async def test_a_database_outage_is_waited_out_on_the_same_record() -> None:
     h = harness()
     h.store.fail_times("save_messages", 6)
     await h.message(0, "hello there")
-    assert list(h.store.messages) == ["c1-m0000"]
+    assert h.store.message_ids() == ["c1-m0000"]
     assert h.tally().token_total == 3
     assert h.slept == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4]  # backoff, never a give-up
     metrics = h.components.metrics
