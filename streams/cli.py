@@ -120,6 +120,16 @@ async def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def cmd_memory_read(settings: Settings, args: argparse.Namespace) -> int:
+    # The HTTP view's rule: a search is scoped, and a search of everything says so.
+    scoped = args.conversation_id is not None or args.tenant_id is not None
+    if scoped == args.all:
+        print(
+            "compactor: memory-read searches --conversation-id C, --tenant-id T (or both), "
+            "or --all conversations; give "
+            + ("one scope, not --all as well" if scoped else "one of them"),
+            file=sys.stderr,
+        )
+        return 2
     async with open_runtime(settings) as runtime:
         result = await runtime.store.memory_read(
             args.query,
@@ -127,6 +137,7 @@ async def cmd_memory_read(settings: Settings, args: argparse.Namespace) -> int:
             limit=args.limit,
             sources=args.sources,
             mode=args.mode,
+            tenant_id=args.tenant_id,
         )
     if result.mode == "full_text":
         print("(full-text search only: no embedder configured)")
@@ -407,6 +418,24 @@ COMMANDS: dict[str, Handler] = {
 }
 
 
+def add_memory_read(sub: Any) -> None:
+    memory = sub.add_parser("memory-read", help="search archived summaries and raw turns")
+    memory.add_argument("query")
+    memory.add_argument("--conversation-id", help="search this conversation")
+    memory.add_argument("--tenant-id", help="search this tenant's conversations")
+    memory.add_argument(
+        "--all", action="store_true", help="search every conversation of every tenant"
+    )
+    memory.add_argument("--limit", type=int, default=5)
+    memory.add_argument("--sources", choices=("both", "summaries", "raw"), default="both")
+    memory.add_argument(
+        "--mode",
+        choices=("plain", "websearch"),
+        default="plain",
+        help="websearch: quoted phrases, or, -word",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="compactor", description=__doc__)
     parser.add_argument(
@@ -419,17 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("file")
     history = sub.add_parser("history", help="print a conversation as the model sees it now")
     history.add_argument("conversation_id")
-    memory = sub.add_parser("memory-read", help="search archived summaries and raw turns")
-    memory.add_argument("query")
-    memory.add_argument("--conversation-id")
-    memory.add_argument("--limit", type=int, default=5)
-    memory.add_argument("--sources", choices=("both", "summaries", "raw"), default="both")
-    memory.add_argument(
-        "--mode",
-        choices=("plain", "websearch"),
-        default="plain",
-        help="websearch: quoted phrases, or, -word",
-    )
+    add_memory_read(sub)
     expand = sub.add_parser("expand", help="a batch with all its raw turns in order")
     expand.add_argument("conversation_id")
     expand.add_argument("batch_id")

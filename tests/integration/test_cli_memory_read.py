@@ -1,0 +1,56 @@
+"""``compactor memory-read`` follows the HTTP view's scoping rule: one
+conversation, one tenant's conversations, or every conversation only when
+asked for by name (``--all``). An operator tool with database access still
+should not search every tenant's archive by omission."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from core.storage.postgres import PostgresStore
+from streams import cli
+from tests.integration.test_postgres_store import archive, msg
+
+pytestmark = pytest.mark.integration
+
+
+def run_cli(*argv: str) -> int:
+    return cli.main(list(argv))
+
+
+async def test_memory_read_needs_a_scope_or_all(
+    pg_store: PostgresStore,
+    pg_database: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for conversation, tenant in (("conv-acme", "acme"), ("conv-globex", "globex")):
+        assert await pg_store.save_message(
+            msg(0, conversation_id=conversation), 5, tenant_id=tenant
+        )
+        await archive(
+            pg_store,
+            f"cmp-{conversation}",
+            [f"kafka rebalance in {conversation}"],
+            conversation_id=conversation,
+        )
+    monkeypatch.setenv("POSTGRES_DSN", pg_database)
+    monkeypatch.chdir(tmp_path)  # no config.toml: embedded defaults, the DSN from the env
+
+    assert await asyncio.to_thread(run_cli, "memory-read", "kafka") == 2
+    assert "--conversation-id" in capsys.readouterr().err
+    assert (
+        await asyncio.to_thread(run_cli, "memory-read", "kafka", "--all", "--tenant-id", "x") == 2
+    )
+    assert "not --all as well" in capsys.readouterr().err
+
+    assert await asyncio.to_thread(run_cli, "memory-read", "kafka", "--tenant-id", "acme") == 0
+    out = capsys.readouterr().out
+    assert "conv-acme" in out and "conv-globex" not in out
+    assert await asyncio.to_thread(run_cli, "memory-read", "kafka", "--all") == 0
+    out = capsys.readouterr().out
+    assert "conv-acme" in out and "conv-globex" in out
