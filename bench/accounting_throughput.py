@@ -100,7 +100,7 @@ INSERT_SQL = """
 INSERT INTO messages (id, conversation_id, role, content, tool_calls,
                       tool_call_id, created_at, token_estimate)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT (conversation_id, id) DO NOTHING
 RETURNING id
 """
 COUNT_SQL = "SELECT count(*) FROM messages WHERE conversation_id = $1"
@@ -202,14 +202,16 @@ async def pg_insert_loop(
         run: Any = pool if pooled else held
         if pooled:
             await pool.release(held)
-        meter.start()
-        started = time.perf_counter()
-        for event in events:
-            await run.fetchval(INSERT_SQL, *insert_args(event))
-        seconds = time.perf_counter() - started
-        cpu = meter.stop()
-        if not pooled:
-            await pool.release(held)
+        try:
+            meter.start()
+            started = time.perf_counter()
+            for event in events:
+                await run.fetchval(INSERT_SQL, *insert_args(event))
+            seconds = time.perf_counter() - started
+            cpu = meter.stop()
+        finally:  # a held connection never released makes pool.close() wait forever
+            if not pooled:
+                await pool.release(held)
     finally:
         await pool.close()
     how = "pool.fetchval" if pooled else "one held connection"
@@ -222,7 +224,7 @@ INSERT INTO messages (id, conversation_id, role, content, tool_calls,
 SELECT id, conversation_id, role, content, NULL, NULL, created_at, token_estimate
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::int[])
        AS t(id, conversation_id, role, content, created_at, token_estimate)
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT (conversation_id, id) DO NOTHING
 """
 
 
