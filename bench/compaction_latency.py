@@ -103,7 +103,7 @@ from bench.harness import (
 )
 from core.accounting import compaction_id_for
 from core.budget import BudgetConfig
-from core.compactor import create_compactor
+from core.compactor import PipelineCompactor, create_compactor
 from core.model.factory import build_model_provider
 from core.settings import SummarizationSettings, resolve_model
 from core.storage.postgres import PostgresStore
@@ -336,12 +336,13 @@ async def close_model(model: object) -> None:
         await aclose()
 
 
-async def direct_baseline(
-    infra: Infra, server: CountingLLMServer, args: argparse.Namespace, tag: str
-) -> list[float]:
-    """``compress`` alone (plus loading the history), as the processor calls it."""
+async def bench_compactor(
+    infra: Infra, base_url: str, budget: BudgetConfig | None = None
+) -> tuple[Any, PostgresStore, PipelineCompactor]:
+    """The model, a store over a fresh database and the compactor over both, built as
+    the worker builds them, against the LLM test server at ``base_url``."""
     settings = SummarizationSettings(
-        provider="openai", base_url=server.openai_base_url, model="bench-model", max_retries=0
+        provider="openai", base_url=base_url, model="bench-model", max_retries=0
     )
     resolved = resolve_model(settings, environ={})
     model = build_model_provider(resolved, timeout_seconds=settings.timeout_seconds)
@@ -352,7 +353,16 @@ async def direct_baseline(
         memory_store=store,
         config=settings.compaction(),
         model_name=resolved.model,
+        budget=budget,
     )
+    return model, store, compactor
+
+
+async def direct_baseline(
+    infra: Infra, server: CountingLLMServer, args: argparse.Namespace, tag: str
+) -> list[float]:
+    """``compress`` alone (plus loading the history), as the processor calls it."""
+    model, store, compactor = await bench_compactor(infra, server.openai_base_url)
     times = []
     try:
         for i in range(args.direct):
@@ -751,21 +761,8 @@ async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, f
 
     server = LLMTestServer()
     await server.start()
-    settings = SummarizationSettings(
-        provider="openai", base_url=server.openai_base_url, model="bench-model", max_retries=0
-    )
-    resolved = resolve_model(settings, environ={})
-    model = build_model_provider(resolved, timeout_seconds=settings.timeout_seconds)
-    store = await PostgresStore.connect(await infra.new_database())
     budget = BudgetConfig(context_budget=BUDGET[0], model_max_tokens=BUDGET[1])
-    compactor = create_compactor(
-        model=model,
-        messages_store=store,
-        memory_store=store,
-        config=settings.compaction(),
-        model_name=resolved.model,
-        budget=budget,
-    )
+    model, store, compactor = await bench_compactor(infra, server.openai_base_url, budget)
     publisher, metrics = RecordingPublisher(), Metrics()
     resources = Opened(store, compactor)
     relay = OutboxRelay(resources, publisher, metrics)
