@@ -355,10 +355,10 @@ class InMemoryStore:
         batches = [i for i, b in self.batches.items() if b.conversation_id == conversation_id]
         owned = {c for c, owner in self.compaction_owner.items() if owner == conversation_id}
         outbox = [o for o in self.outbox if o.row.key == conversation_id]
-        for i in messages:
-            del self.messages[i]
-        for i in archived:
-            del self.archived[i]
+        for key in messages:
+            del self.messages[key]
+        for key in archived:
+            del self.archived[key]
         for i in batches:
             del self.batches[i]
         for c in owned:
