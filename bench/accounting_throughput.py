@@ -89,10 +89,10 @@ from bench.harness import (
     worker_metrics,
 )
 from bench.harness import _git_revision as git_revision
+from core.adapters.postgres.store import PostgresStore, configure_connection
+from core.domain.tokens import estimate_message_tokens
+from core.ports.storage import IncomingMessage
 from core.settings import ServiceSettings
-from core.storage.ports import IncomingMessage
-from core.storage.postgres import PostgresStore, configure_connection
-from core.tokens import estimate_message_tokens
 from streams.events import MessageEvent
 from tests.support.worker import WorkerProcess, terminate_all, wait_for_split
 

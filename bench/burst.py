@@ -74,8 +74,8 @@ from bench.harness import (
     wait_assigned,
     worker_config,
 )
-from core.budget import BudgetConfig
-from core.tokens import estimate_message_tokens
+from core.domain.budget import BudgetConfig
+from core.domain.tokens import estimate_message_tokens
 from streams.events import ClipArchiveEvent, MessageEvent
 from streams.topics import TopicNames
 from tests.support.worker import WorkerProcess

@@ -101,12 +101,12 @@ from bench.harness import (
     wait_assigned,
     worker_config,
 )
-from core.accounting import compaction_id_for
-from core.budget import BudgetConfig
+from core.adapters.llm.factory import build_model_provider
+from core.adapters.postgres.store import PostgresStore
 from core.compactor import PipelineCompactor, create_compactor
-from core.model.factory import build_model_provider
+from core.domain.accounting import compaction_id_for
+from core.domain.budget import BudgetConfig
 from core.settings import SummarizationSettings, resolve_model
-from core.storage.postgres import PostgresStore
 from streams.events import ClipArchiveEvent, CompactionCommand, MessageEvent
 from streams.topics import TopicNames
 from tests.support.llm_server import LLMTestServer, Protocol, RecordedRequest

@@ -7,9 +7,9 @@ Each benchmark starts what it needs and stops all of it on the way out:
 * Kafka: ``$KAFKA_BOOTSTRAP_SERVERS`` when set, else a local KRaft broker
   (``devtools.localstack.start_kafka``) in a temporary directory;
 * PostgreSQL: ``$POSTGRES_DSN`` when set (its role needs CREATEDB), else a
-  throwaway embedded server (``core.storage.embedded.start_temporary``). Either
+  throwaway embedded server (``core.adapters.postgres.embedded.start_temporary``). Either
   way every worker gets a fresh database, dropped at the end;
-* workers: the real worker (``streams.run.run_worker`` on a generated
+* workers: the real worker (``streams.cli.worker.run_worker`` on a generated
   config.toml) in a subprocess, through the end-to-end tests'
   ``tests.support.worker.WorkerProcess``, each with fresh topics (a unique
   topic prefix), a fresh consumer group and changelog (a unique app id) and a
@@ -42,7 +42,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import aiohttp
 import asyncpg
 
-from core.storage.migrate import migrate
+from core.adapters.postgres.migrate import migrate
 from streams.events import MessageEvent
 from streams.topics import TopicNames
 from tests.support.worker import WorkerProcess
@@ -191,7 +191,7 @@ class Infra:
             self.admin_dsn = configured
             self.postgres_source = f"${POSTGRES_ENV}"
             return
-        from core.storage.embedded import start_temporary
+        from core.adapters.postgres.embedded import start_temporary
 
         note("starting an embedded PostgreSQL")
         handle = start_temporary()
@@ -287,7 +287,7 @@ async def delete_created_topics(bootstrap: str) -> None:
 
 
 async def create_topics(bootstrap: str, prefix: str, partitions: int) -> TopicNames:
-    from streams.admin import ensure_topics
+    from streams.kafka.admin import ensure_topics
 
     names = TopicNames.with_prefix(prefix)
     await ensure_topics(bootstrap, names, partitions=partitions, replication_factor=1)

@@ -5,7 +5,7 @@ names, dates, amounts, preferences and changes of mind, among filler (small
 talk, photo captions, chatter that mentions the same subjects). Each question's
 answer is one known turn (for a change of mind, the later turn). The chats are
 replayed through the worker's own accounting and processor in-process on
-PostgreSQL (``streams.offline.OfflineRun``, what ``compactor compact`` runs; no
+PostgreSQL (``streams.cli.offline.OfflineRun``, what ``compactor compact`` runs; no
 Kafka), so they are compacted many times, then every question whose answering
 turn was compacted is asked.
 
@@ -37,14 +37,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bench.harness import Infra, print_header, quiet_clients
+from core.adapters.llm.extractive import ExtractiveProvider
+from core.adapters.llm.openai_compat import OpenAICompatProvider
+from core.adapters.postgres.store import PostgresStore
 from core.compactor import create_compactor
-from core.model.extractive import ExtractiveProvider
-from core.model.openai_compat import OpenAICompatProvider
-from core.model.port import ModelProvider
+from core.ports.model import ModelProvider
 from core.settings import Settings, parse_settings
-from core.storage.postgres import PostgresStore
+from streams.cli.offline import OfflineRun
 from streams.events import MessageEvent
-from streams.offline import OfflineRun
 from tests.support.llm_server import LLMTestServer
 
 SUBJECTS = (

@@ -15,13 +15,13 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 
-from core.chunking import chunk_messages, in_history_order
-from core.clip_archive import build_clip_archive, parse_clip_archive
-from core.compaction import CompactionConfig, SummaryBatch
-from core.messages import ConversationMessage, ToolCall
-from core.prompts import build_summarization_request
-from core.split import split_history
-from core.tokens import estimate_history_tokens
+from core.domain.chunking import chunk_messages, in_history_order
+from core.domain.clip_archive import build_clip_archive, parse_clip_archive
+from core.domain.compaction import CompactionConfig, SummaryBatch
+from core.domain.messages import ConversationMessage, ToolCall
+from core.domain.prompts import build_summarization_request
+from core.domain.split import split_history
+from core.domain.tokens import estimate_history_tokens
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WORDS = "the deploy failed because the payments config had an error so we agreed to fix the timeout".split()

@@ -24,8 +24,8 @@ Not pure:
   OpenAI-compatible over HTTP; the extractive provider runs in-process and
   does no I/O), ``core.storage`` (PostgreSQL, the embedded server,
   migrations), ``core.embedding`` (OpenAI-compatible over HTTP, local
-  sentence-transformers). The ports themselves (``core.model.port``,
-  ``core.storage.ports``, ``core.embedding.port``) are types only.
+  sentence-transformers). The ports themselves (``core.ports.model``,
+  ``core.ports.storage``, ``core.ports.embedding``) are types only.
 * ``compactor``: the imperative shell that runs the pure steps and calls the
   model and the stores through their ports, with retries, timing and logs.
 """

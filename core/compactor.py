@@ -25,10 +25,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from core.budget import BudgetConfig
-from core.chunking import Chunk, chunk_messages, halve, in_history_order
-from core.circuit import CircuitBreaker
-from core.clip_archive import (
+from core.domain.budget import BudgetConfig
+from core.domain.chunking import Chunk, chunk_messages, halve, in_history_order
+from core.domain.circuit import CircuitBreaker
+from core.domain.clip_archive import (
     SHORTENED_NOTE,
     ClipArchiveFormatError,
     build_clip_archive,
@@ -37,7 +37,7 @@ from core.clip_archive import (
     parse_clip_archive,
     shortened,
 )
-from core.compaction import (
+from core.domain.compaction import (
     AppliedStats,
     CompactionConfig,
     CompactionPlan,
@@ -48,8 +48,16 @@ from core.compaction import (
     SummaryBatch,
     batch_label,
 )
-from core.messages import ConversationMessage
-from core.model.port import (
+from core.domain.messages import ConversationMessage
+from core.domain.prompts import build_resummarization_request, build_summarization_request
+from core.domain.split import HistorySplit, split_history
+from core.domain.tokens import (
+    DEFAULT_COUNTER,
+    TokenCounter,
+    estimate_history_tokens,
+    estimate_message_tokens,
+)
+from core.ports.model import (
     ModelAuthError,
     ModelError,
     ModelProvider,
@@ -60,16 +68,8 @@ from core.model.port import (
     ModelServerError,
     ModelTimeoutError,
 )
-from core.prompts import build_resummarization_request, build_summarization_request
+from core.ports.storage import HistoryConflictError, MemoryStore, MessageStore
 from core.provider_guard import GuardLimits, ProviderGuard, ProviderUnavailableError
-from core.split import HistorySplit, split_history
-from core.storage.ports import HistoryConflictError, MemoryStore, MessageStore
-from core.tokens import (
-    DEFAULT_COUNTER,
-    TokenCounter,
-    estimate_history_tokens,
-    estimate_message_tokens,
-)
 
 log = logging.getLogger("compactor")
 

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
-from core.model.port import (
+from core.ports.model import (
     ModelAuthError,
     ModelError,
     ModelRateLimitError,

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from core.budget import BudgetConfig
-from core.compaction import CompactionConfig, CompactionTuning
-from core.scoring import ImportanceScoringConfig
+from core.domain.budget import BudgetConfig
+from core.domain.compaction import CompactionConfig, CompactionTuning
+from core.domain.scoring import ImportanceScoringConfig
 
 ProviderKind = Literal["auto", "anthropic", "openai", "extractive"]
 ResolvedKind = Literal["anthropic", "openai", "extractive"]
@@ -106,7 +106,7 @@ class KafkaSettings(_Section):
     # records are truncated to fit (the original size goes in a header).
     max_request_bytes: int = Field(default=1_048_576, ge=65_536)
     # Transport security of every Kafka client (worker, replay, tail, topics).
-    # streams/kafka_security.py turns these into client arguments.
+    # streams/kafka/security.py turns these into client arguments.
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
     # $KAFKA_SASL_USERNAME wins over sasl_username; the password is read from

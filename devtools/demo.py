@@ -24,16 +24,16 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from core.adapters.postgres.embedded import POSTGRES_DSN_ENV
 from core.settings import Settings, resolve_model
-from core.storage.embedded import POSTGRES_DSN_ENV
 from devtools import devstack
-from streams.admin import ensure_topics
+from streams.addresses import KAFKA_BOOTSTRAP_ENV, explicit_addresses
+from streams.cli.replay import publish, read_events
+from streams.cli.tail import summarise, tail
 from streams.events import ClipArchiveEvent
-from streams.kafka_security import PLAINTEXT, KafkaSecurity, kafka_security
-from streams.replay import publish, read_events
-from streams.runtime import KAFKA_BOOTSTRAP_ENV, explicit_addresses
+from streams.kafka.admin import ensure_topics
+from streams.kafka.security import PLAINTEXT, KafkaSecurity, kafka_security
 from streams.stack_state import dev_stack_bootstrap, dev_stack_dsn
-from streams.tail import summarise, tail
 from streams.topics import TopicNames
 
 

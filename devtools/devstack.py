@@ -5,7 +5,7 @@ database, and copying ports between terminals is where local setups go wrong.
 ``dev up`` starts both once, as detached processes whose files (data, logs,
 ``stack.json``) live in one state directory, and every other command finds
 them through ``streams.stack_state.dev_stack_bootstrap``/``dev_stack_dsn``
-(used by ``streams.runtime.configured_bootstrap``/``configured_dsn`` after the
+(used by ``streams.addresses.configured_bootstrap``/``configured_dsn`` after the
 environment and the config file). That lookup, and the format of
 ``stack.json``, live in ``streams.stack_state`` so that the worker never
 imports this module.
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from core.storage.migrate import migrate
+from core.adapters.postgres.migrate import migrate
 from devtools.localstack import (
     REPO_ROOT,
     MissingToolError,
@@ -44,7 +44,7 @@ from devtools.localstack import (
     find_java,
     stop_process,
 )
-from streams.kafka_probe import LOOPBACK, is_reachable
+from streams.kafka.probe import LOOPBACK, is_reachable
 from streams.stack_state import (
     DEFAULT_STATE_DIR,
     DEV_STATE_DIR_ENV,

@@ -54,8 +54,8 @@ from typing import Self
 from pydantic import SecretStr
 
 from devtools.tls import CertificateAuthority, Issued, issue, make_ca
-from streams.kafka_probe import LOOPBACK, probe_brokers
-from streams.kafka_security import PLAINTEXT, KafkaSecurity
+from streams.kafka.probe import LOOPBACK, probe_brokers
+from streams.kafka.security import PLAINTEXT, KafkaSecurity
 from streams.stack_state import pid_alive
 
 #: The checkout this module runs from (``docker-compose.yml`` lives there);

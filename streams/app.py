@@ -19,17 +19,18 @@ from typing import Any
 import faust
 
 from core.settings import ConfigError, Settings
+from streams.addresses import configured_bootstrap
 from streams.app_timers import register_timers
-from streams.kafka_security import kafka_security
+from streams.bootstrap import LazyRuntime
+from streams.kafka import consumer, faust_patches
+from streams.kafka.consumer import CommandToken
+from streams.kafka.publisher import FaustPublisher
+from streams.kafka.security import kafka_security
+from streams.kafka.table_context import TableContexts
 from streams.metrics import Metrics
-from streams.runtime import configured_bootstrap
 from streams.topics import TOPICS, TopicNames
-from streams.wiring import LazyRuntime
-from streams.worker import Components, assemble, batching, consumer, faust_patches
-from streams.worker.consumer import CommandToken
-from streams.worker.publisher import FaustPublisher
+from streams.worker import Components, assemble, batching
 from streams.worker.records import record_of
-from streams.worker.table_context import TableContexts
 
 log = logging.getLogger("compactor.worker")
 
@@ -186,6 +187,6 @@ def register(
         await intake.scheduler.drain()
         await resources.close()
 
-    from streams.web import register_views
+    from streams.http.views import register_views
 
     register_views(app, settings, components, resources)

@@ -10,10 +10,11 @@ import logging
 import faust
 
 from core.settings import Settings
-from streams.log_limits import limit_repeats
-from streams.worker import Components, consumer
+from streams.kafka import consumer
+from streams.kafka.consumer import CommandToken
+from streams.kafka.log_limits import limit_repeats
+from streams.worker import Components
 from streams.worker.batching import AcksAfterFlush
-from streams.worker.consumer import CommandToken
 
 log = logging.getLogger("compactor.worker")
 

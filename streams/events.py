@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
-from core.messages import ConversationMessage, Role, ToolCall
+from core.domain.messages import ConversationMessage, Role, ToolCall
 
 MAX_ID_LENGTH = 256
 DEFAULT_MAX_CONTENT_CHARS = 1_000_000

@@ -17,9 +17,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from core.storage.embedded import POSTGRES_DSN_ENV, start_temporary
-from core.storage.migrate import migrate
-from core.storage.postgres import PostgresStore
+from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, start_temporary
+from core.adapters.postgres.migrate import migrate
+from core.adapters.postgres.store import PostgresStore
 
 
 def dsn_for_database(dsn: str, database: str) -> str:

@@ -24,21 +24,21 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from core.accounting import reconcile_due
+from core.domain.accounting import reconcile_due
 from core.settings import Settings
+from streams.kafka.publisher import Publisher
 from streams.metrics import Metrics
-from streams.scheduler import CompactionScheduler
 from streams.topics import TopicNames
 from streams.worker.accounting import Accounting, AccountingRules
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
 from streams.worker.outbox import OutboxRelay
 from streams.worker.processor import CommandIntake, Processor
-from streams.worker.publisher import Publisher
+from streams.worker.reconciler import Reconciler
 from streams.worker.records import Record
 from streams.worker.resources import Resources
+from streams.worker.scheduler import CompactionScheduler
 from streams.worker.tally_table import TallyTable, WriteContext
-from streams.worker.timers import Reconciler
 
 Token = TypeVar("Token")
 
@@ -75,11 +75,11 @@ def assemble(
     """The components over the given table, publisher and resources.
 
     ``ack`` acknowledges a command record once it and every earlier one of
-    its partition are done (see ``streams.scheduler``); ``still_assigned``
+    its partition are done (see ``streams.worker.scheduler``); ``still_assigned``
     tells accounting whether to keep retrying a record through an outage, and
     ``owns`` reconciliation whether a conversation is this worker's;
     ``write_context`` lets the table flush write Faust table entries (see
-    ``streams.worker.table_context``).
+    ``streams.kafka.table_context``).
     """
     service = settings.service
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)

@@ -4,7 +4,7 @@ It is the table's only writer. Messages and control events each have an
 agent with concurrency 1 (acks stay in order), so a completion never waits
 behind a backlog of messages; the two agents take a per-conversation lock,
 which keeps each entry's read-modify-write single-file. Every rule about the
-tally lives in ``core.accounting``; this class only does the I/O around
+tally lives in ``core.domain.accounting``; this class only does the I/O around
 them: store the message, read and write the table entry, send the command.
 
 A record is only acknowledged once its effect is durable: while PostgreSQL or
@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from core.accounting import (
+from core.domain.accounting import (
     Completion,
     ConversationTally,
     completes_outstanding,
@@ -32,17 +32,17 @@ from core.accounting import (
     rebuilt,
     resynced,
 )
-from core.budget import BudgetConfig
+from core.domain.budget import BudgetConfig
+from core.domain.tokens import estimate_message_tokens
+from core.ports.storage import IncomingMessage, SaveOutcome, StoreTotals
 from core.settings import Settings
-from core.storage.ports import IncomingMessage, SaveOutcome, StoreTotals
-from core.tokens import estimate_message_tokens
 from streams.events import CompactionCommand, CompactionCompleted, EraseRequest, MessageEvent
+from streams.kafka.publisher import Publisher
 from streams.metrics import Metrics
 from streams.topics import TopicNames
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
 from streams.worker.keyed_lock import KeyedLock
-from streams.worker.publisher import Publisher
 from streams.worker.records import InvalidRecord, Record, decode_control, decode_message
 from streams.worker.resources import Resources
 from streams.worker.retry import backoff_seconds, is_outage

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
 from streams.events import DeadLetterHeaders
+from streams.kafka.publisher import Publisher
 from streams.metrics import Metrics
-from streams.worker.publisher import Publisher
 from streams.worker.records import InvalidRecord, Record
 
 log = logging.getLogger("compactor.worker")

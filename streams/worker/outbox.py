@@ -15,13 +15,13 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
-from core.clip_archive import is_clip_archive
-from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, OutboxRecord
-from core.messages import ConversationMessage
-from core.storage.ports import OutboxRow, OutboxStore
+from core.domain.clip_archive import is_clip_archive
+from core.domain.compaction import AppliedStats, CompactionPlan, OutboxFactory, OutboxRecord
+from core.domain.messages import ConversationMessage
+from core.ports.storage import OutboxRow, OutboxStore
 from streams.events import BatchInfo, ClipArchiveEvent, CompactionCommand, CompactionCompleted
+from streams.kafka.publisher import Publisher
 from streams.metrics import Metrics
-from streams.worker.publisher import Publisher
 from streams.worker.resources import Resources
 
 log = logging.getLogger("compactor.worker")

@@ -17,24 +17,24 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
 
-from core.budget import BudgetConfig, compaction_due
-from core.compaction import (
+from core.domain.budget import BudgetConfig, compaction_due
+from core.domain.compaction import (
     AppliedStats,
     CompactionPlan,
     CompactionResult,
     OutboxFactory,
     OutboxRecord,
 )
-from core.messages import ConversationMessage
-from core.storage.ports import WorkerStore
+from core.domain.messages import ConversationMessage
+from core.ports.storage import WorkerStore
 from streams.events import CompactionCommand, CompactionCompleted
+from streams.kafka.publisher import Publisher
 from streams.metrics import Metrics
-from streams.scheduler import CompactionScheduler
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.outbox import OutboxRelay, outbox_events
-from streams.worker.publisher import Publisher
 from streams.worker.records import InvalidRecord, Record, decode_command
 from streams.worker.resources import Resources
+from streams.worker.scheduler import CompactionScheduler
 
 log = logging.getLogger("compactor.worker")
 

@@ -1,15 +1,15 @@
 """What the components need opened for them: the store and the compactor.
 
 Asked for on each use rather than passed in, because the worker opens them
-lazily (``streams.wiring.LazyRuntime``); tests pass ready-made ones.
+lazily (``streams.bootstrap.LazyRuntime``); tests pass ready-made ones.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from core.compaction import Compactor
-from core.storage.ports import WorkerStore
+from core.domain.compaction import Compactor
+from core.ports.storage import WorkerStore
 
 
 class Resources(Protocol):

@@ -18,7 +18,7 @@ a scan of the table after each assignment (``rebuild_index``).
 Underneath, anything with ``get``/``__setitem__``/``pop``/``items`` works: a
 Faust ``Table`` in the worker, a dict in tests and the offline CLI. A Faust
 table write must happen "inside" an event of the entry's partition;
-``write_context(partition)`` provides that (``streams.worker.table_context``).
+``write_context(partition)`` provides that (``streams.kafka.table_context``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from core.accounting import ConversationTally
+from core.domain.accounting import ConversationTally
 
 log = logging.getLogger("compactor.worker")
 

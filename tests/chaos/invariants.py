@@ -12,7 +12,7 @@ Every scenario ends with ``check_invariants`` polled until all hold:
     record stored after all);
 ``split_tool_pairs``
     no tool call live while its result is archived, or the reverse (pairs as
-    ``core.split`` defines them);
+    ``core.domain.split`` defines them);
 ``over_budget``
     every conversation's live token total (clip-archive included) is at or
     under ``context_budget x model_max_tokens``;

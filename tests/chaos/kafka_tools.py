@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from streams.admin import ensure_topics
+from streams.kafka.admin import ensure_topics
 from streams.topics import TopicNames
 from tests.support.kafka_io import Record
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from core.storage.migrate import migrate
+from core.adapters.postgres.migrate import migrate
 from tests.chaos.harness import SCALE, ChaosStack, MakeStack, wait_until
 from tests.chaos.workload import build_conversations, interleave
 from tests.support.chaos_llm import ChaosLLMServer

@@ -112,7 +112,7 @@ def interleave(groups: Sequence[Iterable[T]], seed: int = 0) -> list[T]:
 
 def tool_pairs(events: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """(call message id, result message id) of every tool call and result in one
-    conversation, by the rule of ``core.split``: a result names its call's id, or,
+    conversation, by the rule of ``core.domain.split``: a result names its call's id, or,
     naming none, belongs to the message just before it."""
     owner: dict[str, str] = {}
     for event in events:

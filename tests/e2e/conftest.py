@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 import asyncpg
 import pytest
 
-from core.tokens import estimate_message_tokens
-from streams.admin import ensure_topics
+from core.domain.tokens import estimate_message_tokens
 from streams.events import ClipArchiveEvent, MessageEvent
+from streams.kafka.admin import ensure_topics
 from streams.topics import TopicNames
 from tests.support.kafka_io import Producer, Record, Sent, TopicCollector
 from tests.support.llm_server import ChatRequest, LLMTestServer

@@ -33,7 +33,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from core.messages import ConversationMessage, ToolCall
+from core.domain.messages import ConversationMessage, ToolCall
 from devtools import devstack
 from streams import cli
 from streams.events import BatchInfo, ClipArchiveEvent, EraseRequest, MessageEvent

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from core.storage.postgres import PostgresStore
+from core.adapters.postgres.store import PostgresStore
 from streams import cli
 from tests.integration.test_postgres_store import archive, msg
 

@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from core.budget import BudgetConfig, needs_compaction
-from core.clip_archive import is_clip_archive, parse_clip_archive
-from core.compaction import CompactionConfig
+from core.adapters.llm.anthropic import AnthropicProvider
+from core.adapters.llm.openai_compat import OpenAICompatProvider
+from core.adapters.postgres.store import PostgresStore
 from core.compactor import create_compactor
-from core.messages import ConversationMessage, ToolCall
-from core.model.anthropic import AnthropicProvider
-from core.model.openai_compat import OpenAICompatProvider
-from core.prompts import DEFAULT_DIRECTIVE, DEFAULT_SYSTEM_PROMPT
-from core.storage.postgres import PostgresStore
-from core.tokens import estimate_history_tokens, estimate_message_tokens
+from core.domain.budget import BudgetConfig, needs_compaction
+from core.domain.clip_archive import is_clip_archive, parse_clip_archive
+from core.domain.compaction import CompactionConfig
+from core.domain.messages import ConversationMessage, ToolCall
+from core.domain.prompts import DEFAULT_DIRECTIVE, DEFAULT_SYSTEM_PROMPT
+from core.domain.tokens import estimate_history_tokens, estimate_message_tokens
 from tests.support.builders import message
 from tests.support.llm_server import (
     ANTHROPIC_PATH,

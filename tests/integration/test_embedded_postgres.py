@@ -7,8 +7,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from core.storage.embedded import POSTGRES_DSN_ENV, resolve_dsn
-from core.storage.migrate import migrate
+from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, resolve_dsn
+from core.adapters.postgres.migrate import migrate
 
 
 def test_configured_dsn_wins_and_starts_nothing(

@@ -30,7 +30,7 @@ from devtools.localstack import (
     start_kafka,
     stop_process,
 )
-from streams.kafka_probe import is_reachable
+from streams.kafka.probe import is_reachable
 from streams.stack_state import StackState, read_state, write_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

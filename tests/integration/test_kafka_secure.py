@@ -27,8 +27,8 @@ import pytest
 from devtools.localstack import KafkaBroker, SecureBroker, start_kafka
 from streams import cli
 from streams.events import MessageEvent
-from streams.kafka_probe import broker_problem
-from streams.kafka_security import PLAINTEXT, KafkaSecurity
+from streams.kafka.probe import broker_problem
+from streams.kafka.security import PLAINTEXT, KafkaSecurity
 from streams.topics import TopicNames
 from tests.conftest import require_local_kafka_tools
 from tests.support.worker import WorkerProcess, render_toml, terminate_all

@@ -13,10 +13,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from core.compaction import CompactionPlan, StoredBatch, SummaryBatch
-from core.embedding.local import LocalEmbeddingsUnavailableError, LocalSentenceTransformerEmbedder
-from core.messages import ConversationMessage
-from core.storage.postgres import PostgresStore
+from core.adapters.embedding.local import (
+    LocalEmbeddingsUnavailableError,
+    LocalSentenceTransformerEmbedder,
+)
+from core.adapters.postgres.store import PostgresStore
+from core.domain.compaction import CompactionPlan, StoredBatch, SummaryBatch
+from core.domain.messages import ConversationMessage
 
 _HAVE_EXTRA = all(
     importlib.util.find_spec(name) is not None

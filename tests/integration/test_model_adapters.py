@@ -24,17 +24,17 @@ import pytest
 import pytest_asyncio
 from anthropic.types import Message
 
-from core.embedding.openai_compat import OpenAICompatEmbedder
-from core.embedding.port import Embedder, EmbeddingError
-from core.model._http import parse_retry_after
-from core.model.anthropic import (
+from core.adapters.embedding.openai_compat import OpenAICompatEmbedder
+from core.adapters.llm.anthropic import (
     EMPTY_CONVERSATION_PLACEHOLDER,
     LEADING_USER_PLACEHOLDER,
     AnthropicProvider,
     parse_message,
 )
-from core.model.openai_compat import OpenAICompatProvider
-from core.model.port import (
+from core.adapters.llm.errors import parse_retry_after
+from core.adapters.llm.openai_compat import OpenAICompatProvider
+from core.ports.embedding import Embedder, EmbeddingError
+from core.ports.model import (
     ModelAuthError,
     ModelError,
     ModelMessage,

@@ -12,9 +12,9 @@ import asyncio
 
 import pytest
 
-from core.messages import ToolCall
-from core.storage.ports import IncomingMessage
-from core.storage.postgres import PostgresStore
+from core.adapters.postgres.store import PostgresStore
+from core.domain.messages import ToolCall
+from core.ports.storage import IncomingMessage
 from tests.integration.test_postgres_store import CONV, make_plan, msg, save_all, stored
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.storage.postgres import PostgresStore
+from core.adapters.postgres.store import PostgresStore
 from tests.support.builders import history
 from tests.support.builders import message as make_message
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from core.compaction import CompactionPlan, StoredBatch, SummaryBatch
-from core.messages import ConversationMessage
-from core.storage.postgres import CONVERSATION_LOCK_CLASS, PostgresStore
+from core.adapters.postgres.store import CONVERSATION_LOCK_CLASS, PostgresStore
+from core.domain.compaction import CompactionPlan, StoredBatch, SummaryBatch
+from core.domain.messages import ConversationMessage
 from tests.support.builders import T0, history
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

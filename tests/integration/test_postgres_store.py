@@ -15,13 +15,13 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from core.compaction import CompactionPlan, StoredBatch, SummaryBatch
-from core.embedding.port import EmbeddingError
-from core.messages import ConversationMessage, ToolCall
-from core.storage.migrate import applied_versions, load_migrations, migrate
-from core.storage.ports import HistoryConflictError
-from core.storage.postgres import RRF_K, PostgresStore
-from core.tokens import estimate_message_tokens
+from core.adapters.postgres.migrate import applied_versions, load_migrations, migrate
+from core.adapters.postgres.store import RRF_K, PostgresStore
+from core.domain.compaction import CompactionPlan, StoredBatch, SummaryBatch
+from core.domain.messages import ConversationMessage, ToolCall
+from core.domain.tokens import estimate_message_tokens
+from core.ports.embedding import EmbeddingError
+from core.ports.storage import HistoryConflictError
 
 pytestmark = pytest.mark.integration
 
@@ -772,7 +772,7 @@ async def test_token_totals_and_conversations_over_a_threshold(pg_store: Postgre
 
     assert await pg_store.conversation_token_total("big") == 1100
     assert await pg_store.conversation_token_total("nobody") == 0
-    # Strictly over, as core.budget.over_budget decides.
+    # Strictly over, as core.domain.budget.over_budget decides.
     assert await pg_store.conversations_over(1000) == [("big", 1100)]
     assert await pg_store.conversations_over(5) == [("big", 1100), ("edge", 1000), ("small", 10)]
 
@@ -798,7 +798,7 @@ async def test_load_history_up_to_seq_excludes_later_arrivals(pg_store: Postgres
 async def test_apply_measures_stored_tokens_and_writes_outbox_atomically(
     pg_store: PostgresStore,
 ) -> None:
-    from core.compaction import OutboxRecord
+    from core.domain.compaction import OutboxRecord
 
     history = [msg(i) for i in range(3)]
     for i, message in enumerate(history):
@@ -868,7 +868,7 @@ async def test_a_compacted_message_does_not_come_back_when_redelivered(
 async def test_outbox_rows_returns_published_rows_too_and_first_publication_time_stays(
     pg_store: PostgresStore,
 ) -> None:
-    from core.compaction import OutboxRecord
+    from core.domain.compaction import OutboxRecord
 
     history = [msg(i) for i in range(3)]
     await save_all(pg_store, history)

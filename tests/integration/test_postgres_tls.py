@@ -21,11 +21,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from core.adapters.postgres.store import PostgresStore
 from core.settings import ConfigError, parse_settings
-from core.storage.postgres import PostgresStore
 from devtools.tls import CertificateAuthority, make_ca
 from devtools.tls import issue as issue_certificate
-from streams.runtime import configured_dsn
+from streams.addresses import configured_dsn
 from tests.conftest import in_ci
 from tests.support.pg_control import ControlledPostgres
 

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from core.compaction import AppliedStats, CompactionPlan, OutboxRecord
-from core.storage.ports import HistoryConflictError
-from core.storage.postgres import PostgresStore
+from core.adapters.postgres.store import PostgresStore
+from core.domain.compaction import AppliedStats, CompactionPlan, OutboxRecord
+from core.ports.storage import HistoryConflictError
 from tests.integration.test_postgres_store import (
     CONV,
     ConceptEmbedder,

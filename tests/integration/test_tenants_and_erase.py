@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.storage.ports import TenantConflictError
-from core.storage.postgres import ERASED_TABLES, PostgresStore
+from core.adapters.postgres.store import ERASED_TABLES, PostgresStore
+from core.ports.storage import TenantConflictError
 from tests.integration.test_postgres_store import make_plan, msg, stored
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ async def _conversation(store: PostgresStore, cid: str, tenant: str | None, word
     )
 
     def outbox(plan_: object, stats: object) -> list[object]:
-        from core.compaction import OutboxRecord
+        from core.domain.compaction import OutboxRecord
 
         return [OutboxRecord(topic="clip_archives", key=cid, payload="{}")]
 

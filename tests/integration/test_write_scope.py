@@ -7,9 +7,9 @@ in one conversation is routed to one node. Reviewing the store's code does
 not keep that true as paths are added, so PostgreSQL records it: a trigger on
 every table with a ``conversation_id`` column notes which conversations each
 transaction touched (``tests/support/write_audit.py``), the worker's own
-components run the whole flow in-process (``streams.offline.OfflineRun``:
+components run the whole flow in-process (``streams.cli.offline.OfflineRun``:
 accounting, processor, outbox relay, reconciliation, erase) over the store,
-model and embedder ``streams.wiring`` opens from the configuration, and the
+model and embedder ``streams.bootstrap`` opens from the configuration, and the
 test fails naming every transaction that touched two conversations.
 
 The batch ingest (``PostgresStore.save_messages``) is the one known
@@ -29,13 +29,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from core.messages import ConversationMessage
+from core.adapters.postgres.store import PostgresStore
+from core.domain.messages import ConversationMessage
+from core.ports.storage import IncomingMessage, TenantConflictError
 from core.settings import Settings, parse_settings
-from core.storage.ports import IncomingMessage, TenantConflictError
-from core.storage.postgres import PostgresStore
+from streams.bootstrap import open_runtime
+from streams.cli.offline import OfflineRun
 from streams.events import EraseRequest, MessageEvent
-from streams.offline import OfflineRun
-from streams.wiring import open_runtime
 from streams.worker.records import Record
 from tests.support import write_audit
 from tests.support.llm_server import ANTHROPIC_PATH, LLMTestServer
@@ -85,7 +85,7 @@ async def llm() -> AsyncIterator[LLMTestServer]:
 
 def settings_for(dsn: str, llm: LLMTestServer, single_conversation_transactions: bool) -> Settings:
     """The worker's own configuration: the store, model and embedder are opened
-    from it by ``streams.wiring`` as ``compactor compact`` and the worker do, so
+    from it by ``streams.bootstrap`` as ``compactor compact`` and the worker do, so
     ``[postgres].single_conversation_transactions`` goes the same way too."""
     return parse_settings(
         {

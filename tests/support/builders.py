@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from core.messages import ConversationMessage, Role, ToolCall
+from core.domain.messages import ConversationMessage, Role, ToolCall
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

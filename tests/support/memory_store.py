@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from core.clip_archive import is_clip_archive
-from core.compaction import AppliedStats, CompactionPlan, OutboxFactory, StoredBatch
-from core.messages import ConversationMessage
-from core.storage.ports import (
+from core.domain.clip_archive import is_clip_archive
+from core.domain.compaction import AppliedStats, CompactionPlan, OutboxFactory, StoredBatch
+from core.domain.messages import ConversationMessage
+from core.domain.tokens import estimate_message_tokens
+from core.ports.storage import (
     ApplyResult,
     ExpandedBatch,
     HistoryConflictError,
@@ -36,7 +37,6 @@ from core.storage.ports import (
     TurnHit,
     WorkerStore,
 )
-from core.tokens import estimate_message_tokens
 
 
 @dataclass
@@ -451,7 +451,7 @@ class Published:
 
 @dataclass
 class RecordingPublisher:
-    """``streams.worker.publisher.Publisher`` that keeps what was sent, in order."""
+    """``streams.kafka.publisher.Publisher`` that keeps what was sent, in order."""
 
     sent: list[Published] = field(default_factory=list)
     fail_next: Exception | None = None

@@ -2,7 +2,7 @@
 
 The worker is started exactly as an operator would run it: a ``config.toml``
 on disk, ``KAFKA_BOOTSTRAP_SERVERS`` and ``POSTGRES_DSN`` in the environment,
-``streams.run.run_worker(load_settings(path))`` as the entry point (not the
+``streams.cli.worker.run_worker(load_settings(path))`` as the entry point (not the
 command line, so these tests do not depend on how ``compactor worker`` is
 wired). Its stdout/stderr go to a log file whose tail a failing test prints.
 
@@ -45,7 +45,7 @@ def _dump_tasks(signum, frame):
 signal.signal(signal.SIGUSR2, _dump_tasks)
 
 from core.settings import load_settings
-from streams.run import run_worker
+from streams.cli.worker import run_worker
 sys.exit(run_worker(load_settings(sys.argv[1])))
 """
 

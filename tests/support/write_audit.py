@@ -33,7 +33,7 @@ TRUNCATE_TRIGGER_NAME = "write_scope_audit_truncate"
 # Tables that hold no conversation's data, with why. Everything else in the
 # public schema must have a conversation_id column.
 NOT_CONVERSATION_DATA: dict[str, str] = {
-    "schema_migrations": "migration bookkeeping (core.storage.migrate), one row per migration",
+    "schema_migrations": "migration bookkeeping (core.adapters.postgres.migrate), one row per migration",
 }
 
 _SETUP_SQL = f"""

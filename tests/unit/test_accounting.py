@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.accounting import (
+from core.domain.accounting import (
     Completion,
     ConversationTally,
     compaction_id_for,
@@ -13,7 +13,7 @@ from core.accounting import (
     on_reconcile,
     resynced,
 )
-from core.budget import BudgetConfig
+from core.domain.budget import BudgetConfig
 
 pytestmark = pytest.mark.unit
 

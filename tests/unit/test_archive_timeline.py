@@ -6,11 +6,16 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from core.clip_archive import build_clip_archive, covered_days, covers_line, parse_clip_archive
-from core.compaction import CompactionConfig, SummaryBatch
+from core.adapters.llm.extractive import ExtractiveProvider
 from core.compactor import create_compactor
-from core.messages import ConversationMessage
-from core.model.extractive import ExtractiveProvider
+from core.domain.clip_archive import (
+    build_clip_archive,
+    covered_days,
+    covers_line,
+    parse_clip_archive,
+)
+from core.domain.compaction import CompactionConfig, SummaryBatch
+from core.domain.messages import ConversationMessage
 from tests.support.memory_store import InMemoryStore
 from tests.unit.test_worker_components import harness
 

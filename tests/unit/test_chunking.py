@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.chunking import chunk_messages, halve, in_history_order
-from core.tokens import estimate_message_tokens
+from core.domain.chunking import chunk_messages, halve, in_history_order
+from core.domain.tokens import estimate_message_tokens
 from tests.support.builders import history, message
 
 pytestmark = pytest.mark.unit

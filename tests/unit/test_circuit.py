@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.circuit import CircuitBreaker
+from core.domain.circuit import CircuitBreaker
 
 pytestmark = pytest.mark.unit
 

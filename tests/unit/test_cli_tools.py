@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from core.messages import ConversationMessage
+from core.domain.messages import ConversationMessage
 from streams import cli
+from streams.cli.replay import Progress, read_events
+from streams.cli.tail import summarise
 from streams.events import BatchInfo, ClipArchiveEvent, MessageEvent
-from streams.replay import Progress, read_events
-from streams.tail import summarise
 
 pytestmark = pytest.mark.unit
 

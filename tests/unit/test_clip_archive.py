@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.clip_archive import (
+from core.domain.clip_archive import (
     ClipArchiveFormatError,
     build_clip_archive,
     clip_archive_message,
@@ -14,7 +14,7 @@ from core.clip_archive import (
     is_clip_archive,
     parse_clip_archive,
 )
-from core.compaction import SummaryBatch
+from core.domain.compaction import SummaryBatch
 
 pytestmark = pytest.mark.unit
 

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.budget import BudgetConfig
-from core.clip_archive import SHORTENED_NOTE, is_clip_archive, parse_clip_archive
-from core.compaction import CompactionConfig, CompactionResult
 from core.compactor import PipelineCompactor, create_compactor
-from core.messages import ConversationMessage
-from core.model.port import ModelRequest, ModelResponse
-from core.tokens import estimate_history_tokens, estimate_message_tokens
+from core.domain.budget import BudgetConfig
+from core.domain.clip_archive import SHORTENED_NOTE, is_clip_archive, parse_clip_archive
+from core.domain.compaction import CompactionConfig, CompactionResult
+from core.domain.messages import ConversationMessage
+from core.domain.tokens import estimate_history_tokens, estimate_message_tokens
+from core.ports.model import ModelRequest, ModelResponse
 from tests.support.builders import T0
 from tests.support.memory_store import InMemoryStore
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import pytest
 
-from core.compaction import CompactionConfig
 from core.compactor import PipelineCompactor, create_compactor
-from core.messages import ConversationMessage
-from core.model.port import ModelRequest, ModelResponse, ModelServerError
+from core.domain.compaction import CompactionConfig
+from core.domain.messages import ConversationMessage
+from core.ports.model import ModelRequest, ModelResponse, ModelServerError
 from tests.support.builders import history
 from tests.support.memory_store import InMemoryStore
 

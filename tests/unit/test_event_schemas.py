@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from streams.cli.schemas import (
+    WIRE_EVENTS,
+    event_schema,
+    generated_files,
+    stale_files,
+    write_schemas,
+)
 from streams.events import MessageEvent
-from streams.schemas import WIRE_EVENTS, event_schema, generated_files, stale_files, write_schemas
 
 pytestmark = pytest.mark.unit
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.model.extractive import ExtractiveProvider, extract_summary
-from core.prompts import build_summarization_request
-from core.tokens import estimate_tokens
+from core.adapters.llm.extractive import ExtractiveProvider, extract_summary
+from core.domain.prompts import build_summarization_request
+from core.domain.tokens import estimate_tokens
 from tests.support.builders import message
 
 pytestmark = pytest.mark.unit
@@ -72,7 +72,7 @@ def test_directive_is_never_summarised_and_prior_summary_is_context_only() -> No
 
 
 def test_resummarization_batches_are_content() -> None:
-    from core.prompts import build_resummarization_request
+    from core.domain.prompts import build_resummarization_request
 
     built = build_resummarization_request(
         system_prompt=None,

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.model.extractive import extract_summary
-from core.prompts import build_resummarization_request, build_summarization_request
-from core.tokens import DEFAULT_COUNTER
+from core.adapters.llm.extractive import extract_summary
+from core.domain.prompts import build_resummarization_request, build_summarization_request
+from core.domain.tokens import DEFAULT_COUNTER
 from tests.support.builders import message
 
 pytestmark = pytest.mark.unit
@@ -71,7 +71,7 @@ def test_resummarising_never_stacks_prefixes(texts: list[tuple[str, str]], depth
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(_ROLES, _TEXT), min_size=1, max_size=25))
 def test_no_two_lines_are_near_duplicates(texts: list[tuple[str, str]]) -> None:
-    from core.model.extractive import _STOP_WORDS, _WORD
+    from core.adapters.llm.extractive import _STOP_WORDS, _WORD
 
     summary, _ = extract_summary(_request(texts, 1000))
     bags = [

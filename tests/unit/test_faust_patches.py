@@ -15,7 +15,7 @@ import pytest
 from faust.transport.consumer import ThreadDelegateConsumer
 from faust.types import TP
 
-from streams.worker import faust_patches
+from streams.kafka import faust_patches
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """HTTP security against in-memory ports: tokens, tenants, bounded inputs, fuzz.
 
-The worker's real views (``streams.web.register_views``) on a Faust app that is
+The worker's real views (``streams.http.views.register_views``) on a Faust app that is
 never started, served by aiohttp's test server: the guard middleware, the
 tenant checks and the input bounds run exactly as in a worker.
 """
@@ -18,12 +18,12 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from faust.exceptions import SameNode
 
+from core.adapters.llm.extractive import ExtractiveProvider
 from core.compactor import create_compactor
-from core.model.extractive import ExtractiveProvider
 from core.settings import ConfigError, ResolvedModel, Settings, parse_settings
-from streams.auth import AuthPolicy, Principal, check_exposure, env_tokens
 from streams.events import MessageEvent
-from streams.web import Forbidden, register_views, search_request
+from streams.http.auth import AuthPolicy, Principal, check_exposure, env_tokens
+from streams.http.views import Forbidden, register_views, search_request
 from streams.worker import Components, assemble
 from streams.worker.records import Record
 from streams.worker.resources import Opened

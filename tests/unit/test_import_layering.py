@@ -3,7 +3,7 @@
 Why: ``devtools`` is what starts a JVM broker, runs Maven and docker compose
 for ``compactor dev``/``demo``. The worker, and every other command, only
 needs to *read* where a running dev stack is (``streams.stack_state``) and
-to probe a broker (``streams.kafka_probe``). A module-level ``from devtools
+to probe a broker (``streams.kafka.probe``). A module-level ``from devtools
 import ...`` anywhere on that path would put the launcher back into every
 worker process, so a fresh interpreter (which nothing else in this session
 has imported into) imports the worker's entry points and lists what came
@@ -28,13 +28,13 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 
 #: What a worker (``compactor worker``) and the non-dev commands import.
-WORKER_PATH = ("streams.cli", "streams.app", "streams.runtime", "streams.web")
+WORKER_PATH = ("streams.cli", "streams.app", "streams.addresses", "streams.http.views")
 
 #: Where the launcher lived before ``devtools``: a copy left there would bring it back.
 FORMER_LAUNCHERS = ("streams.localstack", "streams.devstack", "streams.demo")
 
 #: The light modules the worker imports instead; they must not start processes.
-LIGHT_MODULES = (ROOT / "streams" / "stack_state.py", ROOT / "streams" / "kafka_probe.py")
+LIGHT_MODULES = (ROOT / "streams" / "stack_state.py", ROOT / "streams" / "kafka" / "probe.py")
 
 PROBE = """
 import json, sys

@@ -14,8 +14,8 @@ import certifi
 import pytest
 
 from core.settings import ConfigError, KafkaSettings, parse_settings
-from streams import kafka_probe
-from streams.kafka_security import PLAINTEXT, KafkaSecurity, kafka_security
+from streams.kafka import probe as kafka_probe
+from streams.kafka.security import PLAINTEXT, KafkaSecurity, kafka_security
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from streams.log_limits import RepeatLimiter, limit_repeats
+from streams.kafka.log_limits import RepeatLimiter, limit_repeats
 
 pytestmark = pytest.mark.unit
 

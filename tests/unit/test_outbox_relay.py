@@ -19,8 +19,8 @@ from typing import Any, cast
 
 import pytest
 
-from core.compaction import OutboxRecord
-from core.storage.ports import OutboxRow
+from core.domain.compaction import OutboxRecord
+from core.ports.storage import OutboxRow
 from streams.metrics import Metrics
 from streams.worker.outbox import OutboxRelay
 from streams.worker.resources import Opened

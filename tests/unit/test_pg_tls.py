@@ -11,8 +11,8 @@ from urllib.parse import parse_qs, urlsplit
 import certifi
 import pytest
 
+from core.adapters.postgres.tls import dsn_with_tls
 from core.settings import ConfigError, PostgresSettings
-from core.storage.pg_tls import dsn_with_tls
 
 pytestmark = pytest.mark.unit
 

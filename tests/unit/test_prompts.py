@@ -9,14 +9,14 @@ import pytest
 
 import core
 from core.compactor import create_compactor
-from core.messages import ToolCall
-from core.model.port import ModelMessage
-from core.prompts import (
+from core.domain.messages import ToolCall
+from core.domain.prompts import (
     DEFAULT_DIRECTIVE,
     DEFAULT_SYSTEM_PROMPT,
     build_resummarization_request,
     build_summarization_request,
 )
+from core.ports.model import ModelMessage
 from tests.support.builders import message
 
 pytestmark = pytest.mark.unit

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from core.model.port import (
+from core.ports.model import (
     ModelAuthError,
     ModelError,
     ModelRateLimitError,

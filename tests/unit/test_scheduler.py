@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from streams.scheduler import CompactionScheduler, OrderedAcker
+from streams.worker.scheduler import CompactionScheduler, OrderedAcker
 
 pytestmark = pytest.mark.unit
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.messages import ToolCall
-from core.scoring import DEFAULT_SCORING, ImportanceScoringConfig, score_message
+from core.domain.messages import ToolCall
+from core.domain.scoring import DEFAULT_SCORING, ImportanceScoringConfig, score_message
 from tests.support.builders import message
 
 pytestmark = pytest.mark.unit

@@ -17,10 +17,10 @@ import httpx2
 import openai
 import pytest
 
-from core.model import anthropic as anthropic_adapter
-from core.model import openai_compat as openai_adapter
-from core.model._http import ErrorMap
-from core.model.port import (
+from core.adapters.llm import anthropic as anthropic_adapter
+from core.adapters.llm import openai_compat as openai_adapter
+from core.adapters.llm.errors import ErrorMap
+from core.ports.model import (
     ModelAuthError,
     ModelError,
     ModelRateLimitError,

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.accounting import (
+from core.domain.accounting import (
     Completion,
     ConversationTally,
     on_completion,
@@ -27,7 +27,7 @@ from core.accounting import (
     on_resync,
     reconcile_due,
 )
-from core.budget import BudgetConfig, compaction_due, over_budget
+from core.domain.budget import BudgetConfig, compaction_due, over_budget
 from core.settings import ConfigError, parse_settings
 from tests.unit import test_worker_components as components
 

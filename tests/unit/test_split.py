@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.messages import ConversationMessage, ToolCall
-from core.scoring import ImportanceScoringConfig, score_message
-from core.split import split_history, tool_safe_boundary
+from core.domain.messages import ConversationMessage, ToolCall
+from core.domain.scoring import ImportanceScoringConfig, score_message
+from core.domain.split import split_history, tool_safe_boundary
 from tests.support.builders import history, message
 
 pytestmark = pytest.mark.unit

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from faust import streams as faust_streams
 
-from streams.worker.table_context import TableContexts, acting_as
+from streams.kafka.table_context import TableContexts, acting_as
 
 pytestmark = pytest.mark.unit
 

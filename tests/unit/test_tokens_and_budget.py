@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.budget import BudgetConfig, needs_compaction, over_budget
-from core.messages import ToolCall
-from core.tokens import (
+from core.domain.budget import BudgetConfig, needs_compaction, over_budget
+from core.domain.messages import ToolCall
+from core.domain.tokens import (
     CharRatioTokenCounter,
     estimate_history_tokens,
     estimate_message_tokens,

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import pytest
 from faust.types import TP
 
+from streams.kafka.watchdog import StallTracker, Watchdog, WatchdogLimits, WorkerStuckError
 from streams.metrics import Metrics
 from streams.worker.health import Health, Problem
-from streams.worker.watchdog import StallTracker, Watchdog, WatchdogLimits, WorkerStuckError
 
 pytestmark = pytest.mark.unit
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from core.accounting import ConversationTally, compaction_id_for
+from core.adapters.llm.extractive import ExtractiveProvider
 from core.compactor import create_compactor
-from core.model.extractive import ExtractiveProvider
-from core.model.port import ModelAuthError, ModelRequest, ModelResponse
+from core.domain.accounting import ConversationTally, compaction_id_for
+from core.ports.model import ModelAuthError, ModelRequest, ModelResponse
 from core.settings import Settings, parse_settings
 from streams.events import (
     CompactionCommand,
@@ -672,7 +672,7 @@ async def test_reconciliation_leaves_other_workers_conversations_alone() -> None
 
 
 async def test_a_refitted_clip_archive_counts_as_a_compaction_not_a_noop() -> None:
-    from core.compaction import CompactionResult
+    from core.domain.compaction import CompactionResult
 
     class Refitting:
         async def compress(self, history: Any, conversation_id: str, **_: Any) -> CompactionResult:

@@ -1,0 +1,194 @@
+"""Per-conversation token accounting: when to ask for a compaction.
+
+A pure state machine, so the stream agent only does I/O. Its invariants:
+
+* at most one compaction command is outstanding per conversation;
+* a command is identified by ``compaction_id_for(conversation, generation)``,
+  so a re-issued command is recognised downstream as the same compaction;
+* a completion is applied once: only the one for the outstanding command
+  changes the tally, redeliveries and stale completions are ignored;
+* a conversation that could not be compacted further (``noop``) is not asked
+  again until a new message arrives;
+* "must compact" means ``core.domain.budget.compaction_due``: over the soft trigger
+  (``[budget].compact_at``) when one is set, else over the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.domain.budget import BudgetConfig, compaction_due
+
+_GENERATION_NAMESPACE = uuid.UUID("0b6f7f8e-3f51-4a7e-a1a9-4d35b7c0e2d4")
+
+CompletionStatus = Literal["compacted", "noop"]
+
+
+def compaction_id_for(conversation_id: str, generation: int) -> str:
+    return str(uuid.uuid5(_GENERATION_NAMESPACE, f"{conversation_id}\n{generation}"))
+
+
+class ConversationTally(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    conversation_id: str
+    token_total: int = Field(default=0, ge=0)
+    message_count: int = Field(default=0, ge=0)
+    generation: int = Field(default=0, ge=0)  # completions applied
+    compactions: int = Field(default=0, ge=0)  # completions that compacted something
+    outstanding: str | None = None  # compaction id of the command in flight
+    outstanding_since: float | None = None
+    stalled: bool = False  # due, but the last compaction found nothing to compress
+
+
+class Completion(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compaction_id: str
+    status: CompletionStatus
+    messages_compressed: int = Field(ge=0)
+    rows_removed: int = Field(default=0, ge=0)  # compressed messages + the replaced clip-archive
+    rows_added: int = Field(default=0, ge=0)  # the new clip-archive
+    tokens_removed: int = Field(ge=0)
+    tokens_added: int = Field(ge=0)
+
+
+def _issue(tally: ConversationTally, now: float) -> ConversationTally:
+    return tally.model_copy(
+        update={
+            "outstanding": compaction_id_for(tally.conversation_id, tally.generation),
+            "outstanding_since": now,
+        }
+    )
+
+
+def on_message(
+    tally: ConversationTally, tokens: int, budget: BudgetConfig, now: float
+) -> tuple[ConversationTally, bool]:
+    """Count a new message; ``True`` when a compaction command must be sent."""
+    tally = tally.model_copy(
+        update={
+            "token_total": tally.token_total + tokens,
+            "message_count": tally.message_count + 1,
+            "stalled": False,
+        }
+    )
+    if tally.outstanding is None and compaction_due(tally.token_total, budget):
+        return _issue(tally, now), True
+    return tally, False
+
+
+def completes_outstanding(tally: ConversationTally, completion_id: str) -> bool:
+    """Only the outstanding command's completion changes the tally."""
+    return tally.outstanding is not None and completion_id == tally.outstanding
+
+
+def on_completion(
+    tally: ConversationTally,
+    completion: Completion,
+    budget: BudgetConfig,
+    now: float,
+    store_totals: tuple[int, int] | None = None,
+) -> tuple[ConversationTally, bool]:
+    """Apply the outstanding command's completion; ``True`` when the next one must be sent.
+
+    Still due after a real compaction (a long tail of new messages arrived
+    while it ran, past the command's ``up_to_seq``) means compacting again
+    right away; after a ``noop`` it means waiting.
+
+    ``store_totals`` are the store's (tokens, rows) read now, after the
+    compaction committed. They are exact where the completion's deltas are
+    not: a tally resynced from the store after the commit (a redelivered
+    message did that) already lacks the removed tokens, and subtracting them
+    again left it below the store, so the conversation was never compacted
+    again. Without them (tests, a store that cannot count) the deltas apply.
+    """
+    if not completes_outstanding(tally, completion.compaction_id):
+        return tally, False
+    compacted = completion.status == "compacted"
+    if store_totals is not None:
+        token_total, message_count = store_totals
+    else:
+        token_total = max(
+            0, tally.token_total - completion.tokens_removed + completion.tokens_added
+        )
+        message_count = max(
+            0, tally.message_count - completion.rows_removed + completion.rows_added
+        )
+    tally = tally.model_copy(
+        update={
+            "token_total": token_total,
+            "message_count": message_count,
+            "generation": tally.generation + 1,
+            "compactions": tally.compactions + (1 if compacted else 0),
+            "outstanding": None,
+            "outstanding_since": None,
+            "stalled": not compacted and compaction_due(token_total, budget),
+        }
+    )
+    again = compacted and completion.messages_compressed > 0
+    if again and compaction_due(tally.token_total, budget):
+        return _issue(tally, now), True
+    return tally, False
+
+
+def reconcile_due(
+    tally: ConversationTally, budget: BudgetConfig, now: float, command_timeout: float
+) -> bool:
+    """Would ``on_reconcile`` send a command now? (What the reconcile timer asks.)"""
+    if tally.outstanding is not None:
+        return now - (tally.outstanding_since or 0.0) >= command_timeout
+    return not tally.stalled and compaction_due(tally.token_total, budget)
+
+
+def on_reconcile(
+    tally: ConversationTally, budget: BudgetConfig, now: float, command_timeout: float
+) -> tuple[ConversationTally, bool]:
+    """Heal lost commands and crashed compactions; ``True`` when a command must be sent.
+
+    An outstanding command with no completion within ``command_timeout`` is
+    sent again under the same compaction id; a conversation due a compaction
+    with nothing outstanding (and not stalled) gets a new one.
+    """
+    if not reconcile_due(tally, budget, now, command_timeout):
+        return tally, False
+    if tally.outstanding is not None:
+        return tally.model_copy(update={"outstanding_since": now}), True
+    return _issue(tally, now), True
+
+
+def resynced(tally: ConversationTally, token_total: int, message_count: int) -> ConversationTally:
+    """The tally with counts taken from the store, the source of truth."""
+    return tally.model_copy(update={"token_total": token_total, "message_count": message_count})
+
+
+def rebuilt(conversation_id: str, token_total: int, message_count: int) -> ConversationTally:
+    """A table entry made anew from the store's counts (a lost or new entry)."""
+    return resynced(ConversationTally(conversation_id=conversation_id), token_total, message_count)
+
+
+def on_resync(
+    tally: ConversationTally | None,
+    conversation_id: str,
+    token_total: int,
+    message_count: int,
+    budget: BudgetConfig,
+    now: float,
+) -> tuple[ConversationTally, bool]:
+    """Take the store's counts for an entry the table may have wrong; ``True`` to send.
+
+    Used for a conversation new to the table and for a redelivered message,
+    which the table may or may not have counted. An outstanding command is
+    never re-sent from here (only its timeout does that), so a burst of
+    redeliveries cannot multiply commands.
+    """
+    base = (
+        rebuilt(conversation_id, token_total, message_count)
+        if tally is None
+        else resynced(tally, token_total, message_count)
+    )
+    return on_reconcile(base, budget, now, command_timeout=math.inf)

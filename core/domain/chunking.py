@@ -1,0 +1,63 @@
+"""Grouping the messages to compress into LLM-sized chunks (context-compaction.AC1.2)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from core.domain.messages import ConversationMessage
+from core.domain.tokens import DEFAULT_COUNTER, TokenCounter, estimate_message_tokens
+
+Chunk = tuple[ConversationMessage, ...]
+
+
+def chunk_messages(
+    messages: Sequence[ConversationMessage],
+    chunk_size: int,
+    max_chunk_tokens: int | None = None,
+    counter: TokenCounter = DEFAULT_COUNTER,
+) -> tuple[Chunk, ...]:
+    """Split in order into chunks of at most ``chunk_size`` messages and, when
+    ``max_chunk_tokens`` is set, at most that many estimated tokens.
+
+    A single message over the token budget gets a chunk of its own rather than
+    being dropped: losing it silently would be worse than one large request.
+    """
+    if chunk_size < 1:
+        raise ValueError("chunk_size must be >= 1")
+    if max_chunk_tokens is not None and max_chunk_tokens < 1:
+        raise ValueError("max_chunk_tokens must be >= 1")
+    chunks: list[Chunk] = []
+    current: list[ConversationMessage] = []
+    current_tokens = 0
+    for message in messages:
+        tokens = estimate_message_tokens(message, counter) if max_chunk_tokens else 0
+        over_budget = max_chunk_tokens is not None and current_tokens + tokens > max_chunk_tokens
+        if current and (len(current) >= chunk_size or over_budget):
+            chunks.append(tuple(current))
+            current, current_tokens = [], 0
+        current.append(message)
+        current_tokens += tokens
+    if current:
+        chunks.append(tuple(current))
+    return tuple(chunks)
+
+
+def in_history_order(chunk: Sequence[ConversationMessage], position: Mapping[str, int]) -> Chunk:
+    """The chunk's messages back in conversation order.
+
+    Importance decides which messages share a chunk; the LLM still has to read
+    them in the order they happened to follow the causal chain.
+    """
+    return tuple(sorted(chunk, key=lambda message: position[message.id]))
+
+
+def halve(chunk: Sequence[ConversationMessage], floor: int = 2) -> tuple[Chunk, ...]:
+    """The chunk split into halves of at least ``floor`` messages where it can be.
+
+    Used after a timeout: a smaller request is the one lever the compactor has.
+    A chunk of ``floor`` messages or fewer comes back whole.
+    """
+    if len(chunk) <= floor:
+        return (tuple(chunk),)
+    size = max(floor, -(-len(chunk) // 2))
+    return (tuple(chunk[:size]), tuple(chunk[size:]))

@@ -1,0 +1,187 @@
+"""Compaction domain types and the ``Compactor`` port.
+
+A compaction is planned purely (``CompactionPlan``) and applied by a store in
+one transaction, so a crash or an LLM failure can never leave half a
+compaction behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import date, datetime
+from typing import Literal, Protocol
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from core.domain.messages import ConversationMessage
+from core.domain.scoring import ImportanceScoringConfig
+
+
+class SummaryBatch(BaseModel):
+    """One unit of compressed history."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    content: str
+    depth: int = Field(ge=0)  # 0 = summary of raw messages, 1+ = re-summarised
+    start_time: AwareDatetime
+    end_time: AwareDatetime
+    message_count: int = Field(ge=0)
+    source_message_ids: tuple[str, ...] = ()
+    # The UTC days its messages were written on, ascending (empty when unknown):
+    # an importance-ordered chunk can span months but cover a few days.
+    days: tuple[date, ...] = ()
+
+    @model_validator(mode="after")
+    def _time_range_is_ordered(self) -> SummaryBatch:
+        if self.end_time < self.start_time:
+            raise ValueError("end_time precedes start_time")
+        return self
+
+
+class StoredBatch(BaseModel):
+    """A batch as archival memory holds it.
+
+    ``superseded_by`` is set when re-summarisation folded this batch into a
+    deeper one: it leaves the clip-archive but stays searchable.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    label: str
+    conversation_id: str
+    batch: SummaryBatch
+    compaction_id: str
+    superseded_by: str | None = None
+
+
+ChunkOrder = Literal["importance", "chronological"]
+
+
+class CompactionTuning(BaseModel):
+    """Every compaction setting but scoring; ``[summarization]`` inherits these
+    fields (and their defaults) so each default is written once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    chunk_size: int = Field(default=20, ge=1)
+    # importance: chunks formed least important first (compaction-v2.AC3.4);
+    # chronological: in conversation order, so each batch covers one stretch of time.
+    chunk_order: ChunkOrder = "importance"
+    keep_recent: int = Field(default=5, ge=0)
+    max_summary_tokens: int = Field(default=1024, ge=1)
+    clip_first: int = Field(default=2, ge=0)
+    clip_last: int = Field(default=2, ge=0)
+    resummarize_buffer: int = Field(default=2, ge=0)
+    prompt: str | None = None
+    max_chunk_tokens: int | None = Field(default=None, ge=1)
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+    retry_backoff_seconds: float = Field(default=1.0, ge=0)
+    max_consecutive_failures: int = Field(default=3, ge=1)
+    circuit_cooldown_seconds: float = Field(default=60.0, ge=0)
+    # The provider guard (core/provider_guard.py), one per worker.
+    max_concurrent_llm_calls: int = Field(default=64, ge=1)
+    provider_failure_threshold: int = Field(default=5, ge=1)
+    provider_cooldown_seconds: float = Field(default=5.0, ge=0)
+    provider_max_cooldown_seconds: float = Field(default=15.0, ge=0)
+    provider_max_wait_seconds: float = Field(default=10.0, ge=0)
+
+
+class CompactionConfig(CompactionTuning):
+    scoring: ImportanceScoringConfig = ImportanceScoringConfig()
+
+
+class CompactionPlan(BaseModel):
+    """Everything one compaction writes, computed before any write happens.
+
+    A store applies it atomically and idempotently by ``compaction_id``.
+    ``deleted_message_ids`` includes the prior clip-archive, which the new
+    one replaces.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compaction_id: str
+    conversation_id: str
+    new_batches: tuple[StoredBatch, ...]
+    superseded: tuple[tuple[str, str], ...] = ()  # (existing batch id, replacing batch id)
+    deleted_message_ids: tuple[str, ...]
+    clip_archive: ConversationMessage
+    messages_compressed: int
+    tokens_estimate_before: int
+    tokens_estimate_after: int
+
+
+class AppliedStats(BaseModel):
+    """What a compaction changed, measured inside its transaction.
+
+    ``tokens_removed`` sums the stored token counts of the deleted rows (which
+    may be provider-reported), so token accounting can subtract exactly that.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens_removed: int
+    tokens_added: int
+
+
+class OutboxRecord(BaseModel):
+    """An event to publish once the compaction that produced it has committed.
+
+    ``topic`` is a logical name (the service maps it to a real topic), so a
+    change of topic prefix does not strand unpublished rows.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: str
+    key: str
+    payload: str
+
+
+OutboxFactory = Callable[[CompactionPlan, AppliedStats], Sequence[OutboxRecord]]
+
+
+class CompactionResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    history: tuple[ConversationMessage, ...]
+    batches_created: int = 0
+    messages_compressed: int = 0
+    tokens_estimate_before: int = 0
+    tokens_estimate_after: int = 0
+    failed: bool = False
+    reason: str | None = None
+    compaction_id: str | None = None
+    batches: tuple[StoredBatch, ...] = ()
+    compressed_message_ids: tuple[str, ...] = ()
+    already_applied: bool = False
+    tokens_removed: int = 0
+    tokens_added: int = 0
+    llm_input_tokens: int = 0
+    llm_output_tokens: int = 0
+    # The history this compaction left (or, when it could not compact, found)
+    # is over the target; ``reason`` says why it could not do better.
+    over_target: bool = False
+    target_tokens: int | None = None
+
+
+def batch_label(conversation_id: str, end_time: datetime) -> str:
+    """``compaction-batch-{conversationId}-{timestamp}`` (context-compaction.AC4.2)."""
+    from core.domain.clip_archive import format_timestamp
+
+    return f"compaction-batch-{conversation_id}-{format_timestamp(end_time)}"
+
+
+class Compactor(Protocol):
+    async def compress(
+        self,
+        history: tuple[ConversationMessage, ...] | list[ConversationMessage],
+        conversation_id: str,
+        *,
+        compaction_id: str | None = None,
+        outbox: OutboxFactory | None = None,
+        check_applied: bool = True,
+    ) -> CompactionResult: ...

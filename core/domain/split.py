@@ -1,0 +1,82 @@
+"""Dividing a history into what is kept verbatim and what is compressed.
+
+The last ``keep_recent`` messages always stay. Older messages are returned in
+importance order, lowest first (compaction-v2.AC3.4), because the compactor
+summarises in that order and fold-in gives later chunks the most context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from core.domain.clip_archive import is_clip_archive
+from core.domain.messages import ConversationMessage
+from core.domain.scoring import DEFAULT_SCORING, ImportanceScoringConfig, score_message
+
+
+class HistorySplit(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    to_compress: tuple[ConversationMessage, ...]
+    to_keep: tuple[ConversationMessage, ...]
+    prior_summary: ConversationMessage | None = None
+
+
+def _tool_pair_spans(body: Sequence[ConversationMessage]) -> list[tuple[int, int]]:
+    """(first, last) positions of every assistant tool call and its results.
+
+    A result without ``tool_call_id`` is tied to the message just before it,
+    which is how such transcripts are written.
+    """
+    call_position: dict[str, int] = {}
+    for position, message in enumerate(body):
+        for call in message.tool_calls or ():
+            call_position.setdefault(call.id, position)
+    spans: list[tuple[int, int]] = []
+    for position, message in enumerate(body):
+        if message.role != "tool":
+            continue
+        if message.tool_call_id is not None and message.tool_call_id in call_position:
+            owner = call_position[message.tool_call_id]
+            spans.append((min(owner, position), max(owner, position)))
+        elif message.tool_call_id is None and position > 0:
+            spans.append((position - 1, position))
+    return spans
+
+
+def tool_safe_boundary(body: Sequence[ConversationMessage], boundary: int) -> int:
+    """Move ``boundary`` earlier until no tool call is cut from its results.
+
+    Keeping a little more is always safe; a result whose call was summarised
+    away would be an orphan no provider accepts.
+    """
+    spans = _tool_pair_spans(body)
+    while True:
+        straddling = [first for first, last in spans if first < boundary <= last]
+        if not straddling:
+            return boundary
+        boundary = min(straddling)
+
+
+def split_history(
+    history: Sequence[ConversationMessage],
+    keep_recent: int,
+    scoring: ImportanceScoringConfig = DEFAULT_SCORING,
+) -> HistorySplit:
+    if keep_recent < 0:
+        raise ValueError("keep_recent must be >= 0")
+    prior_summary = history[0] if history and is_clip_archive(history[0]) else None
+    body = history[1:] if prior_summary is not None else history
+    boundary = tool_safe_boundary(body, max(0, len(body) - keep_recent))
+    older = body[:boundary]
+    total = len(older)
+    scores = [score_message(message, i, total, scoring) for i, message in enumerate(older)]
+    # sorted() is stable: equal scores keep chronological order (compaction-v2.AC3.6).
+    order = sorted(range(total), key=scores.__getitem__)
+    return HistorySplit(
+        to_compress=tuple(older[i] for i in order),
+        to_keep=tuple(body[boundary:]),
+        prior_summary=prior_summary,
+    )

@@ -1,1 +1,0 @@
-"""The embedding port and its adapters."""

@@ -1,1 +1,0 @@
-"""Storage ports and the PostgreSQL adapter that implements them."""

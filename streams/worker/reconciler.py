@@ -1,0 +1,156 @@
+"""Reconciliation: nudge conversations whose command got lost or whose compaction failed.
+
+Only a request is sent: the accounting agent owns the table and decides
+(``core.domain.accounting.on_reconcile``, after taking the store's counts); this
+pass only asks ``reconcile_due``, of the entries in the table's index of
+those it may act on (``TallyTable.candidates``, rebuilt by one yielding scan
+after each assignment), so a pass costs what it can do, not the size of the
+table. Every few passes it also asks the store
+which conversations are over budget, so an entry that drifted below the
+store's count (or was lost) is repaired instead of being trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from core.domain.accounting import reconcile_due
+from core.domain.budget import BudgetConfig, compaction_due
+from streams.events import ReconcileRequest
+from streams.kafka.publisher import Publisher
+from streams.metrics import Metrics
+from streams.worker.resources import Resources
+from streams.worker.tally_table import TallyTable
+
+log = logging.getLogger("compactor.worker")
+
+# Entries checked between two yields to the event loop: a large table must not
+# freeze the agents and views sharing it (1.3 s at 100 000 RocksDB entries).
+YIELD_EVERY = 500
+# Passes between two comparisons with the store (one aggregate query each).
+STORE_CHECK_EVERY = 10
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        table: TallyTable,
+        publisher: Publisher,
+        budget: BudgetConfig,
+        interval_seconds: float,
+        command_timeout_seconds: float,
+        resources: Resources | None = None,
+        owns: Callable[[str], bool] = lambda _: True,
+        clock: Callable[[], float] = time.time,
+        ready: Callable[[], bool] = lambda: True,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._table = table
+        self._publisher = publisher
+        self._budget = budget
+        self._interval = interval_seconds
+        self._timeout = command_timeout_seconds
+        self._clock = clock
+        self._resources = resources
+        self._owns = owns
+        self._ready = ready  # tables restored: the index may be rebuilt
+        self._metrics = metrics
+        self._passes = 0
+        self._last_request: dict[str, float] = {}
+
+    async def tick(self) -> int:
+        """One pass (a timer): the number of requests sent. An error (the broker is
+        away) waits for the next pass; it must not take the worker down."""
+        try:
+            return await self._pass()
+        except Exception as error:
+            log.warning("reconciliation pass failed, next in %.0fs: %s", self._interval, error)
+            return 0
+
+    async def _pass(self) -> int:
+        started = time.perf_counter()
+        if not self._table.index_valid and self._ready():
+            await self._table.rebuild_index(YIELD_EVERY)
+        now = self._clock()
+        due: list[str] = []
+        for scanned, conversation_id in enumerate(self._table.candidates()):
+            if scanned % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+            tally = self._table.get(conversation_id)
+            if tally is None or not self._owns(conversation_id):
+                self._table.drop_candidate(conversation_id)  # erased, or another worker's now
+            elif reconcile_due(tally, self._budget, now, self._timeout):
+                due.append(conversation_id)
+        sent = await self._request_all(due, now)
+        self._passes += 1
+        resources = self._resources
+        if resources is not None and self._passes % STORE_CHECK_EVERY == 1:
+            sent += await self._check_against_store(resources, now)
+        if self._metrics is not None:
+            self._metrics.reconcile_tick_seconds.observe(time.perf_counter() - started)
+            self._metrics.reconcile_candidates.set(len(self._table.candidates()))
+        return sent
+
+    async def _check_against_store(self, resources: Resources, now: float) -> int:
+        """Conversations the store has over budget that the table does not (or lacks)."""
+        try:
+            store = await resources.store()
+            over = await store.conversations_over(self._budget.trigger_tokens)
+            await store.expire_raw_turns()  # [archive].raw_retention_days; logs its own errors
+        except Exception as error:  # the database may be away: next pass
+            log.warning("reconciliation could not ask the store: %s", error)
+            return 0
+        disagree: list[str] = []
+        for checked, (conversation_id, total) in enumerate(over):
+            if checked % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+            tally = self._table.get(conversation_id)
+            if tally is not None and compaction_due(tally.token_total, self._budget):
+                self._table.consider(conversation_id)  # the table agrees; reconcile_due decides
+                continue
+            if tally is None and not self._owns(conversation_id):
+                continue  # another worker's conversation
+            if tally is not None and tally.stalled:
+                continue
+            log.info(
+                "table disagrees with the store on %s (%d tokens): resync", conversation_id, total
+            )
+            disagree.append(conversation_id)
+        return await self._request_all(disagree, now)
+
+    async def _request_all(self, conversation_ids: list[str], now: float) -> int:
+        """Send the requests a few hundred at a time, their acks awaited together
+        (one by one, 10 000 requests took over a minute)."""
+        self._forget_old_requests(now)
+        wanted = [
+            c
+            for c in conversation_ids
+            if now - self._last_request.get(c, -math.inf) >= self._interval
+        ]
+        for start in range(0, len(wanted), YIELD_EVERY):
+            chunk = wanted[start : start + YIELD_EVERY]
+            await asyncio.gather(
+                *(self._request(conversation_id, now) for conversation_id in chunk)
+            )
+        return len(wanted)
+
+    def _forget_old_requests(self, now: float) -> None:
+        if len(self._last_request) > 10 * YIELD_EVERY:
+            self._last_request = {
+                c: at for c, at in self._last_request.items() if now - at < self._interval
+            }
+
+    async def _request(self, conversation_id: str, now: float) -> None:
+        self._last_request[conversation_id] = now
+        request = ReconcileRequest(
+            conversation_id=conversation_id, requested_at=datetime.fromtimestamp(now, UTC)
+        )
+        await self._publisher.publish(
+            "control", conversation_id.encode(), request.model_dump_json().encode()
+        )
