@@ -89,7 +89,8 @@ from bench.harness import (
     worker_metrics,
 )
 from bench.harness import _git_revision as git_revision
-from core.adapters.postgres.store import PostgresStore, configure_connection
+from core.adapters.postgres.connection import configure_connection
+from core.adapters.postgres.store import PostgresStore
 from core.domain.tokens import estimate_message_tokens
 from core.ports.storage import IncomingMessage
 from core.settings import ServiceSettings

@@ -349,7 +349,6 @@ async def bench_compactor(
     store = await PostgresStore.connect(await infra.new_database())
     compactor = create_compactor(
         model=model,
-        messages_store=store,
         memory_store=store,
         config=settings.compaction(),
         model_name=resolved.model,
@@ -756,7 +755,7 @@ async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, f
     from streams.metrics import Metrics
     from streams.worker.outbox import OutboxRelay
     from streams.worker.processor import Processor
-    from streams.worker.resources import Opened
+    from streams.worker.runtime import StaticRuntime
     from tests.support.memory_store import RecordingPublisher
 
     server = LLMTestServer()
@@ -764,7 +763,7 @@ async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, f
     budget = BudgetConfig(context_budget=BUDGET[0], model_max_tokens=BUDGET[1])
     model, store, compactor = await bench_compactor(infra, server.openai_base_url, budget)
     publisher, metrics = RecordingPublisher(), Metrics()
-    resources = Opened(store, compactor)
+    resources = StaticRuntime(store, compactor)
     relay = OutboxRelay(resources, publisher, metrics)
     processor = Processor(
         resources=resources, publisher=publisher, relay=relay, metrics=metrics, budget=budget

@@ -211,7 +211,6 @@ async def replay(
     store = await PostgresStore.connect(dsn, run_migrations=False)
     compactor = create_compactor(
         model=model,
-        messages_store=store,
         memory_store=store,
         config=settings.summarization.compaction(),
         model_name="bench",

@@ -1,12 +1,14 @@
 """The compaction pipeline (imperative shell).
 
 split → chunk → fold-in summarise → re-summarise if too many batches → fit
-the target → one atomic store write → the new history ``[clip_archive, *kept]``.
+the target → a ``CompactionPlan`` and the new history ``[clip_archive, *kept]``.
 
-Every LLM call happens before the first write. If any of them fails, nothing
-is written and the caller gets its history back untouched with
-``failed=True`` (context-compaction.AC1.7). The write itself is one
-transaction keyed by the compaction id, so a retried compaction is a no-op.
+The compactor writes nothing: it reads the live batches and calls the model,
+then hands back the plan, which the processor applies with the store's
+``apply_compaction`` in one transaction keyed by the compaction id (so a
+retried compaction is a no-op). If any LLM call fails there is no plan and the
+caller gets its history back untouched with ``failed=True``
+(context-compaction.AC1.7).
 
 Every LLM call goes through the worker's one ``ProviderGuard``, so a provider
 outage is met once for the whole worker rather than once per conversation.
@@ -21,35 +23,32 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from core.domain.budget import BudgetConfig
-from core.domain.chunking import Chunk, chunk_messages, halve, in_history_order
+from core.domain.chunking import chunk_messages, in_history_order
 from core.domain.circuit import CircuitBreaker
 from core.domain.clip_archive import (
     SHORTENED_NOTE,
     ClipArchiveFormatError,
     build_clip_archive,
     clip_archive_message,
-    covered_days,
     parse_clip_archive,
     shortened,
 )
 from core.domain.compaction import (
-    AppliedStats,
     CompactionConfig,
     CompactionPlan,
     CompactionResult,
     CompactionTuning,
-    OutboxFactory,
     StoredBatch,
     SummaryBatch,
     batch_label,
+    longest_fitting_prefix,
+    merged_batch,
 )
 from core.domain.messages import ConversationMessage
-from core.domain.prompts import build_resummarization_request, build_summarization_request
 from core.domain.split import HistorySplit, split_history
 from core.domain.tokens import (
     DEFAULT_COUNTER,
@@ -59,17 +58,14 @@ from core.domain.tokens import (
 )
 from core.ports.model import (
     ModelAuthError,
-    ModelError,
     ModelProvider,
     ModelRateLimitError,
-    ModelRequest,
-    ModelResponse,
-    ModelResponseError,
     ModelServerError,
     ModelTimeoutError,
 )
-from core.ports.storage import HistoryConflictError, MemoryStore, MessageStore
+from core.ports.storage import MemoryStore
 from core.provider_guard import GuardLimits, ProviderGuard, ProviderUnavailableError
+from core.summarizer import LlmSpend, Summarizer
 
 log = logging.getLogger("compactor")
 
@@ -80,16 +76,6 @@ def derive_compaction_id(conversation_id: str, history: Sequence[ConversationMes
     """Same conversation, same history → same id, so a repeated call is recognised."""
     key = conversation_id + "\n" + "\n".join(message.id for message in history)
     return str(uuid.uuid5(_COMPACTION_NAMESPACE, key))
-
-
-@dataclass
-class _Calls:
-    """One compaction's LLM spend, and how many answers the provider had given
-    (to anyone) when this compaction's calls first failed."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    answers_at_first_failure: int | None = None
 
 
 @dataclass
@@ -146,7 +132,6 @@ class _Unchanged:
         reason: str,
         *,
         failed: bool,
-        already_applied: bool = False,
         over_target: bool = False,
     ) -> CompactionResult:
         return CompactionResult(
@@ -156,13 +141,9 @@ class _Unchanged:
             failed=failed,
             reason=reason,
             compaction_id=self._compaction_id,
-            already_applied=already_applied,
             over_target=over_target,
             target_tokens=self._target,
         )
-
-    def already_applied(self) -> CompactionResult:
-        return self("compaction already applied", failed=False, already_applied=True)
 
     def nothing_to_compress(self, conversation_id: str, split: HistorySplit) -> CompactionResult:
         """Nothing to compress; said loudly when the history is over the target
@@ -185,7 +166,6 @@ class PipelineCompactor:
         self,
         *,
         model: ModelProvider,
-        messages_store: MessageStore,
         memory_store: MemoryStore,
         config: CompactionConfig,
         model_name: str,
@@ -194,36 +174,28 @@ class PipelineCompactor:
         guard: ProviderGuard,
         budget: BudgetConfig | None,
         sleep: Callable[[float], Awaitable[None]],
-        outbox: OutboxFactory | None,
     ) -> None:
-        self._outbox = outbox
-        self._model = model
-        self._messages = messages_store
         self._memory = memory_store
         self._config = config
-        self._model_name = model_name
         self._counter = counter
-        self._sleep = sleep
+        self._summarizer = Summarizer(
+            model=model, config=config, model_name=model_name, guard=guard, sleep=sleep
+        )
         self._target = budget.target_tokens if budget is not None else None
         self.breaker = breaker
         self.provider_guard = guard
 
-    async def compress(
+    async def plan(
         self,
-        history: tuple[ConversationMessage, ...] | list[ConversationMessage],
+        history: Sequence[ConversationMessage],
         conversation_id: str,
         *,
         compaction_id: str | None = None,
-        outbox: OutboxFactory | None = None,
-        check_applied: bool = True,
     ) -> CompactionResult:
-        """Compact ``history``; ``outbox`` (or the compactor's own) makes the events
-        to publish, written in the compaction's transaction.
-
-        ``check_applied=False`` is for a caller that has just asked the store
-        itself: the question costs a round trip, and the transaction answers
-        it again anyway.
-        """
+        """The compaction of ``history``: ``CompactionResult.plan`` is what to write,
+        None when the history stays as it is (failed, or nothing to compress).
+        Nothing is written here; whether ``compaction_id`` was applied is the
+        caller's question (it asks the store once, before planning)."""
         history = tuple(history)
         compaction_id = compaction_id or derive_compaction_id(conversation_id, history)
         unchanged = _Unchanged(history, compaction_id, self._counter, self._target)
@@ -232,11 +204,8 @@ class PipelineCompactor:
             return unchanged(f"circuit open: retry in {retry_in:.0f}s", failed=True)
 
         started = time.perf_counter()
-        calls = _Calls()
+        calls = LlmSpend()
         try:
-            if check_applied and await self._messages.compaction_applied(compaction_id):
-                self.breaker.release(conversation_id)
-                return unchanged.already_applied()
             split = split_history(history, self._config.keep_recent, self._config.scoring)
             planned = None
             if split.to_compress or self._may_refit(history, split):
@@ -244,14 +213,9 @@ class PipelineCompactor:
             if planned is None:
                 self.breaker.release(conversation_id)
                 return unchanged.nothing_to_compress(conversation_id, split)
-            applied = await self._messages.apply_compaction(planned.plan, outbox or self._outbox)
         except asyncio.CancelledError:
             self.breaker.release(conversation_id)
             raise
-        except HistoryConflictError as error:
-            self.breaker.release(conversation_id)
-            log.warning("compaction %s of %s conflicted: %s", compaction_id, conversation_id, error)
-            return unchanged(f"history changed during compaction: {error}", failed=True)
         except Exception as error:
             self._blame(error, conversation_id, calls)
             # Refusals come by the thousand in an outage; the guard logs the outage once.
@@ -266,11 +230,9 @@ class PipelineCompactor:
             return unchanged(f"{type(error).__name__}: {error}", failed=True)
 
         self.breaker.record_success(conversation_id)
-        if applied.outcome == "already_applied" or applied.stats is None:
-            return unchanged.already_applied()
-        return self._compacted(planned, split, applied.stats, calls, time.perf_counter() - started)
+        return self._planned(planned, split, calls, time.perf_counter() - started)
 
-    def _blame(self, error: Exception, conversation_id: str, calls: _Calls) -> None:
+    def _blame(self, error: Exception, conversation_id: str, calls: LlmSpend) -> None:
         """Count a failure against the conversation's breaker only when it is the
         conversation's: a provider outage is the provider guard's business, and
         counting it against every conversation would shut them all out for a
@@ -293,17 +255,12 @@ class PipelineCompactor:
         else:
             self.breaker.record_failure(conversation_id)
 
-    def _compacted(
-        self,
-        planned: _Planned,
-        split: HistorySplit,
-        stats: AppliedStats,
-        calls: _Calls,
-        elapsed: float,
+    def _planned(
+        self, planned: _Planned, split: HistorySplit, calls: LlmSpend, elapsed: float
     ) -> CompactionResult:
         plan = planned.plan
         log.info(
-            "compacted %s: %d messages into %d batches, %d → %d tokens in %.2fs",
+            "planned %s: %d messages into %d batches, %d → %d tokens in %.2fs",
             plan.conversation_id,
             plan.messages_compressed,
             len(planned.batches),
@@ -322,13 +279,12 @@ class PipelineCompactor:
             compaction_id=plan.compaction_id,
             batches=planned.batches,
             compressed_message_ids=tuple(m.id for m in split.to_compress),
-            tokens_removed=stats.tokens_removed,
-            tokens_added=stats.tokens_added,
             llm_input_tokens=calls.input_tokens,
             llm_output_tokens=calls.output_tokens,
             reason=planned.over_target,
             over_target=planned.over_target is not None,
             target_tokens=self._target,
+            plan=plan,
         )
 
     def _may_refit(self, history: tuple[ConversationMessage, ...], split: HistorySplit) -> bool:
@@ -346,7 +302,7 @@ class PipelineCompactor:
         split: HistorySplit,
         conversation_id: str,
         compaction_id: str,
-        calls: _Calls,
+        calls: LlmSpend,
     ) -> _Planned | None:
         """Everything to write; ``None`` when there is nothing to compress and
         the clip-archive cannot be made to fit either."""
@@ -357,7 +313,7 @@ class PipelineCompactor:
             to_chunk = in_history_order(to_chunk, position)
         chunks = chunk_messages(to_chunk, config.chunk_size, config.max_chunk_tokens, self._counter)
         prior = split.prior_summary.content if split.prior_summary else None
-        summaries = await self._summarize_chunks(chunks, position, prior, calls)
+        summaries = await self._summarizer.summarize_chunks(chunks, position, prior, calls)
         fresh = [
             StoredBatch(
                 id=f"{compaction_id}:{index}",
@@ -375,7 +331,7 @@ class PipelineCompactor:
         threshold = config.clip_first + config.clip_last + config.resummarize_buffer
         if len(archive.live) > threshold:
             sources = archive.live[: len(archive.live) - config.clip_last]
-            merged = await self._resummarize(
+            merged = await self._summarizer.resummarize(
                 sources, conversation_id, compaction_id, calls, suffix="resummarized"
             )
             archive.merge(sources, merged)
@@ -447,7 +403,7 @@ class PipelineCompactor:
         room: int,
         conversation_id: str,
         compaction_id: str,
-        calls: _Calls,
+        calls: LlmSpend,
         cycles: int,
     ) -> ConversationMessage | None:
         """A clip-archive of at most ``room`` tokens, or ``None`` when not even one
@@ -462,13 +418,13 @@ class PipelineCompactor:
         """
         sources = list(archive.live)
         least = self._clip(
-            [_merged(sources, SHORTENED_NOTE)], conversation_id, compaction_id, cycles
+            [merged_batch(sources, SHORTENED_NOTE)], conversation_id, compaction_id, cycles
         )
         if self._tokens(least) > room:
             return None
-        bare = self._clip([_merged(sources, "")], conversation_id, compaction_id, cycles)
+        bare = self._clip([merged_batch(sources, "")], conversation_id, compaction_id, cycles)
         max_tokens = max(1, min(self._config.max_summary_tokens, room - self._tokens(bare)))
-        fitted = await self._resummarize(
+        fitted = await self._summarizer.resummarize(
             sources, conversation_id, compaction_id, calls, suffix="fitted", max_tokens=max_tokens
         )
         archive.merge(sources, fitted)
@@ -476,14 +432,15 @@ class PipelineCompactor:
         clip = self._clip([batch], conversation_id, compaction_id, cycles)
         if self._tokens(clip) <= room:
             return clip
-        low, high = 0, len(batch.content)  # the longest prefix that fits
-        while low < high:
-            middle = (low + high + 1) // 2
-            shown = batch.model_copy(update={"content": shortened(batch.content, middle)})
-            candidate = self._clip([shown], conversation_id, compaction_id, cycles)
-            low, high = (middle, high) if self._tokens(candidate) <= room else (low, middle - 1)
-        shown = batch.model_copy(update={"content": shortened(batch.content, low)})
-        return self._clip([shown], conversation_id, compaction_id, cycles)
+
+        def showing(length: int) -> ConversationMessage:
+            shown = batch.model_copy(update={"content": shortened(batch.content, length)})
+            return self._clip([shown], conversation_id, compaction_id, cycles)
+
+        fits = longest_fitting_prefix(
+            len(batch.content), lambda n: self._tokens(showing(n)) <= room
+        )
+        return showing(fits)
 
     def _over_target_reason(
         self, clip: ConversationMessage, kept: Sequence[ConversationMessage], kept_tokens: int
@@ -497,150 +454,6 @@ class PipelineCompactor:
             f"kept verbatim take {kept_tokens}, the clip-archive {self._tokens(clip)} "
             f"(lower keep_recent or raise the budget)"
         )
-
-    async def _summarize_chunks(
-        self,
-        chunks: Sequence[Chunk],
-        position: dict[str, int],
-        prior: str | None,
-        calls: _Calls,
-    ) -> list[SummaryBatch]:
-        """Fold-in: each chunk's request carries the summary so far (context-compaction.AC1.3).
-
-        A timed-out chunk is split in halves that go to the front of the queue,
-        so fold-in order is preserved.
-        """
-        out: list[SummaryBatch] = []
-        running = prior
-        pending: deque[tuple[Chunk, int]] = deque((chunk, 0) for chunk in chunks)
-        while pending:
-            chunk, attempt = pending.popleft()
-            ordered = in_history_order(chunk, position)
-            request = build_summarization_request(
-                system_prompt=self._config.prompt,
-                previous_summary=running,
-                messages=ordered,
-                model_name=self._model_name,
-                max_tokens=self._config.max_summary_tokens,
-            )
-            try:
-                text = await self._complete(request, calls)
-            except ModelError as error:
-                await self._retry_or_raise(error, attempt)
-                if isinstance(error, ModelTimeoutError):
-                    pending.extendleft(reversed([(half, attempt + 1) for half in halve(ordered)]))
-                else:
-                    pending.appendleft((ordered, attempt + 1))
-                continue
-            out.append(
-                SummaryBatch(
-                    content=text,
-                    depth=0,
-                    start_time=min(m.created_at for m in ordered),
-                    end_time=max(m.created_at for m in ordered),
-                    message_count=len(ordered),
-                    source_message_ids=tuple(m.id for m in ordered),
-                    days=covered_days(m.created_at for m in ordered),
-                )
-            )
-            running = text
-        return out
-
-    async def _resummarize(
-        self,
-        sources: Sequence[StoredBatch],
-        conversation_id: str,
-        compaction_id: str,
-        calls: _Calls,
-        *,
-        suffix: str,
-        max_tokens: int | None = None,
-    ) -> StoredBatch:
-        request = build_resummarization_request(
-            system_prompt=self._config.prompt,
-            batch_contents=[s.batch.content for s in sources],
-            model_name=self._model_name,
-            max_tokens=max_tokens or self._config.max_summary_tokens,
-        )
-        attempt = 0
-        while True:
-            try:
-                text = await self._complete(request, calls)
-                break
-            except ModelError as error:
-                await self._retry_or_raise(error, attempt)
-                attempt += 1
-        merged = _merged(sources, text)
-        return StoredBatch(
-            id=f"{compaction_id}:{suffix}",
-            label=batch_label(conversation_id, merged.end_time),
-            conversation_id=conversation_id,
-            batch=merged,
-            compaction_id=compaction_id,
-        )
-
-    async def _complete(self, request: ModelRequest, calls: _Calls) -> str:
-        guard = self.provider_guard
-        try:
-            response = await guard.call(lambda: self._call_model(request))
-        except ModelError:
-            if calls.answers_at_first_failure is None:
-                calls.answers_at_first_failure = guard.successes
-            raise
-        calls.input_tokens += response.usage.input_tokens
-        calls.output_tokens += response.usage.output_tokens
-        text = response.text.strip()
-        if not text:
-            raise ModelResponseError(
-                "the model returned an empty summary", provider=self._model.name
-            )
-        return text
-
-    async def _call_model(self, request: ModelRequest) -> ModelResponse:
-        try:
-            return await asyncio.wait_for(
-                self._model.complete(request), timeout=self._config.timeout_seconds
-            )
-        except TimeoutError as error:
-            raise ModelTimeoutError(
-                f"no answer within {self._config.timeout_seconds}s", provider=self._model.name
-            ) from error
-
-    async def _retry_or_raise(self, error: ModelError, attempt: int) -> None:
-        """The retry policy for every LLM call, so the two loops cannot drift:
-        re-raise ``error`` when trying again cannot help or ``attempt`` (0 for
-        the first call) has used up ``max_retries``, otherwise wait before the
-        caller retries. What to retry with stays with the caller, since only
-        the chunk loop can answer a timeout with a smaller request.
-
-        The wait doubles per attempt, but never undercuts a rate limit's
-        ``retry_after``: asking again sooner than the server said would only
-        earn another 429. A ``retry_after`` longer than the provider guard
-        would let any call wait gives up at once instead: the guard refuses
-        every call until then anyway, and reconciliation retries later.
-        """
-        if not error.retryable or attempt >= self._config.max_retries:
-            raise error
-        delay = self._config.retry_backoff_seconds * 2**attempt
-        if isinstance(error, ModelRateLimitError) and error.retry_after is not None:
-            if error.retry_after > self.provider_guard.limits.max_wait_seconds:
-                raise error
-            delay = max(delay, error.retry_after)
-        log.info("retrying LLM call in %.2fs after %s", delay, type(error).__name__)
-        await self._sleep(delay)
-
-
-def _merged(sources: Sequence[StoredBatch], content: str) -> SummaryBatch:
-    """The batch that re-summarising ``sources`` into ``content`` makes."""
-    return SummaryBatch(
-        content=content,
-        depth=max(s.batch.depth for s in sources) + 1,
-        start_time=min(s.batch.start_time for s in sources),
-        end_time=max(s.batch.end_time for s in sources),
-        message_count=sum(s.batch.message_count for s in sources),
-        source_message_ids=tuple(i for s in sources for i in s.batch.source_message_ids),
-        days=tuple(sorted({d for s in sources for d in s.batch.days})),
-    )
 
 
 def _previous_cycles(prior: ConversationMessage | None, existing: Sequence[StoredBatch]) -> int:
@@ -670,7 +483,6 @@ def guard_limits(config: CompactionTuning) -> GuardLimits:
 def create_compactor(
     *,
     model: ModelProvider,
-    messages_store: MessageStore,
     memory_store: MemoryStore,
     config: CompactionConfig,
     model_name: str,
@@ -680,20 +492,16 @@ def create_compactor(
     guard: ProviderGuard | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
-    outbox: OutboxFactory | None = None,
 ) -> PipelineCompactor:
     """The pipeline over the given ports.
 
     ``budget`` sets the target every compaction must reach
-    (``BudgetConfig.target_tokens``); without it there is none. ``outbox``
-    turns a committed plan into events to publish; they are written in the
-    compaction's own transaction (see ``MessageStore.apply_compaction``).
+    (``BudgetConfig.target_tokens``); without it there is none.
     ``sleep`` and ``clock`` drive every wait and cool-down, so a test can
     replace both (they must agree: a sleep advances the clock).
     """
     return PipelineCompactor(
         model=model,
-        messages_store=messages_store,
         memory_store=memory_store,
         config=config,
         model_name=model_name,
@@ -705,5 +513,4 @@ def create_compactor(
         guard=guard or ProviderGuard(guard_limits(config), clock=clock, sleep=sleep),
         budget=budget,
         sleep=sleep,
-        outbox=outbox,
     )

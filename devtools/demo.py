@@ -27,7 +27,8 @@ from typing import Any
 from core.adapters.postgres.embedded import POSTGRES_DSN_ENV
 from core.settings import Settings, resolve_model
 from devtools import devstack
-from streams.addresses import KAFKA_BOOTSTRAP_ENV, explicit_addresses
+from streams.addresses import KAFKA_BOOTSTRAP_ENV
+from streams.bootstrap import explicit_addresses
 from streams.cli.replay import publish, read_events
 from streams.cli.tail import summarise, tail
 from streams.events import ClipArchiveEvent

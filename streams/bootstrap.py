@@ -1,34 +1,106 @@
-"""Wiring: settings → PostgreSQL, embedder, model provider, compactor.
+"""The composition root: settings → adapters → components → the Faust app.
 
-The one path by which the worker and every CLI command open their resources,
-so both run exactly the same pipeline. Slow constructors (an LLM SDK import,
-a local embedding model, an embedded PostgreSQL) run in threads: the worker
-calls this from inside its event loop, where they would stall every agent.
+The one module that imports ``core.adapters`` (an import-linter contract
+says so): the worker and every CLI command open their store, embedder, model
+and compactor here, so both run exactly the same pipeline. Slow constructors
+(an LLM SDK import, a local embedding model, an embedded PostgreSQL) run in
+threads: the worker opens its runtime from inside its event loop, where they
+would stall every agent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import faust
 
 from core.adapters.embedding.factory import build_embedder
 from core.adapters.llm.factory import build_model_provider
-from core.adapters.postgres.embedded import EmbeddedPostgres, resolve_dsn
+from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, EmbeddedPostgres, resolve_dsn
 from core.adapters.postgres.store import PostgresStore
+from core.adapters.postgres.tls import dsn_with_tls
 from core.compactor import PipelineCompactor, create_compactor
+from core.domain.accounting import reconcile_due
+from core.ports.compactor import Compactor
 from core.ports.model import ModelProvider
-from core.settings import ResolvedModel, Settings, resolve_model
-from streams.addresses import configured_dsn
+from core.ports.publisher import Publisher
+from core.ports.storage import StoreUnavailable, WorkerStore
+from core.settings import ConfigError, ResolvedModel, Settings, resolve_model
+from streams.addresses import KAFKA_BOOTSTRAP_ENV, configured_bootstrap
+from streams.app import register
+from streams.kafka import consumer, faust_patches
+from streams.kafka.consumer import CommandToken, ConsumerSide, LagMeter, Rebalance
+from streams.kafka.faust_app import create_app, raw_topic
+from streams.kafka.publisher import FaustPublisher
+from streams.kafka.table_context import TableContexts
+from streams.kafka.watchdog import Watchdog, WatchdogLimits
 from streams.metrics import Metrics
+from streams.stack_state import Explicit, dev_stack_dsn
+from streams.topics import TOPICS, TopicNames
+from streams.worker.accounting import Accounting, AccountingRules
+from streams.worker.components import Components
+from streams.worker.dead_letters import DeadLetters
+from streams.worker.health import Health
+from streams.worker.outbox import OutboxRelay
+from streams.worker.processor import CommandIntake, Processor
+from streams.worker.reconciler import Reconciler
+from streams.worker.records import Record
+from streams.worker.retry import backoff_seconds
+from streams.worker.runtime import Runtime
+from streams.worker.scheduler import CompactionScheduler
+from streams.worker.tally_table import TallyTable, WriteContext
 
 log = logging.getLogger("compactor.runtime")
 
+Token = TypeVar("Token")
+
+
+# -- Where things are ---------------------------------------------------------
+
+
+def configured_dsn(settings: Settings, *, dev_stack: bool = True) -> str | None:
+    """``$POSTGRES_DSN`` wins over the file, as every other secret does; with neither,
+    the PostgreSQL of a running ``compactor dev up`` stack, so that commands share it
+    instead of each starting an embedded server. ``dev_stack=False`` asks only what
+    was given explicitly (what ``dev up`` must not replace)."""
+    explicit = os.environ.get(POSTGRES_DSN_ENV) or settings.postgres.dsn
+    if explicit:
+        # [postgres].sslmode / ssl_rootcert, unless the DSN says otherwise.
+        return dsn_with_tls(explicit, settings.postgres)
+    return dev_stack_dsn() if dev_stack else None
+
+
+def explicit_addresses(settings: Settings) -> Explicit:
+    """Addresses given by the environment or the config file: ``dev`` never replaces them."""
+    return Explicit(
+        kafka_bootstrap=configured_bootstrap(settings, dev_stack=False),
+        kafka_source=(
+            f"${KAFKA_BOOTSTRAP_ENV}"
+            if os.environ.get(KAFKA_BOOTSTRAP_ENV)
+            else "[kafka].bootstrap_servers"
+        ),
+        postgres_dsn=configured_dsn(settings, dev_stack=False),
+        postgres_source=(
+            f"${POSTGRES_DSN_ENV}" if os.environ.get(POSTGRES_DSN_ENV) else "[postgres].dsn"
+        ),
+    )
+
+
+# -- What is open ---------------------------------------------------------------
+
 
 @dataclass
-class Runtime:
+class Opened:
+    """Everything ``open_all`` opened; a ``streams.worker.runtime.Runtime``."""
+
     settings: Settings
     store: PostgresStore
     model: ModelProvider
@@ -51,8 +123,8 @@ async def _release(store: PostgresStore | None, embedded: EmbeddedPostgres | Non
             await asyncio.to_thread(embedded.stop)
 
 
-async def open_resources(settings: Settings) -> Runtime:
-    """Open everything; the caller closes it (``Runtime.close``)."""
+async def open_all(settings: Settings) -> Opened:
+    """Open the store, the embedder, the model and the compactor; the caller closes."""
     resolved = resolve_model(settings.summarization)
     dsn, embedded = await asyncio.to_thread(
         resolve_dsn, configured_dsn(settings), settings.postgres.data_dir
@@ -81,55 +153,236 @@ async def open_resources(settings: Settings) -> Runtime:
         raise
     compactor = create_compactor(
         model=model,
-        messages_store=store,
         memory_store=store,
         config=settings.summarization.compaction(),
         model_name=resolved.model,
         budget=settings.budget,
     )
-    return Runtime(settings, store, model, resolved, dsn, embedded, compactor)
+    return Opened(settings, store, model, resolved, dsn, embedded, compactor)
 
 
 @asynccontextmanager
-async def open_runtime(settings: Settings) -> AsyncIterator[Runtime]:
-    runtime = await open_resources(settings)
+async def open_runtime(settings: Settings) -> AsyncIterator[Opened]:
+    """What the CLI commands use: everything open for the block, closed after it."""
+    opened = await open_all(settings)
     try:
-        yield runtime
+        yield opened
     finally:
-        await runtime.close()
+        await opened.close()
 
 
-class LazyRuntime:
-    """The worker's resources, opened on first use and shared by its components.
+class WorkerRuntime:
+    """The worker's ``Runtime``: opened once, at start-up, and handed to every component.
 
     Building the app (for ``faust`` commands, tests, docs) needs neither
-    PostgreSQL nor a model; the first event that needs them opens them.
+    PostgreSQL nor a model. The worker opens them when it starts
+    (``open``, retried with backoff while PostgreSQL does not answer); the
+    agents wait for it before their first event. Until then ``store`` raises
+    ``StoreUnavailable``, which every component treats as a database outage.
     """
 
     def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.resolved_model: ResolvedModel = resolve_model(settings.summarization)
         self._metrics = metrics
-        self._runtime: Runtime | None = None
-        self._lock = asyncio.Lock()
+        self._opened: Opened | None = None
+        self._ready = asyncio.Event()
 
-    async def runtime(self) -> Runtime:
-        if self._runtime is None:
-            async with self._lock:
-                if self._runtime is None:
-                    runtime = await open_resources(self.settings)
-                    if self._metrics is not None:
-                        self._metrics.watch_provider_guard(runtime.compactor.provider_guard)
-                    self._runtime = runtime
-        return self._runtime
+    @property
+    def is_open(self) -> bool:
+        return self._opened is not None
 
-    async def store(self) -> PostgresStore:
-        return (await self.runtime()).store
+    @property
+    def store(self) -> WorkerStore:
+        return self._open().store
 
-    async def compactor(self) -> PipelineCompactor:
-        return (await self.runtime()).compactor
+    @property
+    def compactor(self) -> Compactor:
+        return self._open().compactor
+
+    def _open(self) -> Opened:
+        if self._opened is None:
+            raise StoreUnavailable("the worker has not opened PostgreSQL yet")
+        return self._opened
+
+    async def open(
+        self,
+        on_failure: Callable[[Exception], None] = lambda _: None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """Open everything, retrying while PostgreSQL does not answer (not up yet);
+        ``on_failure`` hears of each failed try."""
+        attempt = 0
+        while self._opened is None:
+            try:
+                opened = await open_all(self.settings)
+            except (StoreUnavailable, OSError) as error:
+                if attempt == 0 or attempt % 20 == 0:
+                    log.warning("opening PostgreSQL failed (attempt %d): %s", attempt + 1, error)
+                on_failure(error)
+                await sleep(backoff_seconds(attempt))
+                attempt += 1
+                continue
+            if self._metrics is not None:
+                self._metrics.watch_provider_guard(opened.compactor.provider_guard)
+            self._opened = opened
+        self._ready.set()
+
+    async def wait_open(self) -> None:
+        await self._ready.wait()
 
     async def close(self) -> None:
-        runtime, self._runtime = self._runtime, None
-        if runtime is not None:
-            await runtime.close()
+        opened, self._opened = self._opened, None
+        if opened is not None:
+            await opened.close()
+
+
+# -- The components -------------------------------------------------------------
+
+
+def build_components(
+    settings: Settings,
+    *,
+    table: MutableMapping[str, Any],
+    publisher: Publisher,
+    runtime: Runtime,
+    ack: Callable[[Token], Awaitable[None]],
+    metrics: Metrics | None = None,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    still_assigned: Callable[[Record], bool] = lambda _: True,
+    owns: Callable[[str], bool] = lambda _: True,
+    write_context: WriteContext | None = None,
+    tables_ready: Callable[[], bool] = lambda: True,
+) -> Components[Token]:
+    """The components over the given table, publisher and runtime: the worker's
+    (Faust's table and topics) or a test's and the offline CLI's (in memory).
+
+    ``ack`` acknowledges a command record once it and every earlier one of
+    its partition are done (``streams.worker.scheduler``); ``still_assigned``
+    tells accounting whether to keep retrying a record through an outage,
+    ``owns`` reconciliation whether a conversation is this worker's;
+    ``write_context`` lets the table flush write Faust table entries.
+    """
+    service = settings.service
+    names = TopicNames.with_prefix(settings.kafka.topic_prefix)
+    metrics = metrics or Metrics()
+    health = Health(clock)
+    tallies = tally_table(settings, table, metrics, write_context)
+    dead_letters = DeadLetters(
+        publisher, metrics, clock, max_request_bytes=settings.kafka.max_request_bytes
+    )
+    relay = OutboxRelay(runtime, publisher, metrics)
+    processor = Processor(
+        runtime=runtime, publisher=publisher, relay=relay, metrics=metrics,
+        budget=settings.budget, clock=clock,
+    )  # fmt: skip
+    scheduler: CompactionScheduler[Token] = CompactionScheduler(
+        ack, max_concurrent=service.max_concurrent_compactions
+    )
+    accounting = Accounting(
+        names=names, rules=AccountingRules.of(settings), runtime=runtime, table=tallies,
+        publisher=publisher, dead_letters=dead_letters, metrics=metrics, health=health,
+        clock=clock, sleep=sleep, still_assigned=still_assigned,
+    )  # fmt: skip
+    reconciler = Reconciler(
+        table=tallies, publisher=publisher, budget=settings.budget,
+        interval_seconds=service.reconcile_interval_seconds,
+        command_timeout_seconds=service.command_timeout_seconds,
+        runtime=runtime, owns=owns, clock=clock, ready=tables_ready, metrics=metrics,
+    )  # fmt: skip
+    return Components(
+        names=names, metrics=metrics, health=health, table=tallies, dead_letters=dead_letters,
+        accounting=accounting, relay=relay, processor=processor,
+        intake=CommandIntake(processor, scheduler, dead_letters), reconciler=reconciler,
+    )  # fmt: skip
+
+
+def tally_table(
+    settings: Settings,
+    table: MutableMapping[str, Any],
+    metrics: Metrics,
+    write_context: WriteContext | None = None,
+) -> TallyTable:
+    """The cached token table; its index holds what ``reconcile_due`` may ever act on."""
+    return TallyTable(
+        table,
+        candidate=lambda tally: reconcile_due(tally, settings.budget, math.inf, 0.0),
+        flush_seconds=settings.service.table_flush_seconds,
+        max_cached=settings.service.tally_cache_entries,
+        on_write=metrics.table_writes.inc,
+        write_context=write_context,
+    )
+
+
+# -- The Faust app --------------------------------------------------------------
+
+
+def consumer_side(
+    app: faust.App, settings: Settings, components: Components[CommandToken]
+) -> ConsumerSide:
+    """What watches Faust's consumer: rebalances, lag and progress."""
+    names = components.names
+    service = settings.service
+    return ConsumerSide(
+        rebalance=Rebalance(
+            lambda: app.consumer,
+            components.intake.scheduler,
+            {names.messages, names.control, names.commands},
+        ),
+        lag=LagMeter(lambda: app.consumer, components.metrics),
+        watchdog=Watchdog(
+            lambda: app,
+            health=components.health,
+            metrics=components.metrics,
+            watched_topics={names.messages, names.control},
+            limits=WatchdogLimits(service.stall_seconds, service.stall_reseeks_before_exit),
+            crash=app.crash,
+        ),
+    )
+
+
+def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
+    """The worker's Faust app. ``bootstrap`` overrides env and config (tests)."""
+    servers = bootstrap or configured_bootstrap(settings)
+    if not servers:
+        raise ConfigError(
+            "no Kafka broker configured: set KAFKA_BOOTSTRAP_SERVERS or [kafka].bootstrap_servers, "
+            "or run `compactor dev up`"
+        )
+    faust_patches.apply()
+    app = create_app(settings, servers)
+    partitions = settings.kafka.partitions
+    names = TopicNames.with_prefix(settings.kafka.topic_prefix)
+    # What the worker sends to (it only reads the messages topic).
+    topics: dict[str, faust.TopicT] = {
+        role: raw_topic(app, names.logical(role), partitions=partitions)
+        for role in TOPICS
+        if role != "messages"
+    }
+    conversations = app.Table(
+        "conversations",
+        default=None,
+        partitions=partitions,
+        key_type=str,
+        help="Token tally per conversation (a cache of PostgreSQL)",
+    )
+    metrics = Metrics()
+    runtime = WorkerRuntime(settings, metrics)
+    contexts = TableContexts()
+    components: Components[CommandToken] = build_components(
+        settings,
+        table=conversations,
+        publisher=FaustPublisher(topics),
+        runtime=runtime,
+        ack=consumer.ack_command,
+        still_assigned=lambda record: consumer.assigned(app, record),
+        owns=consumer.owns_conversation(app, names.control, partitions),
+        metrics=metrics,
+        write_context=contexts,
+        tables_ready=lambda: not app.in_recovery,
+    )
+    side = consumer_side(app, settings, components)
+    register(app, settings, components, runtime, side, topics, contexts)
+    app.components = components  # type: ignore[attr-defined]
+    return app

@@ -2,7 +2,7 @@
 
 Why a module of its own: every command (the worker included) asks
 :func:`dev_stack_bootstrap` / :func:`dev_stack_dsn` on start-up, through
-``streams.addresses.configured_bootstrap``/``configured_dsn``, when neither the
+``streams.addresses.configured_bootstrap``/``streams.bootstrap.configured_dsn``, when neither the
 environment nor the config file names a broker or a database. That question
 needs only a small file and ``/proc``; the code that starts and stops the
 stack (a JVM launcher, Maven, docker compose) lives in ``devtools`` and must
@@ -35,7 +35,7 @@ DOCKER_COMPOSE = "docker-compose"
 
 #: The modules ``dev up`` runs with ``python -m`` for each service.
 KAFKA_LAUNCHER_MODULE = "devtools.localstack"
-POSTGRES_LAUNCHER_MODULE = "core.adapters.postgres.embedded"
+POSTGRES_LAUNCHER_MODULE = "devtools.embedded_postgres"
 
 #: A recorded pid counts as ours only while its command line still names the
 #: module that ``dev up`` ran: after a reboot the same number may be anything.
@@ -208,7 +208,7 @@ def dev_stack_dsn(state_dir: Path | None = None) -> str | None:
 class Explicit:
     """Addresses given by the environment or config file: ``dev`` uses them, never starts.
 
-    Built by ``streams.addresses.explicit_addresses``; read by ``devtools.devstack``.
+    Built by ``streams.bootstrap.explicit_addresses``; read by ``devtools.devstack``.
     """
 
     kafka_bootstrap: str | None

@@ -1,4 +1,4 @@
-"""Compaction domain types and the ``Compactor`` port.
+"""Compaction domain types.
 
 A compaction is planned purely (``CompactionPlan``) and applied by a store in
 one transaction, so a crash or an LLM failure can never leave half a
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import date, datetime
-from typing import Literal, Protocol
+from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
@@ -127,24 +127,15 @@ class AppliedStats(BaseModel):
     tokens_added: int
 
 
-class OutboxRecord(BaseModel):
-    """An event to publish once the compaction that produced it has committed.
+class CompactionResult(BaseModel):
+    """What a compaction planned, and, once a store applied it, what it changed.
 
-    ``topic`` is a logical name (the service maps it to a real topic), so a
-    change of topic prefix does not strand unpublished rows.
+    ``plan`` is what to write (None when the history stays as it was: failed,
+    or nothing to compress); ``history`` is the history as the model sees it
+    once the plan is applied. ``tokens_removed`` / ``tokens_added`` are the
+    store's measurements, zero until ``applied`` fills them in.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    topic: str
-    key: str
-    payload: str
-
-
-OutboxFactory = Callable[[CompactionPlan, AppliedStats], Sequence[OutboxRecord]]
-
-
-class CompactionResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     history: tuple[ConversationMessage, ...]
@@ -166,6 +157,36 @@ class CompactionResult(BaseModel):
     # is over the target; ``reason`` says why it could not do better.
     over_target: bool = False
     target_tokens: int | None = None
+    plan: CompactionPlan | None = None
+
+    def applied(self, stats: AppliedStats) -> CompactionResult:
+        """This result once a store has applied its plan and measured ``stats``."""
+        return self.model_copy(
+            update={"tokens_removed": stats.tokens_removed, "tokens_added": stats.tokens_added}
+        )
+
+    def unchanged(
+        self,
+        history: tuple[ConversationMessage, ...],
+        reason: str,
+        *,
+        failed: bool,
+        already_applied: bool = False,
+    ) -> CompactionResult:
+        """The plan was not applied: ``history`` stays as it was (LLM spend is kept)."""
+        before = self.tokens_estimate_before
+        return CompactionResult(
+            history=history,
+            tokens_estimate_before=before,
+            tokens_estimate_after=before,
+            failed=failed,
+            reason=reason,
+            compaction_id=self.compaction_id,
+            already_applied=already_applied,
+            llm_input_tokens=self.llm_input_tokens,
+            llm_output_tokens=self.llm_output_tokens,
+            target_tokens=self.target_tokens,
+        )
 
 
 def batch_label(conversation_id: str, end_time: datetime) -> str:
@@ -175,13 +196,25 @@ def batch_label(conversation_id: str, end_time: datetime) -> str:
     return f"compaction-batch-{conversation_id}-{format_timestamp(end_time)}"
 
 
-class Compactor(Protocol):
-    async def compress(
-        self,
-        history: tuple[ConversationMessage, ...] | list[ConversationMessage],
-        conversation_id: str,
-        *,
-        compaction_id: str | None = None,
-        outbox: OutboxFactory | None = None,
-        check_applied: bool = True,
-    ) -> CompactionResult: ...
+def merged_batch(sources: Sequence[StoredBatch], content: str) -> SummaryBatch:
+    """The batch that re-summarising ``sources`` into ``content`` makes."""
+    return SummaryBatch(
+        content=content,
+        depth=max(s.batch.depth for s in sources) + 1,
+        start_time=min(s.batch.start_time for s in sources),
+        end_time=max(s.batch.end_time for s in sources),
+        message_count=sum(s.batch.message_count for s in sources),
+        source_message_ids=tuple(i for s in sources for i in s.batch.source_message_ids),
+        days=tuple(sorted({d for s in sources for d in s.batch.days})),
+    )
+
+
+def longest_fitting_prefix(length: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``n`` in ``0..length`` with ``fits(n)``, by binary search:
+    ``fits`` must be monotone (a shorter prefix fits when a longer one does),
+    and ``fits(0)`` is taken for granted."""
+    low, high = 0, length
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low

@@ -1,23 +1,52 @@
-"""What the compactor and the service need from storage.
+"""What the compactor and the service need from storage, and the errors a store raises.
 
 Writes are idempotent by message id or compaction id, because every caller
 upstream (Kafka) delivers at least once. The worker depends on these ports
 only: ``core.adapters.postgres.store.PostgresStore`` implements all of them, and
 ``tests.support.memory_store.InMemoryStore`` does too, so the worker's
-components can be tested without a database.
+components run the same code path against either.
+
+A store raises the errors below and nothing of its driver: the worker's retry
+policy (``streams.worker.retry``) decides on these types alone, the way httpx
+maps every transport's exceptions to its own at the edge.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-from core.domain.compaction import AppliedStats, CompactionPlan, OutboxFactory, StoredBatch
+from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
 from core.domain.messages import ConversationMessage
+
+
+class StoreError(Exception):
+    """Base of every error a store raises on purpose."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached or is restarting (connection refused or lost,
+    server shutting down or starting up, too many connections, a timeout).
+    Nothing is known to have been written; the same call may succeed later."""
+
+
+class StoreConflict(StoreError):
+    """The call contradicts what is stored; nothing was written. Retrying the same
+    call gives the same answer."""
+
+
+class HistoryConflictError(StoreConflict):
+    """The history a plan was computed from changed before it could be applied
+    (a message it meant to delete is gone). Nothing was written."""
+
+
+class TenantConflictError(StoreConflict):
+    """A message claims a tenant other than its conversation's. Nothing was written."""
+
 
 ApplyOutcome = Literal["applied", "already_applied"]
 
@@ -27,6 +56,34 @@ class ApplyResult(BaseModel):
 
     outcome: ApplyOutcome
     stats: AppliedStats | None = None  # None when already applied
+
+
+class OutboxRecord(BaseModel):
+    """An event to publish once the compaction that produced it has committed.
+
+    ``topic`` is the service's logical name for the destination (it maps it to
+    a real topic), so a change of topic prefix does not strand unpublished rows.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: str
+    key: str
+    payload: str
+
+
+OutboxBuilder = Callable[[AppliedStats], Sequence[OutboxRecord]]
+"""The outbox records of one compaction, made from the stats its transaction
+measured (the completion carries the stored token counts it removed)."""
+
+
+@dataclass(frozen=True)
+class CompactionInputs:
+    """What the processor needs before it plans, read from one snapshot."""
+
+    applied: bool  # the compaction id is already recorded
+    total: int  # the conversation's stored token total
+    history: list[ConversationMessage]  # in model order, up to the command's cut
 
 
 class OutboxRow(BaseModel):
@@ -64,11 +121,6 @@ class StoreTotals:
     tokens: int = 0
     rows: int = 0
     last_seq: int | None = None
-
-
-class HistoryConflictError(Exception):
-    """The history a plan was computed from changed before it could be applied
-    (a message it meant to delete is gone). Nothing was written."""
 
 
 SearchSources = Literal["both", "summaries", "raw"]
@@ -141,10 +193,6 @@ class MemorySearchResult(BaseModel):
     query_mode: QueryMode = "plain"
 
 
-class TenantConflictError(Exception):
-    """A message claims a tenant other than its conversation's. Nothing was written."""
-
-
 class MessageStore(Protocol):
     async def save_message(
         self, message: ConversationMessage, token_estimate: int, *, tenant_id: str | None = None
@@ -182,11 +230,20 @@ class MessageStore(Protocol):
 
     async def compaction_applied(self, compaction_id: str) -> bool: ...
 
+    async def compaction_inputs(
+        self, compaction_id: str, conversation_id: str, *, up_to_seq: int | None
+    ) -> CompactionInputs:
+        """Is the compaction applied, the conversation's stored total and its
+        history up to ``up_to_seq``: every compaction asks all three, so a store
+        answers them together (PostgreSQL: one round trip, one snapshot)."""
+        ...
+
     async def apply_compaction(
-        self, plan: CompactionPlan, outbox: OutboxFactory | None = None
+        self, plan: CompactionPlan, outbox: OutboxBuilder | None = None
     ) -> ApplyResult:
         """Archive, supersede, delete, insert the clip-archive and write the
         outbox rows ``outbox`` makes from the measured stats, in one transaction.
+        A compaction id already recorded writes nothing (``already_applied``).
 
         Raises ``HistoryConflictError`` (and writes nothing) when the plan's
         messages are no longer all there.
@@ -241,6 +298,12 @@ class OutboxStore(Protocol):
 
     async def mark_published(self, ids: Sequence[int]) -> None:
         """A row published before keeps its first time."""
+        ...
+
+    async def mark_compaction_published(self, compaction_id: str) -> None:
+        """Every row of one compaction published (a row published before keeps its
+        first time): for a relay that sent the records the compaction built and
+        never read their ids back."""
         ...
 
 

@@ -13,15 +13,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from core.domain.compaction import Compactor
+from core.ports.compactor import Compactor
+from core.ports.publisher import Headers
 from core.ports.storage import WorkerStore
 from core.settings import Settings
+from streams.bootstrap import build_components
 from streams.events import MessageEvent
-from streams.kafka.publisher import Headers
-from streams.worker import Components, assemble
+from streams.worker.components import Components
 from streams.worker.processor import CompactionOutcome
 from streams.worker.records import Record, decode_command
-from streams.worker.resources import Opened
+from streams.worker.runtime import StaticRuntime
 
 
 class OfflineCompactionError(RuntimeError):
@@ -57,11 +58,11 @@ class OfflineRun:
     _offset: int = 0
 
     def __post_init__(self) -> None:
-        self.components: Components[object] = assemble(
+        self.components: Components[object] = build_components(
             self.settings,
             table={},
             publisher=self.publisher,
-            resources=Opened(self.store, self.compactor),
+            runtime=StaticRuntime(self.store, self.compactor),
             ack=_no_ack,
         )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import faust
 
 from core.settings import ConfigError, Settings
-from streams.app import build_app
+from streams.bootstrap import build_app
 from streams.kafka.admin import ensure_topics
 from streams.kafka.probe import broker_problem
 from streams.kafka.security import kafka_security

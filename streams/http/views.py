@@ -37,19 +37,20 @@ from core.ports.storage import ExpandedBatch, QueryMode, SearchSources, WorkerSt
 from core.settings import ResolvedModel, ServiceSettings, Settings
 from streams.events import MAX_ID_LENGTH
 from streams.http.auth import OPEN_PATHS, AuthPolicy, Principal, check_exposure
-from streams.worker import Components
+from streams.worker.components import Components
 
 PRINCIPAL = web.RequestKey("compactor.principal", Principal)
 # A request that somehow skipped the guard reads nothing (no tenant matches "").
 _NOBODY = Principal(tenant="")
 
 
-class ViewResources(Protocol):
-    """What the views need of the worker's runtime (``streams.bootstrap.LazyRuntime``)."""
+class ViewRuntime(Protocol):
+    """What the views need of the worker's runtime (``streams.bootstrap.WorkerRuntime``)."""
 
     resolved_model: ResolvedModel
 
-    async def store(self) -> Any: ...
+    @property
+    def store(self) -> WorkerStore: ...
 
 
 def conversation_body(tally: ConversationTally, budget: BudgetConfig) -> dict[str, Any]:
@@ -220,20 +221,18 @@ def guard(policy: AuthPolicy) -> Middleware:
 
 
 def register_views(
-    app: faust.App, settings: Settings, components: Components[Any], resources: ViewResources
+    app: faust.App, settings: Settings, components: Components[Any], runtime: ViewRuntime
 ) -> None:
     policy = AuthPolicy.of(settings.service)
     check_exposure(settings.service, policy)
     web_app = cast(web.Application, app.web.web_app)  # type: ignore[attr-defined]
     web_app.middlewares.append(guard(policy))
-    register_operations(app, components, resources)
-    register_conversations(app, settings, components, resources)
-    register_memory(app, settings, resources)
+    register_operations(app, components, runtime)
+    register_conversations(app, settings, components, runtime)
+    register_memory(app, settings, runtime)
 
 
-def register_operations(
-    app: faust.App, components: Components[Any], resources: ViewResources
-) -> None:
+def register_operations(app: faust.App, components: Components[Any], runtime: ViewRuntime) -> None:
     @app.page("/healthz")
     class Health(View):
         async def get(self, request: Request) -> Response:
@@ -247,7 +246,7 @@ def register_operations(
                     "status": "ok" if health.ok else "degraded",
                     "problems": health.describe(),
                     "app_id": app.conf.id,
-                    "summariser": resources.resolved_model.kind,
+                    "summariser": runtime.resolved_model.kind,
                     "assigned_partitions": sorted(
                         f"{tp.topic}:{tp.partition}" for tp in assignment
                     ),
@@ -262,7 +261,7 @@ def register_operations(
 
 
 def register_conversations(
-    app: faust.App, settings: Settings, components: Components[Any], resources: ViewResources
+    app: faust.App, settings: Settings, components: Components[Any], runtime: ViewRuntime
 ) -> None:
     budget = settings.budget
     tallies = components.table
@@ -287,7 +286,7 @@ def register_conversations(
             problem = bad_text("path parameter", value, MAX_ID_LENGTH)
             if problem is not None:
                 return view.json({"error": problem}, status=400)
-        store = await resources.store()
+        store = runtime.store
         if not await may_read(store, principal_of(request), ids[0]):
             return view.json(FORBIDDEN, status=403)
         return None
@@ -310,7 +309,7 @@ def register_conversations(
         async def get(self, request: Request, conversation_id: str) -> Response:
             if (refusal := await refused(self, request, conversation_id)) is not None:
                 return refusal
-            store = await resources.store()
+            store = runtime.store
             history = await store.load_history(conversation_id)
             if not history:
                 return self.json(unknown(conversation_id), status=404)
@@ -321,7 +320,7 @@ def register_conversations(
         async def get(self, request: Request, conversation_id: str, batch_id: str) -> Response:
             if (refusal := await refused(self, request, conversation_id, batch_id)) is not None:
                 return refusal
-            store = await resources.store()
+            store = runtime.store
             expanded = await store.expand_batch(conversation_id, batch_id)
             if expanded is None:
                 return self.json(
@@ -330,7 +329,7 @@ def register_conversations(
             return self.json(batch_body(expanded))
 
 
-def register_memory(app: faust.App, settings: Settings, resources: ViewResources) -> None:
+def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) -> None:
     @app.page("/memory/search")
     class MemorySearch(View):
         async def get(self, request: Request) -> Response:
@@ -341,7 +340,7 @@ def register_memory(app: faust.App, settings: Settings, resources: ViewResources
                 return self.json({"error": str(error)}, status=400)
             except Forbidden:
                 return self.json(FORBIDDEN, status=403)
-            store = await resources.store()
+            store = runtime.store
             if asked.conversation_id is not None and not await may_read(
                 store, principal, asked.conversation_id
             ):

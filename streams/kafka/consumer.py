@@ -15,8 +15,7 @@ from typing import Any
 from aiokafka.partitioner import DefaultPartitioner
 from faust.types import TP
 
-from core.settings import ServiceSettings
-from streams.kafka.watchdog import Watchdog, WatchdogLimits
+from streams.kafka.watchdog import Watchdog
 from streams.metrics import Metrics
 from streams.worker.records import Record
 from streams.worker.scheduler import CompactionScheduler
@@ -126,23 +125,3 @@ class ConsumerSide:
     rebalance: Rebalance
     lag: LagMeter
     watchdog: Watchdog
-
-    @classmethod
-    def of(cls, app: Any, service: ServiceSettings, components: Any) -> ConsumerSide:
-        names = components.names
-        return cls(
-            rebalance=Rebalance(
-                lambda: app.consumer,
-                components.intake.scheduler,
-                {names.messages, names.control, names.commands},
-            ),
-            lag=LagMeter(lambda: app.consumer, components.metrics),
-            watchdog=Watchdog(
-                lambda: app,
-                health=components.health,
-                metrics=components.metrics,
-                watched_topics={names.messages, names.control},
-                limits=WatchdogLimits(service.stall_seconds, service.stall_reseeks_before_exit),
-                crash=app.crash,
-            ),
-        )

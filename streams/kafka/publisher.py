@@ -1,40 +1,27 @@
-"""The one way components put a record on a topic.
+"""``Publisher`` (``core.ports.publisher``) over the app's Faust topics.
 
-``publish`` returns once the broker has acknowledged the record (acks=all),
-so a caller that goes on to commit an offset or mark an outbox row published
-knows the record is durable. Topics are named by role (``streams.topics``),
-the same names outbox rows carry.
+``publish`` returns once the broker has acknowledged the record (acks=all);
+the client's exceptions leave as the port's errors (``streams.kafka.errors``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
-from streams.topics import TopicRole
-
-Headers = Sequence[tuple[str, bytes]]
-
-
-class Publisher(Protocol):
-    async def publish(
-        self,
-        topic: TopicRole | str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers | None = None,
-    ) -> None: ...
+from core.ports.publisher import Headers
+from streams.kafka.errors import mapped
 
 
 class FaustPublisher:
-    """``Publisher`` over the app's Faust topics (``faust.TopicT`` by role)."""
+    """Records by topic role (``streams.topics``) to the app's ``faust.TopicT``."""
 
     def __init__(self, topics: Mapping[str, Any]) -> None:
         self._topics = topics
 
     async def publish(
         self,
-        topic: TopicRole | str,
+        topic: str,
         key: bytes | None,
         value: bytes | None,
         headers: Headers | None = None,
@@ -45,7 +32,9 @@ class FaustPublisher:
             raise KeyError(f"no topic with role {topic!r}") from None
         # force=True: send now rather than at the end of the current event's
         # processing, so the ack below is for this record.
-        pending = await target.send(
-            key=key, value=value, headers=list(headers) if headers else None, force=True
+        pending = await mapped(
+            target.send(
+                key=key, value=value, headers=list(headers) if headers else None, force=True
+            )
         )
-        await pending
+        await mapped(pending)

@@ -11,7 +11,7 @@ names the right partition.
 
 This uses ``faust.streams._current_event``, a private name of faust-streaming
 0.15 (as ``streams.kafka.faust_patches`` does for other internals); the unit
-test in tests/unit/test_table_context.py fails if it moves.
+test in tests/unit/kafka/test_table_context.py fails if it moves.
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ from streams.worker.health import Health
 log = logging.getLogger("compactor.worker")
 
 
+#: Health components whose problem means "waiting for the database", not "stuck".
+OUTAGE_COMPONENTS = frozenset({"accounting", "runtime"})
+
+
 class WorkerStuckError(RuntimeError):
     """Healing did not help: the worker exits so that a fresh one takes over."""
 
@@ -158,8 +162,9 @@ class Watchdog:
                 self._trackers[what].restart(tp, now)
 
     def _outage(self) -> bool:
-        """Accounting waiting on the database explains a partition that does not move."""
-        return any(p.component == "accounting" for p in self._health.problems())
+        """Accounting waiting on the database (or the worker still opening it at
+        start-up) explains a partition that does not move."""
+        return any(p.component in OUTAGE_COMPONENTS for p in self._health.problems())
 
     def _reading_progress(self, consumer: Any) -> dict[Any, tuple[Hashable, int]]:
         """Where each watched partition is: (offset read, offset committed).

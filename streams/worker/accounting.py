@@ -34,18 +34,18 @@ from core.domain.accounting import (
 )
 from core.domain.budget import BudgetConfig
 from core.domain.tokens import estimate_message_tokens
+from core.ports.publisher import Publisher
 from core.ports.storage import IncomingMessage, SaveOutcome, StoreTotals
 from core.settings import Settings
 from streams.events import CompactionCommand, CompactionCompleted, EraseRequest, MessageEvent
-from streams.kafka.publisher import Publisher
 from streams.metrics import Metrics
 from streams.topics import TopicNames
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
 from streams.worker.keyed_lock import KeyedLock
 from streams.worker.records import InvalidRecord, Record, decode_control, decode_message
-from streams.worker.resources import Resources
 from streams.worker.retry import backoff_seconds, is_outage
+from streams.worker.runtime import Runtime
 from streams.worker.tally_table import TallyTable
 
 log = logging.getLogger("compactor.worker")
@@ -83,7 +83,7 @@ class Accounting:
         *,
         names: TopicNames,
         rules: AccountingRules,
-        resources: Resources,
+        runtime: Runtime,
         table: TallyTable,
         publisher: Publisher,
         dead_letters: DeadLetters,
@@ -95,7 +95,7 @@ class Accounting:
     ) -> None:
         self._names = names
         self._rules = rules
-        self._resources = resources
+        self._runtime = runtime
         self._table = table
         self._publisher = publisher
         self._dead_letters = dead_letters
@@ -214,7 +214,7 @@ class Accounting:
         message was a redelivery), else by adding the new messages' tokens."""
         epochs = {record.partition: self._table.epoch(record.partition) for record in records}
         decoded, letters = self._decode(records)
-        store = await self._resources.store()
+        store = self._runtime.store
         outcomes = await store.save_messages([incoming for _, incoming in decoded])
         groups: dict[str, list[tuple[Record, IncomingMessage, SaveOutcome]]] = {}
         for (record, incoming), outcome in zip(decoded, outcomes, strict=True):
@@ -304,7 +304,7 @@ class Accounting:
             return set()
         epoch = self._table.epoch(record.partition)
         tally = self._table.get(conversation_id)
-        store = await self._resources.store()
+        store = self._runtime.store
         now = self._clock()
         budget = self._rules.budget
         totals: StoreTotals | None = None
@@ -343,7 +343,7 @@ class Accounting:
         """Every row in the store, the table entry (a changelog tombstone), then a
         tombstone on the clip-archive topic so log-compacted copies forget it.
         Each step is idempotent: a retried record repeats them harmlessly."""
-        store = await self._resources.store()
+        store = self._runtime.store
         removed = await store.erase_conversation(conversation_id)
         self._table.delete(conversation_id, partition=partition)
         await self._publisher.publish("clip_archives", conversation_id.encode(), None)
@@ -362,7 +362,7 @@ class Accounting:
         the tombstone is sent again (the clip-archive precedes its completion)."""
         if control.status != "compacted":
             return False
-        store = await self._resources.store()
+        store = self._runtime.store
         if await store.compaction_applied(control.compaction_id):
             return False
         await self.erase(control.conversation_id, "completion after an erase", partition=partition)

@@ -14,10 +14,8 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
-
+from core.ports.publisher import Publisher, RecordTooLarge
 from streams.events import DeadLetterHeaders
-from streams.kafka.publisher import Publisher
 from streams.metrics import Metrics
 from streams.worker.records import InvalidRecord, Record
 
@@ -50,7 +48,7 @@ class DeadLetters:
         value = record.value or b""
         try:
             await self._send(record, error, self._max_value)
-        except (MessageSizeTooLargeError, RecordTooLargeError):
+        except RecordTooLarge:
             if len(value) <= LAST_RESORT_BYTES:
                 raise
             await self._send(record, error, LAST_RESORT_BYTES)

@@ -13,16 +13,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence, Set
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
 
 from core.domain.clip_archive import is_clip_archive
-from core.domain.compaction import AppliedStats, CompactionPlan, OutboxFactory, OutboxRecord
+from core.domain.compaction import AppliedStats, CompactionPlan
 from core.domain.messages import ConversationMessage
-from core.ports.storage import OutboxRow, OutboxStore
+from core.ports.publisher import Publisher
+from core.ports.storage import OutboxRecord, OutboxRow, OutboxStore
 from streams.events import BatchInfo, ClipArchiveEvent, CompactionCommand, CompactionCompleted
-from streams.kafka.publisher import Publisher
 from streams.metrics import Metrics
-from streams.worker.resources import Resources
+from streams.worker.runtime import Runtime
 
 log = logging.getLogger("compactor.worker")
 
@@ -61,47 +60,74 @@ def clip_archive_event(
     )
 
 
-def outbox_events(
+def completion(
     command: CompactionCommand,
-    history: Sequence[ConversationMessage],
-    clock: Callable[[], float] = time.time,
-) -> OutboxFactory:
+    completed_at: datetime,
+    plan: CompactionPlan | None = None,
+    stats: AppliedStats | None = None,
+) -> CompactionCompleted:
+    """The ``CompactionCompleted`` for ``command``: ``compacted`` with the counts a
+    store measured applying ``plan``, or ``noop`` (no plan) with zeros."""
+    if plan is None or stats is None:
+        return CompactionCompleted(
+            compaction_id=command.compaction_id,
+            conversation_id=command.conversation_id,
+            generation=command.generation,
+            status="noop",
+            messages_compressed=0,
+            rows_removed=0,
+            rows_added=0,
+            tokens_removed=0,
+            tokens_added=0,
+            completed_at=completed_at,
+        )
+    return CompactionCompleted(
+        compaction_id=plan.compaction_id,
+        conversation_id=plan.conversation_id,
+        generation=command.generation,
+        status="compacted",
+        messages_compressed=plan.messages_compressed,
+        rows_removed=len(plan.deleted_message_ids),
+        rows_added=1,
+        tokens_removed=stats.tokens_removed,
+        tokens_added=stats.tokens_added,
+        completed_at=completed_at,
+    )
+
+
+class OutboxEvents:
     """What a committed compaction publishes: its clip-archive and its completion.
 
-    The completion carries the token counts measured inside the transaction,
-    so the accounting agent's tally moves by exactly what was written.
+    ``build`` is the ``OutboxBuilder`` handed to ``apply_compaction``: the
+    completion carries the token counts measured inside the transaction, so
+    the accounting agent's tally moves by exactly what was written. The
+    records it built stay in ``records``, so the relay sends them without
+    reading them back.
     """
 
-    def build(plan: CompactionPlan, stats: AppliedStats) -> list[OutboxRecord]:
-        created = datetime.fromtimestamp(clock(), UTC)
-        completed = CompactionCompleted(
-            compaction_id=plan.compaction_id,
-            conversation_id=plan.conversation_id,
-            generation=command.generation,
-            status="compacted",
-            messages_compressed=plan.messages_compressed,
-            rows_removed=len(plan.deleted_message_ids),
-            rows_added=1,
-            tokens_removed=stats.tokens_removed,
-            tokens_added=stats.tokens_added,
-            completed_at=created,
-        )
-        clip_event = clip_archive_event(command, history, plan, created)
-        key = plan.conversation_id
-        return [
+    def __init__(
+        self,
+        command: CompactionCommand,
+        history: Sequence[ConversationMessage],
+        plan: CompactionPlan,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._command = command
+        self._history = history
+        self._plan = plan
+        self._clock = clock
+        self.records: list[OutboxRecord] = []
+
+    def build(self, stats: AppliedStats) -> list[OutboxRecord]:
+        created = datetime.fromtimestamp(self._clock(), UTC)
+        plan, key = self._plan, self._plan.conversation_id
+        completed = completion(self._command, created, plan, stats)
+        clip_event = clip_archive_event(self._command, self._history, plan, created)
+        self.records = [
             OutboxRecord(topic="clip_archives", key=key, payload=clip_event.model_dump_json()),
             OutboxRecord(topic="control", key=key, payload=completed.model_dump_json()),
         ]
-
-    return build
-
-
-@runtime_checkable
-class MarksByCompaction(Protocol):
-    """A store that marks a compaction's rows published by its id
-    (``PostgresStore.mark_compaction_published``)."""
-
-    async def mark_compaction_published(self, compaction_id: str) -> None: ...
+        return self.records
 
 
 class OutboxRelay:
@@ -115,8 +141,8 @@ class OutboxRelay:
     serialised, among themselves.
     """
 
-    def __init__(self, resources: Resources, publisher: Publisher, metrics: Metrics) -> None:
-        self._resources = resources
+    def __init__(self, runtime: Runtime, publisher: Publisher, metrics: Metrics) -> None:
+        self._runtime = runtime
         self._publisher = publisher
         self._metrics = metrics
         self._timer = asyncio.Lock()
@@ -145,9 +171,9 @@ class OutboxRelay:
         """Publish unpublished outbox rows, then mark them (at least once).
 
         ``records``: what the compaction just committed wrote to the outbox (its
-        processor kept them); with a store that marks by compaction they are
-        sent without reading the rows back first, one round trip fewer before
-        the clip-archive is out.
+        processor kept them); they are sent without reading the rows back
+        first, one round trip fewer before the clip-archive is out, then marked
+        by compaction id.
 
         ``again`` publishes every row of ``compaction_id``, published or not.
         A command that comes back for an applied compaction (redelivered, or
@@ -158,7 +184,7 @@ class OutboxRelay:
         the accounting agent applies a completion once, and clip-archive
         consumers de-duplicate by compaction id.
         """
-        store = await self._resources.store()
+        store = self._runtime.store
         if compaction_id is None:
             async with self._timer:
                 rows = await store.pending_outbox(limit=500)
@@ -166,7 +192,7 @@ class OutboxRelay:
                 for group in _by_compaction(rows, skip=self._claimed):
                     published += await self._publish(store, group)
                 return published
-        if records and not again and isinstance(store, MarksByCompaction):
+        if records and not again:
             await self._send(records)
             await store.mark_compaction_published(compaction_id)
             return len(records)

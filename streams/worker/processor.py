@@ -4,36 +4,31 @@ Commands reach ``CommandIntake`` from the commands topic; the scheduler runs
 them concurrently across conversations (one at a time per conversation) and
 acks each in offset order once it and every earlier command have finished.
 ``Processor.compact`` is idempotent by compaction id: a replayed command
-republishes its compaction's events instead of compacting again.
+republishes its compaction's events instead of compacting again. The
+compactor only plans; the processor applies the plan and the events it
+builds (``streams.worker.outbox``) in one ``apply_compaction`` call.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
+from typing import Generic, Literal, TypeVar
 
 from core.domain.budget import BudgetConfig, compaction_due
-from core.domain.compaction import (
-    AppliedStats,
-    CompactionPlan,
-    CompactionResult,
-    OutboxFactory,
-    OutboxRecord,
-)
+from core.domain.compaction import CompactionResult
 from core.domain.messages import ConversationMessage
-from core.ports.storage import WorkerStore
-from streams.events import CompactionCommand, CompactionCompleted
-from streams.kafka.publisher import Publisher
+from core.ports.publisher import Publisher
+from core.ports.storage import HistoryConflictError, MessageStore, OutboxBuilder, OutboxRecord
+from streams.events import CompactionCommand
 from streams.metrics import Metrics
 from streams.worker.dead_letters import DeadLetters
-from streams.worker.outbox import OutboxRelay, outbox_events
+from streams.worker.outbox import OutboxEvents, OutboxRelay, completion
 from streams.worker.records import InvalidRecord, Record, decode_command
-from streams.worker.resources import Resources
+from streams.worker.runtime import Runtime
 from streams.worker.scheduler import CompactionScheduler
 
 log = logging.getLogger("compactor.worker")
@@ -52,17 +47,20 @@ class CompactionOutcome:
 
 
 class Processor:
+    """Runs one command: asks the store once, has the compactor plan, applies the
+    plan with the events it publishes in one transaction, then relays them."""
+
     def __init__(
         self,
         *,
-        resources: Resources,
+        runtime: Runtime,
         publisher: Publisher,
         relay: OutboxRelay,
         metrics: Metrics,
         budget: BudgetConfig,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._resources = resources
+        self._runtime = runtime
         self._publisher = publisher
         self._relay = relay
         self._metrics = metrics
@@ -70,31 +68,38 @@ class Processor:
         self._clock = clock
 
     async def compact(self, command: CompactionCommand) -> CompactionOutcome:
-        store = await self._resources.store()
-        conversation_id = command.conversation_id
-        applied, total, history = await _inputs(store, command)
-        if applied:
+        inputs = await self._runtime.store.compaction_inputs(
+            command.compaction_id, command.conversation_id, up_to_seq=command.up_to_seq
+        )
+        if inputs.applied:
             return await self._replayed(command)
-        if not compaction_due(total, self._budget):
+        if not compaction_due(inputs.total, self._budget):
             return await self._complete_without_compaction(command, "under_budget")
-        self._metrics.observe_history_at_compaction(total, self._budget.budget_tokens)
-        compactor = await self._resources.compactor()
+        self._metrics.observe_history_at_compaction(inputs.total, self._budget.budget_tokens)
         metrics = self._metrics
         metrics.compactions_started.inc()
         metrics.in_flight.inc()
-        built = _Built()
         with self._relay.claim(command.compaction_id):
             try:
-                result = await compactor.compress(
-                    history,
-                    conversation_id,
-                    compaction_id=command.compaction_id,
-                    outbox=built.capture(outbox_events(command, history, self._clock)),
-                    check_applied=False,
+                planned = await self._runtime.compactor.plan(
+                    inputs.history, command.conversation_id, compaction_id=command.compaction_id
                 )
+                result, records = await self._apply(command, inputs.history, planned)
             finally:
                 metrics.in_flight.dec()
-            return await self._settle(command, result, built.records)
+            return await self._settle(command, result, records)
+
+    async def _apply(
+        self,
+        command: CompactionCommand,
+        history: Sequence[ConversationMessage],
+        planned: CompactionResult,
+    ) -> tuple[CompactionResult, list[OutboxRecord]]:
+        if planned.plan is None:
+            return planned, []
+        events = OutboxEvents(command, history, planned.plan, self._clock)
+        result = await apply_plan(self._runtime.store, planned, history, events.build)
+        return result, events.records if result.plan is not None else []
 
     async def _settle(
         self, command: CompactionCommand, result: CompactionResult, records: list[OutboxRecord]
@@ -148,18 +153,7 @@ class Processor:
         self, command: CompactionCommand, reason: str
     ) -> CompactionOutcome:
         self._metrics.compactions_noop.labels(reason).inc()
-        noop = CompactionCompleted(
-            compaction_id=command.compaction_id,
-            conversation_id=command.conversation_id,
-            generation=command.generation,
-            status="noop",
-            messages_compressed=0,
-            rows_removed=0,
-            rows_added=0,
-            tokens_removed=0,
-            tokens_added=0,
-            completed_at=datetime.fromtimestamp(self._clock(), UTC),
-        )
+        noop = completion(command, datetime.fromtimestamp(self._clock(), UTC))
         await self._publisher.publish(
             "control", command.conversation_id.encode(), noop.model_dump_json().encode()
         )
@@ -172,53 +166,36 @@ class Processor:
         return CompactionOutcome("noop", reason)
 
 
-class _Built:
-    """Keeps the outbox records a compaction's transaction wrote, so the relay can
-    send them without reading them back (used only once the compaction committed)."""
+async def apply_plan(
+    store: MessageStore,
+    planned: CompactionResult,
+    history: Sequence[ConversationMessage],
+    outbox: OutboxBuilder | None = None,
+) -> CompactionResult:
+    """Write ``planned.plan`` (and the events ``outbox`` builds) in one transaction.
 
-    def __init__(self) -> None:
-        self.records: list[OutboxRecord] = []
-
-    def capture(self, factory: OutboxFactory) -> OutboxFactory:
-        def build(plan: CompactionPlan, stats: AppliedStats) -> list[OutboxRecord]:
-            self.records = list(factory(plan, stats))
-            return self.records
-
-        return build
-
-
-@runtime_checkable
-class CompactionInputs(Protocol):
-    """A store that answers the processor's three questions in one round trip
-    (``PostgresStore.compaction_inputs``)."""
-
-    async def compaction_inputs(
-        self, compaction_id: str, conversation_id: str, *, up_to_seq: int | None
-    ) -> tuple[bool, int, list[ConversationMessage]]: ...
-
-
-async def _inputs(
-    store: WorkerStore, command: CompactionCommand
-) -> tuple[bool, int, list[ConversationMessage]]:
-    """Is the compaction applied, the conversation's stored total, its history up to
-    the command's cut: every compaction asks, so in one round trip where the store
-    can. Otherwise three independent reads, asked at once; every outcome is
-    collected (a database outage fails all three, and an exception left
-    unretrieved would be logged as a bug) and the first failure raised."""
-    if isinstance(store, CompactionInputs):
-        return await store.compaction_inputs(
-            command.compaction_id, command.conversation_id, up_to_seq=command.up_to_seq
+    On any failure the history stays exactly as it was and the result says
+    why, with no plan; a compaction id already recorded is ``already_applied``.
+    """
+    if planned.plan is None:
+        return planned
+    before = tuple(history)
+    try:
+        applied = await store.apply_compaction(planned.plan, outbox)
+    except HistoryConflictError as error:
+        log.warning(
+            "compaction %s of %s conflicted: %s",
+            planned.plan.compaction_id,
+            planned.plan.conversation_id,
+            error,
         )
-    outcomes = await asyncio.gather(
-        store.compaction_applied(command.compaction_id),
-        store.conversation_token_total(command.conversation_id),
-        store.load_history(command.conversation_id, up_to_seq=command.up_to_seq),
-        return_exceptions=True,
-    )
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return cast(tuple[bool, int, list[ConversationMessage]], tuple(outcomes))
+        return planned.unchanged(before, f"history changed during compaction: {error}", failed=True)
+    except Exception as error:
+        return planned.unchanged(before, f"{type(error).__name__}: {error}", failed=True)
+    if applied.outcome == "already_applied" or applied.stats is None:
+        reason = "compaction already applied"
+        return planned.unchanged(before, reason, failed=False, already_applied=True)
+    return planned.applied(applied.stats)
 
 
 Token = TypeVar("Token")

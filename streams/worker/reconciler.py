@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 
 from core.domain.accounting import reconcile_due
 from core.domain.budget import BudgetConfig, compaction_due
+from core.ports.publisher import Publisher
 from streams.events import ReconcileRequest
-from streams.kafka.publisher import Publisher
 from streams.metrics import Metrics
-from streams.worker.resources import Resources
+from streams.worker.runtime import Runtime
 from streams.worker.tally_table import TallyTable
 
 log = logging.getLogger("compactor.worker")
@@ -45,7 +45,7 @@ class Reconciler:
         budget: BudgetConfig,
         interval_seconds: float,
         command_timeout_seconds: float,
-        resources: Resources | None = None,
+        runtime: Runtime | None = None,
         owns: Callable[[str], bool] = lambda _: True,
         clock: Callable[[], float] = time.time,
         ready: Callable[[], bool] = lambda: True,
@@ -57,7 +57,7 @@ class Reconciler:
         self._interval = interval_seconds
         self._timeout = command_timeout_seconds
         self._clock = clock
-        self._resources = resources
+        self._runtime = runtime
         self._owns = owns
         self._ready = ready  # tables restored: the index may be rebuilt
         self._metrics = metrics
@@ -89,18 +89,18 @@ class Reconciler:
                 due.append(conversation_id)
         sent = await self._request_all(due, now)
         self._passes += 1
-        resources = self._resources
-        if resources is not None and self._passes % STORE_CHECK_EVERY == 1:
-            sent += await self._check_against_store(resources, now)
+        runtime = self._runtime
+        if runtime is not None and self._passes % STORE_CHECK_EVERY == 1:
+            sent += await self._check_against_store(runtime, now)
         if self._metrics is not None:
             self._metrics.reconcile_tick_seconds.observe(time.perf_counter() - started)
             self._metrics.reconcile_candidates.set(len(self._table.candidates()))
         return sent
 
-    async def _check_against_store(self, resources: Resources, now: float) -> int:
+    async def _check_against_store(self, runtime: Runtime, now: float) -> int:
         """Conversations the store has over budget that the table does not (or lacks)."""
         try:
-            store = await resources.store()
+            store = runtime.store
             over = await store.conversations_over(self._budget.trigger_tokens)
             await store.expire_raw_turns()  # [archive].raw_retention_days; logs its own errors
         except Exception as error:  # the database may be away: next pass

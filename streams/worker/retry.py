@@ -7,40 +7,22 @@ step is idempotent, so a retried record is written once. A failure that is
 not an outage (a bug, a record that breaks an assumption) is retried a few
 times and then dead-lettered with the error, so one poisonous record cannot
 hold a partition forever, and nothing is dropped without a trace.
+
+An outage is said by the ports' own errors: the adapters map their drivers'
+exceptions at the edge (``core.adapters.postgres.errors``,
+``streams.kafka.errors``), so this policy imports no driver.
 """
 
 from __future__ import annotations
 
-import asyncpg
-from aiokafka.errors import (
-    InvalidTopicError,
-    KafkaError,
-    MessageSizeTooLargeError,
-    RecordTooLargeError,
-    TopicAuthorizationFailedError,
-)
+from core.ports.publisher import PublisherUnavailable
+from core.ports.storage import StoreUnavailable
 
-# Outages: the database or the broker is (briefly) not there.
-_OUTAGES: tuple[type[BaseException], ...] = (
-    OSError,  # includes ConnectionError; FileNotFoundError while the socket is gone
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,  # shutting down, starting up
-    asyncpg.exceptions.InsufficientResourcesError,  # too many connections
-    KafkaError,
-)
-# Kafka errors that retrying cannot fix.
-_KAFKA_PERMANENT: tuple[type[BaseException], ...] = (
-    MessageSizeTooLargeError,
-    RecordTooLargeError,
-    InvalidTopicError,
-    TopicAuthorizationFailedError,
-)
+_OUTAGES: tuple[type[BaseException], ...] = (StoreUnavailable, PublisherUnavailable)
 
 
 def is_outage(error: BaseException) -> bool:
-    return isinstance(error, _OUTAGES) and not isinstance(error, _KAFKA_PERMANENT)
+    return isinstance(error, _OUTAGES)
 
 
 def backoff_seconds(attempt: int, *, first: float = 0.2, cap: float = 10.0) -> float:

@@ -13,7 +13,6 @@ import pytest
 from core.adapters.llm.anthropic import AnthropicProvider
 from core.adapters.llm.openai_compat import OpenAICompatProvider
 from core.adapters.postgres.store import PostgresStore
-from core.compactor import create_compactor
 from core.domain.budget import BudgetConfig, needs_compaction
 from core.domain.clip_archive import is_clip_archive, parse_clip_archive
 from core.domain.compaction import CompactionConfig
@@ -21,6 +20,7 @@ from core.domain.messages import ConversationMessage, ToolCall
 from core.domain.prompts import DEFAULT_DIRECTIVE, DEFAULT_SYSTEM_PROMPT
 from core.domain.tokens import estimate_history_tokens, estimate_message_tokens
 from tests.support.builders import message
+from tests.support.compaction import applying_compactor
 from tests.support.llm_server import (
     ANTHROPIC_PATH,
     Delay,
@@ -102,10 +102,9 @@ def make(
         model: Any = AnthropicProvider("test-key", base_url=llm.base_url)
     else:
         model = OpenAICompatProvider("test-key", base_url=llm.openai_base_url)
-    return create_compactor(
+    return applying_compactor(
+        store=store,
         model=model,
-        messages_store=store,
-        memory_store=store,
         config=CompactionConfig(**defaults),
         model_name="claude-test",
         budget=budget,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from core.adapters.postgres.store import PostgresStore
+from core.ports.storage import CompactionInputs
 from tests.support.builders import history
 from tests.support.builders import message as make_message
 
@@ -21,17 +22,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 async def separately(
     store: PostgresStore, compaction_id: str, conversation_id: str, up_to_seq: int | None
-) -> tuple[bool, int, list[object]]:
-    return (
-        await store.compaction_applied(compaction_id),
-        await store.conversation_token_total(conversation_id),
-        list(await store.load_history(conversation_id, up_to_seq=up_to_seq)),
+) -> CompactionInputs:
+    return CompactionInputs(
+        applied=await store.compaction_applied(compaction_id),
+        total=await store.conversation_token_total(conversation_id),
+        history=list(await store.load_history(conversation_id, up_to_seq=up_to_seq)),
     )
 
 
 async def test_an_unknown_conversation_has_nothing(pg_store: PostgresStore) -> None:
-    assert await pg_store.compaction_inputs("cmp-x", "nobody", up_to_seq=None) == (False, 0, [])
-    assert await pg_store.compaction_inputs("cmp-x", "nobody", up_to_seq=3) == (False, 0, [])
+    nothing = CompactionInputs(applied=False, total=0, history=[])
+    assert await pg_store.compaction_inputs("cmp-x", "nobody", up_to_seq=None) == nothing
+    assert await pg_store.compaction_inputs("cmp-x", "nobody", up_to_seq=3) == nothing
 
 
 async def test_the_same_answers_as_the_three_reads(pg_store: PostgresStore) -> None:
@@ -46,9 +48,9 @@ async def test_the_same_answers_as_the_three_reads(pg_store: PostgresStore) -> N
     for up_to_seq in (None, cut):
         got = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=up_to_seq)
         assert got == await separately(pg_store, "cmp-1", "conv-1", up_to_seq)
-    applied, total, loaded = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=cut)
-    assert (applied, total) == (False, sum(range(10, 16)))  # every stored row counts
-    assert [m.id for m in loaded] == [m.id for m in messages[:4]]  # only up to the cut
+    inputs = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=cut)
+    assert (inputs.applied, inputs.total) == (False, sum(range(10, 16)))  # every stored row counts
+    assert [m.id for m in inputs.history] == [m.id for m in messages[:4]]  # only up to the cut
 
 
 async def test_after_a_compaction_the_clip_archive_leads_and_it_is_applied(
@@ -67,9 +69,9 @@ async def test_after_a_compaction_the_clip_archive_leads_and_it_is_applied(
     for up_to_seq in (None, 1):  # the clip-archive is kept whatever the cut
         got = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=up_to_seq)
         assert got == await separately(pg_store, "cmp-1", "conv-1", up_to_seq)
-    applied, _, loaded = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=None)
-    assert applied is True
-    assert [m.id for m in loaded] == ["clip-archive-cmp-1", "m00002", "m00003", "m00009"]
+    inputs = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=None)
+    assert inputs.applied is True
+    assert [m.id for m in inputs.history] == ["clip-archive-cmp-1", "m00002", "m00003", "m00009"]
 
 
 async def test_marking_a_compaction_published_touches_its_rows_only(

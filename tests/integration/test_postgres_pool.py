@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from core.adapters.postgres.store import CONVERSATION_LOCK_CLASS, PostgresStore
+from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
+from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import CompactionPlan, StoredBatch, SummaryBatch
 from core.domain.messages import ConversationMessage
 from tests.support.builders import T0, history

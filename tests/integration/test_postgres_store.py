@@ -15,13 +15,14 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from core.adapters.postgres.memory import RRF_K
 from core.adapters.postgres.migrate import applied_versions, load_migrations, migrate
-from core.adapters.postgres.store import RRF_K, PostgresStore
-from core.domain.compaction import CompactionPlan, StoredBatch, SummaryBatch
+from core.adapters.postgres.store import PostgresStore
+from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch, SummaryBatch
 from core.domain.messages import ConversationMessage, ToolCall
 from core.domain.tokens import estimate_message_tokens
 from core.ports.embedding import EmbeddingError
-from core.ports.storage import HistoryConflictError
+from core.ports.storage import HistoryConflictError, OutboxRecord
 
 pytestmark = pytest.mark.integration
 
@@ -751,14 +752,20 @@ async def test_embedder_returning_the_wrong_shape_counts_as_a_failure(
     )
 
 
-async def test_already_applied_plan_is_not_embedded_again(pg_store: PostgresStore) -> None:
+async def test_an_embedded_replay_is_already_applied_and_writes_nothing(
+    pg_store: PostgresStore,
+) -> None:
+    """The processor asks ``compaction_inputs`` before it plans; a replay that gets
+    past it (a race) is embedded again, but the insert into ``compactions``
+    still stops it before anything is written."""
     embedder = ConceptEmbedder()
     store = PostgresStore(pg_store.pool, embedder)
     plan = make_plan("cmp-1", [stored("cmp-1", 0, _CAR)], [])
     assert (await store.apply_compaction(plan)).outcome == "applied"
-    calls = embedder.calls
+    before = await pg_store.pool.fetch("SELECT id, embedding_model FROM archival_memory")
     assert (await store.apply_compaction(plan)).outcome == "already_applied"
-    assert embedder.calls == calls
+    assert await pg_store.pool.fetch("SELECT id, embedding_model FROM archival_memory") == before
+    assert await pg_store.pool.fetchval("SELECT count(*) FROM compactions") == 1
 
 
 # -- service helpers ------------------------------------------------------------------
@@ -798,21 +805,21 @@ async def test_load_history_up_to_seq_excludes_later_arrivals(pg_store: Postgres
 async def test_apply_measures_stored_tokens_and_writes_outbox_atomically(
     pg_store: PostgresStore,
 ) -> None:
-    from core.domain.compaction import OutboxRecord
-
     history = [msg(i) for i in range(3)]
     for i, message in enumerate(history):
         await pg_store.save_message(message, 100 + i)  # provider-reported counts
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
-    seen = []
+    seen: list[AppliedStats] = []
 
-    def outbox(p, stats):  # type: ignore[no-untyped-def]
+    def outbox(stats: AppliedStats) -> list[OutboxRecord]:
         seen.append(stats)
         return [
             OutboxRecord(
-                topic="clip_archives", key=CONV, payload=f"{p.compaction_id}:{stats.tokens_removed}"
+                topic="clip_archives",
+                key=CONV,
+                payload=f"{plan.compaction_id}:{stats.tokens_removed}",
             )
         ]
 
@@ -837,7 +844,7 @@ async def test_outbox_failure_rolls_back_the_whole_compaction(pg_store: Postgres
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
 
-    def broken(p, stats):  # type: ignore[no-untyped-def]
+    def broken(stats: AppliedStats) -> list[OutboxRecord]:
         raise RuntimeError("event could not be built")
 
     with pytest.raises(RuntimeError):
@@ -868,15 +875,13 @@ async def test_a_compacted_message_does_not_come_back_when_redelivered(
 async def test_outbox_rows_returns_published_rows_too_and_first_publication_time_stays(
     pg_store: PostgresStore,
 ) -> None:
-    from core.domain.compaction import OutboxRecord
-
     history = [msg(i) for i in range(3)]
     await save_all(pg_store, history)
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
 
-    def outbox(p, stats):  # type: ignore[no-untyped-def]
+    def outbox(stats: AppliedStats) -> list[OutboxRecord]:
         return [
             OutboxRecord(topic="clip_archives", key=CONV, payload="a"),
             OutboxRecord(topic="control", key=CONV, payload="b"),

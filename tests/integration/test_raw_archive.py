@@ -9,8 +9,8 @@ import asyncpg
 import pytest
 
 from core.adapters.postgres.store import PostgresStore
-from core.domain.compaction import AppliedStats, CompactionPlan, OutboxRecord
-from core.ports.storage import HistoryConflictError
+from core.domain.compaction import AppliedStats, CompactionPlan
+from core.ports.storage import HistoryConflictError, OutboxRecord
 from tests.integration.test_postgres_store import (
     CONV,
     ConceptEmbedder,
@@ -111,8 +111,8 @@ async def test_a_failed_outbox_write_rolls_the_archive_back_too(pg_store: Postgr
     await save_all(pg_store, messages)
     plan = make_plan("cmp-1", [stored("cmp-1", 0, "summary", messages)], [m.id for m in messages])
 
-    def broken(plan: CompactionPlan, stats: AppliedStats) -> list[OutboxRecord]:
-        raise RuntimeError("outbox factory failed")
+    def broken(stats: AppliedStats) -> list[OutboxRecord]:
+        raise RuntimeError("outbox builder failed")
 
     with pytest.raises(RuntimeError):
         await pg_store.apply_compaction(plan, broken)

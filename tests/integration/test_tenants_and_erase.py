@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from core.adapters.postgres.store import ERASED_TABLES, PostgresStore
-from core.ports.storage import TenantConflictError
+from core.adapters.postgres.privacy import ERASED_TABLES
+from core.adapters.postgres.store import PostgresStore
+from core.domain.compaction import AppliedStats
+from core.ports.storage import OutboxRecord, TenantConflictError
 from tests.integration.test_postgres_store import make_plan, msg, stored
 
 pytestmark = pytest.mark.integration
@@ -34,12 +36,10 @@ async def _conversation(store: PostgresStore, cid: str, tenant: str | None, word
         }
     )
 
-    def outbox(plan_: object, stats: object) -> list[object]:
-        from core.domain.compaction import OutboxRecord
-
+    def outbox(stats: AppliedStats) -> list[OutboxRecord]:
         return [OutboxRecord(topic="clip_archives", key=cid, payload="{}")]
 
-    assert (await store.apply_compaction(plan, outbox)).outcome == "applied"  # type: ignore[arg-type]
+    assert (await store.apply_compaction(plan, outbox)).outcome == "applied"
 
 
 async def test_a_conversation_never_changes_tenant(pg_store: PostgresStore) -> None:

@@ -4,7 +4,7 @@
 ``tests/integration/test_postgres_store.py`` pin that contract on the real
 database): idempotent writes by message id and compaction id, a compaction
 applied all-or-nothing, ``HistoryConflictError`` when its messages are gone,
-exact token deltas handed to the outbox factory, and a compacted message that
+exact token deltas handed to the outbox builder, and a compacted message that
 never comes back on redelivery. Search is a plain term-overlap ranking: good
 enough for components, not a model of PostgreSQL's full-text search.
 """
@@ -18,21 +18,24 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from core.domain.clip_archive import is_clip_archive
-from core.domain.compaction import AppliedStats, CompactionPlan, OutboxFactory, StoredBatch
+from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
 from core.domain.messages import ConversationMessage
 from core.domain.tokens import estimate_message_tokens
 from core.ports.storage import (
     ApplyResult,
+    CompactionInputs,
     ExpandedBatch,
     HistoryConflictError,
     IncomingMessage,
     MemoryHit,
     MemorySearchResult,
+    OutboxBuilder,
     OutboxRow,
     QueryMode,
     SaveOutcome,
     SearchSources,
     StoreTotals,
+    StoreUnavailable,
     TenantConflictError,
     TurnHit,
     WorkerStore,
@@ -95,7 +98,7 @@ class InMemoryStore:
         remaining = self.outage.get(name, 0)
         if remaining:
             self.outage[name] = remaining - 1
-            raise ConnectionResetError(f"{name}: the database is away")
+            raise StoreUnavailable(f"{name}: the database is away")
 
     def message_ids(self, conversation_id: str | None = None) -> list[str]:
         """Live message ids in arrival order (of one conversation, or of all)."""
@@ -165,6 +168,11 @@ class InMemoryStore:
         up_to_seq: int | None = None,
     ) -> list[ConversationMessage]:
         self._call("load_history")
+        return self._history(conversation_id, as_of, up_to_seq)
+
+    def _history(
+        self, conversation_id: str, as_of: datetime | None, up_to_seq: int | None
+    ) -> list[ConversationMessage]:
         rows = [r for r in self.messages.values() if r.message.conversation_id == conversation_id]
         clips = [r.message for r in rows if is_clip_archive(r.message)]
         body = [
@@ -180,8 +188,19 @@ class InMemoryStore:
         self._call("compaction_applied")
         return compaction_id in self.compactions
 
+    async def compaction_inputs(
+        self, compaction_id: str, conversation_id: str, *, up_to_seq: int | None
+    ) -> CompactionInputs:
+        self._call("compaction_inputs")
+        rows = [r for r in self.messages.values() if r.message.conversation_id == conversation_id]
+        return CompactionInputs(
+            applied=compaction_id in self.compactions,
+            total=sum(r.tokens for r in rows),
+            history=self._history(conversation_id, None, up_to_seq),
+        )
+
     async def apply_compaction(
-        self, plan: CompactionPlan, outbox: OutboxFactory | None = None
+        self, plan: CompactionPlan, outbox: OutboxBuilder | None = None
     ) -> ApplyResult:
         self._call("apply_compaction")
         if plan.compaction_id in self.compactions:
@@ -213,7 +232,7 @@ class InMemoryStore:
         self.compactions.add(plan.compaction_id)
         self.compaction_owner[plan.compaction_id] = plan.conversation_id
         stats = AppliedStats(tokens_removed=removed, tokens_added=added)
-        for record in outbox(plan, stats) if outbox is not None else ():
+        for record in outbox(stats) if outbox is not None else ():
             row = OutboxRow(
                 id=len(self.outbox) + 1,
                 compaction_id=plan.compaction_id,
@@ -399,6 +418,12 @@ class InMemoryStore:
             if entry.row.id in ids:
                 entry.published = True
 
+    async def mark_compaction_published(self, compaction_id: str) -> None:
+        self._call("mark_compaction_published")
+        for entry in self.outbox:
+            if entry.row.compaction_id == compaction_id:
+                entry.published = True
+
     # -- TallySource --------------------------------------------------------------
 
     async def conversation_totals(self, conversation_id: str) -> tuple[int, int]:
@@ -451,7 +476,7 @@ class Published:
 
 @dataclass
 class RecordingPublisher:
-    """``streams.kafka.publisher.Publisher`` that keeps what was sent, in order."""
+    """``core.ports.publisher.Publisher`` that keeps what was sent, in order."""
 
     sent: list[Published] = field(default_factory=list)
     fail_next: Exception | None = None

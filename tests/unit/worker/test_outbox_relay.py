@@ -19,11 +19,10 @@ from typing import Any, cast
 
 import pytest
 
-from core.domain.compaction import OutboxRecord
-from core.ports.storage import OutboxRow
+from core.ports.storage import OutboxRecord, OutboxRow
 from streams.metrics import Metrics
 from streams.worker.outbox import OutboxRelay
-from streams.worker.resources import Opened
+from streams.worker.runtime import StaticRuntime
 
 pytestmark = pytest.mark.unit
 
@@ -31,16 +30,19 @@ DEADLINE = 10.0
 
 
 class OutboxOnly:
-    """The three outbox methods of the store, recording every mark."""
+    """The outbox methods of the store port, recording every read and mark."""
 
     def __init__(self, rows: Sequence[OutboxRow]) -> None:
         self.rows = list(rows)
         self.published: set[int] = set()
         self.marks: list[list[int]] = []
+        self.reads = 0
+        self.compaction_marks: list[str] = []
 
     async def pending_outbox(
         self, *, compaction_id: str | None = None, limit: int = 100
     ) -> list[OutboxRow]:
+        self.reads += 1
         rows = [r for r in self.rows if r.id not in self.published]
         return [r for r in rows if compaction_id in (None, r.compaction_id)][:limit]
 
@@ -50,6 +52,10 @@ class OutboxOnly:
     async def mark_published(self, ids: Sequence[int]) -> None:
         self.marks.append(list(ids))
         self.published.update(ids)
+
+    async def mark_compaction_published(self, compaction_id: str) -> None:
+        self.compaction_marks.append(compaction_id)
+        self.published.update(r.id for r in self.rows if r.compaction_id == compaction_id)
 
 
 class GatePublisher:
@@ -80,8 +86,7 @@ def rows(compaction_id: str, first_id: int) -> list[OutboxRow]:
 
 
 def relay_over(store: OutboxOnly, publisher: GatePublisher) -> OutboxRelay:
-    resources = Opened(cast(Any, store), cast(Any, None))
-    return OutboxRelay(resources, publisher, Metrics())
+    return OutboxRelay(StaticRuntime(cast(Any, store), cast(Any, None)), publisher, Metrics())
 
 
 async def test_a_compactions_records_are_in_flight_together() -> None:
@@ -129,41 +134,12 @@ async def test_relaying_again_sends_published_rows_too() -> None:
     assert await asyncio.wait_for(relay.relay("a"), DEADLINE) == 0
 
 
-class MarksByCompactionStore(OutboxOnly):
-    """A store that can mark a compaction's rows by its id (as PostgreSQL can)."""
-
-    def __init__(self, rows: Sequence[OutboxRow]) -> None:
-        super().__init__(rows)
-        self.reads = 0
-        self.compaction_marks: list[str] = []
-
-    async def pending_outbox(
-        self, *, compaction_id: str | None = None, limit: int = 100
-    ) -> list[OutboxRow]:
-        self.reads += 1
-        return await super().pending_outbox(compaction_id=compaction_id, limit=limit)
-
-    async def mark_compaction_published(self, compaction_id: str) -> None:
-        self.compaction_marks.append(compaction_id)
-        self.published.update(r.id for r in self.rows if r.compaction_id == compaction_id)
-
-
 async def test_the_records_a_compaction_built_are_sent_without_reading_them_back() -> None:
-    committed = rows("a", 1)
-    store = MarksByCompactionStore(committed)
-    publisher = GatePublisher(together=2)
-    relay = relay_over(store, publisher)
-    records = [OutboxRecord(topic=r.topic, key=r.key, payload=r.payload) for r in committed]
-    assert await asyncio.wait_for(relay.relay("a", records=records), DEADLINE) == 2
-    assert [value for _, value in publisher.started] == [b"a-clip", b"a-done"]
-    assert (store.reads, store.compaction_marks, store.published) == (0, ["a"], {1, 2})
-
-
-async def test_without_a_mark_by_compaction_the_rows_are_read_back() -> None:
     committed = rows("a", 1)
     store = OutboxOnly(committed)
     publisher = GatePublisher(together=2)
     relay = relay_over(store, publisher)
     records = [OutboxRecord(topic=r.topic, key=r.key, payload=r.payload) for r in committed]
     assert await asyncio.wait_for(relay.relay("a", records=records), DEADLINE) == 2
-    assert store.marks == [[1, 2]]
+    assert [value for _, value in publisher.started] == [b"a-clip", b"a-done"]
+    assert (store.reads, store.compaction_marks, store.published) == (0, ["a"], {1, 2})

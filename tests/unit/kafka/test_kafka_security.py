@@ -50,7 +50,7 @@ def test_sasl_ssl_gives_context_mechanism_and_credentials_from_the_environment()
 def test_the_faust_app_gets_exactly_the_cli_clients_arguments() -> None:
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from streams.app import create_app
+    from streams.kafka.faust_app import create_app
 
     for protocol in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
         tls = {"ssl_cafile": CA} if "SSL" in protocol else {}

@@ -21,12 +21,13 @@ from faust.exceptions import SameNode
 from core.adapters.llm.extractive import ExtractiveProvider
 from core.compactor import create_compactor
 from core.settings import ConfigError, ResolvedModel, Settings, parse_settings
+from streams.bootstrap import build_components
 from streams.events import MessageEvent
 from streams.http.auth import AuthPolicy, Principal, check_exposure, env_tokens
 from streams.http.views import Forbidden, register_views, search_request
-from streams.worker import Components, assemble
+from streams.worker.components import Components
 from streams.worker.records import Record
-from streams.worker.resources import Opened
+from streams.worker.runtime import StaticRuntime
 from tests.support.builders import T0
 from tests.support.memory_store import InMemoryStore, RecordingPublisher
 
@@ -55,12 +56,13 @@ SECURED = {
 }
 
 
-class Resources:
+class ViewRuntime:
     def __init__(self, store: InMemoryStore) -> None:
         self._store = store
         self.resolved_model = ResolvedModel(kind="extractive", model="x", reason="test")
 
-    async def store(self) -> InMemoryStore:
+    @property
+    def store(self) -> InMemoryStore:
         return self._store
 
 
@@ -69,7 +71,6 @@ class Site:
         self.store = InMemoryStore()
         compactor = create_compactor(
             model=ExtractiveProvider(),
-            messages_store=self.store,
             memory_store=self.store,
             config=config.summarization.compaction(),
             model_name="test",
@@ -78,11 +79,11 @@ class Site:
         async def ack(_: int) -> None:
             return None
 
-        self.components: Components[int] = assemble(
+        self.components: Components[int] = build_components(
             config,
             table={},
             publisher=RecordingPublisher(),
-            resources=Opened(self.store, compactor),
+            runtime=StaticRuntime(self.store, compactor),
             ack=ack,
         )
         self.app = faust.App(f"web-test-{id(self)}", broker="kafka://127.0.0.1:1", web_port=6999)
@@ -91,7 +92,7 @@ class Site:
             raise SameNode()
 
         self.app.router.route_topic_req = same_node  # type: ignore[method-assign]
-        register_views(self.app, config, self.components, Resources(self.store))
+        register_views(self.app, config, self.components, ViewRuntime(self.store))
         self.offset = 0
 
     async def message(

@@ -19,7 +19,7 @@ from streams.events import CompactionCommand, MessageEvent
 from streams.worker.records import Record
 from streams.worker.tally_table import TallyTable
 from tests.support.builders import T0
-from tests.unit.test_worker_components import NAMES, Harness, harness
+from tests.unit.worker.harness import NAMES, Harness, harness
 
 pytestmark = pytest.mark.unit
 

@@ -29,7 +29,7 @@ from core.domain.accounting import (
 )
 from core.domain.budget import BudgetConfig, compaction_due, over_budget
 from core.settings import ConfigError, parse_settings
-from tests.unit import test_worker_components as components
+from tests.unit.worker import harness as components
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import pytest
 
 from streams.events import DeadLetterHeaders, EraseRequest, MessageEvent
 from tests.support.builders import T0
-from tests.unit.test_worker_components import NAMES, Harness, harness, over_budget
+from tests.unit.worker.harness import NAMES, Harness, harness, over_budget
 
 pytestmark = pytest.mark.unit
 

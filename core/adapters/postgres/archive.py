@@ -1,0 +1,103 @@
+"""Archived batches and raw turns: the clip-archive's batches, one batch expanded, retention."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from core.adapters.postgres.rows import BATCH_COLUMNS, row_to_batch, row_to_message
+from core.domain.compaction import StoredBatch
+from core.ports.storage import ExpandedBatch
+
+log = logging.getLogger(__name__)
+
+# Archived raw turns removed per conversation and per call of expire_raw_turns.
+EXPIRE_BATCH = 1000
+
+
+async def live_batches(pool: asyncpg.Pool, conversation_id: str) -> list[StoredBatch]:
+    rows = await pool.fetch(
+        f"""
+        SELECT {BATCH_COLUMNS}
+          FROM archival_memory
+         WHERE conversation_id = $1 AND superseded_by IS NULL
+         ORDER BY coalesce(archive_order, seq), seq
+        """,
+        conversation_id,
+    )
+    return [row_to_batch(row) for row in rows]
+
+
+async def expand_batch(
+    pool: asyncpg.Pool, conversation_id: str, batch_id: str
+) -> ExpandedBatch | None:
+    """The batch with every archived raw turn it covers, in conversation order."""
+    row = await pool.fetchrow(
+        f"SELECT {BATCH_COLUMNS} FROM archival_memory WHERE conversation_id = $1 AND id = $2",
+        conversation_id,
+        batch_id,
+    )
+    if row is None:
+        return None
+    batch = row_to_batch(row)
+    turns = await pool.fetch(
+        """
+        SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at
+          FROM archived_messages
+         WHERE conversation_id = $1 AND id = ANY($2::text[])
+         ORDER BY created_at, id
+        """,
+        conversation_id,
+        list(batch.batch.source_message_ids),
+    )
+    return ExpandedBatch(
+        batch=batch,
+        turns=tuple(row_to_message(t) for t in turns),
+        turns_missing=len(set(batch.batch.source_message_ids)) - len(turns),
+    )
+
+
+async def expire_raw_turns(pool: asyncpg.Pool, retention_days: int) -> int:
+    """Remove raw turns archived more than ``retention_days`` ago.
+
+    One index range scan names the conversations with expired turns (at
+    most 100 per call), then one transaction per conversation removes at
+    most ``EXPIRE_BATCH`` of its rows: each call is bounded, and a timer
+    calling it every few minutes catches up with any backlog.
+    """
+    if retention_days == 0:
+        return 0
+    cutoff = datetime.now().astimezone() - timedelta(days=retention_days)
+    removed = 0
+    try:
+        conversations = await pool.fetch(
+            "SELECT DISTINCT conversation_id FROM archived_messages "
+            "WHERE archived_at < $1 LIMIT 100",
+            cutoff,
+        )
+        for row in conversations:
+            removed += await _expire_conversation(pool, row["conversation_id"], cutoff)
+    except (asyncpg.PostgresError, OSError) as error:
+        log.warning("removing expired raw turns failed, next pass retries: %s", error)
+    if removed:
+        log.info("removed %d raw turns archived before %s", removed, cutoff.isoformat())
+    return removed
+
+
+async def _expire_conversation(pool: asyncpg.Pool, conversation_id: str, cutoff: datetime) -> int:
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(
+            """
+            DELETE FROM archived_messages
+             WHERE conversation_id = $1 AND id IN (
+                   SELECT id FROM archived_messages
+                    WHERE conversation_id = $1 AND archived_at < $2 LIMIT $3)
+            RETURNING id
+            """,
+            conversation_id,
+            cutoff,
+            EXPIRE_BATCH,
+        )
+    return len(rows)

@@ -1,0 +1,371 @@
+"""``apply_compaction``: everything one compaction writes, in one transaction.
+
+Keyed by ``compaction_id`` so a redelivered command is a no-op, and
+serialised per conversation by an advisory lock so two compactions of one
+conversation cannot interleave. Embeddings are computed before that
+transaction opens: a slow or failing embedding service must neither hold
+locks nor fail a compaction, it only costs the vector half of search for
+those batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import asyncpg
+
+from core.adapters.postgres import ingest as pg_ingest
+from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
+from core.adapters.postgres.vectors import check_vectors
+from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
+from core.domain.tokens import estimate_message_tokens
+from core.ports.embedding import Embedder
+from core.ports.storage import ApplyResult, HistoryConflictError, OutboxBuilder, OutboxRecord
+
+if TYPE_CHECKING:
+    from core.adapters.postgres.migrate import AnyConnection
+
+log = logging.getLogger(__name__)
+
+
+async def apply(
+    pool: asyncpg.Pool,
+    embedder: Embedder | None,
+    plan: CompactionPlan,
+    outbox: OutboxBuilder | None = None,
+) -> ApplyResult:
+    """``PostgresStore.apply_compaction``.
+
+    The insert into ``compactions`` decides whether this is a replay: callers
+    ask ``compaction_inputs`` before planning (it saves the LLM calls).
+    """
+    _check_plan(plan)
+    vectors, model = await embed_batches(embedder, plan.new_batches)
+    turn_vectors = await embed_turns(pool, embedder, plan) if embedder is not None else {}
+
+    # Every round trip here is paid by every compaction: steps that can share
+    # a statement do (the lock and the record; the clip-archive and the
+    # outbox), and a step with nothing to do sends nothing.
+    async with pool.acquire() as conn, conn.transaction():
+        if not await _lock_and_record(conn, plan):
+            return ApplyResult(outcome="already_applied")
+        await _supersede(conn, plan)
+        await _insert_batches(conn, plan.new_batches, vectors, model)
+        await _place_resummarised(conn, plan)
+        removed = await _archive_compacted(conn, plan)
+        await _store_turn_vectors(conn, plan.conversation_id, turn_vectors, model)
+        stats = AppliedStats(
+            tokens_removed=removed, tokens_added=estimate_message_tokens(plan.clip_archive)
+        )
+        records = list(outbox(stats)) if outbox is not None else []
+        await _insert_clip_archive(conn, plan, records)
+    return ApplyResult(outcome="applied", stats=stats)
+
+
+# -- embeddings (before the transaction) ---------------------------------------
+
+
+async def embed_batches(
+    embedder: Embedder | None, batches: Sequence[StoredBatch]
+) -> tuple[list[list[float]] | None, str | None]:
+    if embedder is None or not batches:
+        return None, None
+    texts = [b.batch.content for b in batches]
+    try:
+        vectors = await embedder.embed(texts)
+        check_vectors(vectors, len(texts))
+    except Exception as error:
+        # Archiving matters more than the vector index: these rows stay
+        # findable by full text.
+        log.warning(
+            "embedding %d batches with %s failed, storing them without embeddings: %s",
+            len(texts),
+            embedder.model,
+            error,
+        )
+        return None, None
+    return vectors, embedder.model
+
+
+async def embed_turns(
+    pool: asyncpg.Pool, embedder: Embedder, plan: CompactionPlan
+) -> dict[str, list[float]]:
+    """Vectors of the raw turns the plan archives (read before its transaction).
+
+    A failure only costs those turns the vector half of search.
+    """
+    rows = await pool.fetch(
+        "SELECT id, content FROM messages "
+        "WHERE conversation_id = $1 AND id = ANY($2::text[]) AND kind = 'message' "
+        "ORDER BY id",
+        plan.conversation_id,
+        list(plan.deleted_message_ids),
+    )
+    if not rows:
+        return {}
+    try:
+        vectors = await embedder.embed([row["content"] for row in rows])
+        check_vectors(vectors, len(rows))
+    except Exception as error:
+        log.warning(
+            "embedding %d archived turns failed, storing them without: %s", len(rows), error
+        )
+        return {}
+    return {row["id"]: vector for row, vector in zip(rows, vectors, strict=True)}
+
+
+# -- apply steps (inside the transaction) ----------------------------------------
+
+
+async def _lock_and_record(conn: AnyConnection, plan: CompactionPlan) -> bool:
+    """Take the conversation's advisory lock, then record the compaction id; ``False``
+    when it was recorded before (a replay: nothing more to write).
+
+    One statement: the row to insert comes out of the lock call, so the lock is
+    held before the insert. Later statements see whatever committed before it
+    (each statement takes a fresh snapshot at read committed); the insert's own
+    conflict check reads the index, not the snapshot.
+    """
+    recorded = await conn.fetchval(
+        """
+        INSERT INTO compactions (compaction_id, conversation_id, messages_compressed,
+                                 batches_created, tokens_before, tokens_after)
+        SELECT $1, $2, $3, $4, $5, $6
+          FROM (SELECT pg_advisory_xact_lock($7, hashtext($2))) AS locked
+        ON CONFLICT (conversation_id, compaction_id) DO NOTHING
+        RETURNING compaction_id
+        """,
+        plan.compaction_id,
+        plan.conversation_id,
+        plan.messages_compressed,
+        len(plan.new_batches),
+        plan.tokens_estimate_before,
+        plan.tokens_estimate_after,
+        CONVERSATION_LOCK_CLASS,
+    )
+    return recorded is not None
+
+
+async def _supersede(conn: AnyConnection, plan: CompactionPlan) -> None:
+    if not plan.superseded:
+        return
+    existing = [old for old, _ in plan.superseded]
+    replacing = [new for _, new in plan.superseded]
+    rows = await conn.fetch(
+        """
+        UPDATE archival_memory AS m
+           SET superseded_by = s.replacing
+          FROM unnest($1::text[], $2::text[]) AS s(existing, replacing)
+         WHERE m.id = s.existing
+           AND m.conversation_id = $3
+           AND m.superseded_by IS NULL
+        RETURNING m.id
+        """,
+        existing,
+        replacing,
+        plan.conversation_id,
+    )
+    if len(rows) != len(existing):
+        missing = sorted(set(existing) - {row["id"] for row in rows})
+        raise HistoryConflictError(
+            f"compaction {plan.compaction_id}: batches to supersede are gone or already "
+            f"superseded: {_preview(missing)}"
+        )
+
+
+async def _insert_batches(
+    conn: AnyConnection,
+    batches: Sequence[StoredBatch],
+    vectors: list[list[float]] | None,
+    model: str | None,
+) -> None:
+    if not batches:
+        return
+    await conn.executemany(
+        """
+        INSERT INTO archival_memory (id, label, conversation_id, content, depth, start_time,
+                                     end_time, message_count, source_message_ids,
+                                     compaction_id, superseded_by, embedding, embedding_model,
+                                     covered_days)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+        ON CONFLICT (conversation_id, id) DO NOTHING
+        """,
+        [
+            (
+                stored.id,
+                stored.label,
+                stored.conversation_id,
+                stored.batch.content,
+                stored.batch.depth,
+                stored.batch.start_time,
+                stored.batch.end_time,
+                stored.batch.message_count,
+                list(stored.batch.source_message_ids),
+                stored.compaction_id,
+                stored.superseded_by,
+                vectors[index] if vectors is not None else None,
+                model if vectors is not None else None,
+                list(stored.batch.days) or None,
+            )
+            for index, stored in enumerate(batches)
+        ],
+    )
+
+
+async def _place_resummarised(conn: AnyConnection, plan: CompactionPlan) -> None:
+    """A re-summarised batch takes the clip-archive slot of the earliest batch it folds in.
+
+    Creation order alone would put it after the newer batches it was written
+    alongside, while it covers the oldest history. Only a plan that re-summarised
+    (some batch gets a ``superseded_by``) has one; the others skip the round trip.
+    """
+    if not plan.superseded and all(b.superseded_by is None for b in plan.new_batches):
+        return
+    await conn.execute(
+        """
+        UPDATE archival_memory AS m
+           SET archive_order = s.first_slot
+          FROM (SELECT superseded_by AS id, min(coalesce(archive_order, seq)) AS first_slot
+                  FROM archival_memory
+                 WHERE conversation_id = $1 AND superseded_by = ANY($2::text[])
+                 GROUP BY superseded_by) AS s
+         WHERE m.id = s.id AND m.conversation_id = $1
+        """,
+        plan.conversation_id,
+        [stored.id for stored in plan.new_batches],
+    )
+
+
+def _turn_batches(plan: CompactionPlan) -> dict[str, str]:
+    """Message id → the shallowest new batch that summarised it (depth 0 normally)."""
+    owner: dict[str, str] = {}
+    for stored in sorted(plan.new_batches, key=lambda b: b.batch.depth):
+        for message_id in stored.batch.source_message_ids:
+            owner.setdefault(message_id, stored.id)
+    return owner
+
+
+async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
+    """Move the compacted messages to ``archived_messages`` (raw turns, linked to
+    their batch; a replaced clip-archive is dropped); the sum of their stored
+    token counts."""
+    wanted = set(plan.deleted_message_ids)
+    if not wanted:
+        return 0
+    owner = _turn_batches(plan)
+    rows = await conn.fetch(
+        """
+        WITH gone AS (
+            DELETE FROM messages WHERE id = ANY($1::text[]) AND conversation_id = $2
+            RETURNING *
+        ), kept AS (
+            INSERT INTO archived_messages (conversation_id, id, batch_id, compaction_id, role,
+                                           content, tool_calls, tool_call_id, created_at,
+                                           token_estimate, seq)
+            SELECT g.conversation_id, g.id, b.batch_id, $3, g.role, g.content, g.tool_calls,
+                   g.tool_call_id, g.created_at, g.token_estimate, g.seq
+              FROM gone AS g
+              LEFT JOIN unnest($4::text[], $5::text[]) AS b(message_id, batch_id)
+                ON b.message_id = g.id
+             WHERE g.kind = 'message'
+            ON CONFLICT (conversation_id, id) DO NOTHING
+        )
+        SELECT id, token_estimate FROM gone
+        """,
+        list(wanted),
+        plan.conversation_id,
+        plan.compaction_id,
+        list(owner),
+        list(owner.values()),
+    )
+    if len(rows) != len(wanted):
+        missing = sorted(wanted - {row["id"] for row in rows})
+        raise HistoryConflictError(
+            f"compaction {plan.compaction_id}: {len(missing)} message(s) it compacts are no "
+            f"longer in conversation {plan.conversation_id}: {_preview(missing)}"
+        )
+    return sum(int(row["token_estimate"]) for row in rows)
+
+
+async def _store_turn_vectors(
+    conn: AnyConnection,
+    conversation_id: str,
+    vectors: dict[str, list[float]],
+    model: str | None,
+) -> None:
+    if not vectors or model is None:
+        return
+    await conn.executemany(
+        "UPDATE archived_messages SET embedding = $3, embedding_model = $4 "
+        "WHERE conversation_id = $1 AND id = $2",
+        [(conversation_id, message_id, v, model) for message_id, v in vectors.items()],
+    )
+
+
+async def _insert_clip_archive(
+    conn: AnyConnection, plan: CompactionPlan, outbox: Sequence[OutboxRecord]
+) -> None:
+    """Insert the clip-archive and, in the same statement, the outbox rows (in order)."""
+    clip = plan.clip_archive
+    try:
+        await conn.execute(
+            """
+            WITH clip AS (
+                INSERT INTO messages (id, conversation_id, role, content, tool_calls,
+                                      tool_call_id, created_at, token_estimate, kind,
+                                      compaction_id)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'clip_archive', $9)
+            )
+            INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id)
+            SELECT $9, o.topic, o.key, o.payload, $2
+              FROM unnest($10::text[], $11::text[], $12::text[])
+                   WITH ORDINALITY AS o(topic, key, payload, n)
+             ORDER BY o.n
+            """,
+            clip.id,
+            clip.conversation_id,
+            clip.role,
+            clip.content,
+            pg_ingest.tool_calls_json(clip.tool_calls),
+            clip.tool_call_id,
+            clip.created_at,
+            estimate_message_tokens(clip),
+            plan.compaction_id,
+            [r.topic for r in outbox],
+            [r.key for r in outbox],
+            [r.payload for r in outbox],
+        )
+    except asyncpg.UniqueViolationError as error:
+        # Either another clip-archive exists that the plan did not know to
+        # replace, or the id is taken: the plan was computed from stale history.
+        raise HistoryConflictError(
+            f"compaction {plan.compaction_id}: cannot insert clip-archive {clip.id}: "
+            f"{error.detail or error}"
+        ) from error
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _check_plan(plan: CompactionPlan) -> None:
+    """Reject plans that would write across conversations or collide with themselves."""
+    conversation = plan.conversation_id
+    foreign = [b.id for b in plan.new_batches if b.conversation_id != conversation]
+    if foreign or plan.clip_archive.conversation_id != conversation:
+        raise ValueError(
+            f"compaction {plan.compaction_id} writes outside conversation {conversation}: "
+            f"batches {foreign}, clip-archive in {plan.clip_archive.conversation_id}"
+        )
+    ids = [b.id for b in plan.new_batches]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"compaction {plan.compaction_id} has duplicate batch ids")
+    existing = [old for old, _ in plan.superseded]
+    if len(set(existing)) != len(existing):
+        raise ValueError(f"compaction {plan.compaction_id} supersedes a batch twice")
+
+
+def _preview(ids: Sequence[str], shown: int = 5) -> str:
+    head = ", ".join(ids[:shown])
+    return head if len(ids) <= shown else f"{head}, … ({len(ids) - shown} more)"

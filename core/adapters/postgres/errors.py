@@ -1,0 +1,83 @@
+"""asyncpg's and the socket's errors → the storage ports' errors, in one place.
+
+A store raises the ports' errors and nothing of its driver
+(``core.ports.storage``): the worker's retry policy decides on those types
+alone. Every way PostgreSQL can be briefly away (refused or lost connection,
+server shutting down or starting up, too many connections, a timeout) becomes
+``StoreUnavailable``, with the driver's error as its ``__cause__``. Everything
+else passes through unchanged: the port errors a store raises on purpose
+(``HistoryConflictError``, ``TenantConflictError``), and any other error,
+which is a bug or a record the store cannot take, and must stay visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+import asyncpg
+from asyncpg import exceptions as pg_errors
+
+from core.ports.storage import StoreUnavailable
+
+P = ParamSpec("P")
+T = TypeVar("T")
+C = TypeVar("C", bound=type)
+
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,  # ConnectionError (refused, reset); FileNotFoundError while the socket is gone
+    TimeoutError,
+    asyncio.TimeoutError,
+    asyncpg.PostgresConnectionError,  # SQLSTATE class 08: connection exception
+    pg_errors.ConnectionDoesNotExistError,  # the connection died mid-call
+    asyncpg.InterfaceError,  # the connection or the pool is closed
+    pg_errors.OperatorInterventionError,  # class 57: shutting down, starting up, terminated
+    pg_errors.InsufficientResourcesError,  # class 53: too many connections
+    pg_errors.TooManyConnectionsError,
+)
+"""The driver errors that mean PostgreSQL is (briefly) not there."""
+
+NEVER_UNAVAILABLE: tuple[type[BaseException], ...] = (ValueError,)
+"""Excepted from ``UNAVAILABLE``: asyncpg's ``InterfaceError``s that are also
+``ValueError``s (``ClientConfigurationError``: a malformed DSN or connection
+option; the client-side ``DataError``: a value a query cannot take). Waiting
+cannot fix them."""
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` from the driver means the database is (briefly) away."""
+    return isinstance(error, UNAVAILABLE) and not isinstance(error, NEVER_UNAVAILABLE)
+
+
+def port_errors(func: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """``func`` raising ``StoreUnavailable`` (from the original) for an outage."""
+
+    @functools.wraps(func)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await func(*args, **kwargs)
+        except UNAVAILABLE as error:
+            if not is_unavailable(error):
+                raise
+            detail = str(error) or "no detail"
+            raise StoreUnavailable(
+                f"PostgreSQL unavailable ({type(error).__name__}: {detail})"
+            ) from error
+
+    return call
+
+
+def port_errors_on_methods(cls: C) -> C:
+    """Class decorator: ``port_errors`` on every public coroutine method, classmethods
+    included, so a method added later cannot leak a driver error."""
+    for name, member in list(vars(cls).items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(member, classmethod) and inspect.iscoroutinefunction(member.__func__):
+            setattr(cls, name, classmethod(port_errors(member.__func__)))
+        elif inspect.iscoroutinefunction(member):
+            setattr(cls, name, port_errors(member))
+    return cls

@@ -1,0 +1,64 @@
+"""The transactional outbox: rows ``apply_compaction`` wrote, read and marked by the relay."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+
+from core.ports.storage import OutboxRow
+
+
+async def pending(
+    pool: asyncpg.Pool, *, compaction_id: str | None = None, limit: int = 100
+) -> list[OutboxRow]:
+    """Unpublished outbox rows, oldest first (optionally of one compaction)."""
+    rows = await pool.fetch(
+        """
+        SELECT id, compaction_id, topic, key, payload FROM outbox
+         WHERE published_at IS NULL AND ($1::text IS NULL OR compaction_id = $1)
+         ORDER BY id LIMIT $2
+        """,
+        compaction_id,
+        limit,
+    )
+    return [OutboxRow(**dict(row)) for row in rows]
+
+
+async def rows_of(pool: asyncpg.Pool, compaction_id: str) -> list[OutboxRow]:
+    """Every outbox row of one compaction, published or not, in order.
+
+    For publishing a compaction's events again: when its command comes
+    back after the compaction was applied, the completion published the
+    first time may never have reached its consumer.
+    """
+    rows = await pool.fetch(
+        """
+        SELECT id, compaction_id, topic, key, payload FROM outbox
+         WHERE compaction_id = $1
+         ORDER BY id
+        """,
+        compaction_id,
+    )
+    return [OutboxRow(**dict(row)) for row in rows]
+
+
+async def mark_published(pool: asyncpg.Pool, ids: Sequence[int]) -> None:
+    """Mark rows published; a row published before keeps its first time."""
+    if ids:
+        await pool.execute(
+            "UPDATE outbox SET published_at = now() "
+            "WHERE id = ANY($1::bigint[]) AND published_at IS NULL",
+            list(ids),
+        )
+
+
+async def mark_compaction_published(pool: asyncpg.Pool, compaction_id: str) -> None:
+    """Mark every row of one compaction published (a row published before
+    keeps its first time): for a relay that sent the records the compaction
+    built, so it never read their ids back. One compaction's rows are one
+    conversation's."""
+    await pool.execute(
+        "UPDATE outbox SET published_at = now() WHERE compaction_id = $1 AND published_at IS NULL",
+        compaction_id,
+    )

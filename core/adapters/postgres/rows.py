@@ -1,0 +1,47 @@
+"""Rows of ``messages``, ``archived_messages`` and ``archival_memory`` as domain objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.domain.compaction import StoredBatch, SummaryBatch
+from core.domain.messages import ConversationMessage, ToolCall
+
+BATCH_COLUMNS = """
+    id, label, conversation_id, content, depth, start_time, end_time, message_count,
+    source_message_ids, compaction_id, superseded_by, covered_days
+"""
+
+
+def row_to_message(row: Any) -> ConversationMessage:
+    raw_calls = row["tool_calls"]
+    return ConversationMessage(
+        id=row["id"],
+        conversation_id=row["conversation_id"],
+        role=row["role"],
+        content=row["content"],
+        tool_calls=None
+        if raw_calls is None
+        else tuple(ToolCall.model_validate(call) for call in raw_calls),
+        tool_call_id=row["tool_call_id"],
+        created_at=row["created_at"],
+    )
+
+
+def row_to_batch(row: Any) -> StoredBatch:
+    return StoredBatch(
+        id=row["id"],
+        label=row["label"],
+        conversation_id=row["conversation_id"],
+        batch=SummaryBatch(
+            content=row["content"],
+            depth=row["depth"],
+            start_time=row["start_time"],
+            end_time=row["end_time"],
+            message_count=row["message_count"],
+            source_message_ids=tuple(row["source_message_ids"]),
+            days=tuple(row["covered_days"] or ()),
+        ),
+        compaction_id=row["compaction_id"],
+        superseded_by=row["superseded_by"],
+    )

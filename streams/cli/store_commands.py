@@ -1,0 +1,159 @@
+"""The PostgreSQL commands: ``migrate``, ``compact``, ``history``, ``memory-read``, ``expand``.
+
+None of them needs Kafka: ``compact`` runs the worker's components in this
+process (``streams.cli.offline``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from core.domain.clip_archive import is_clip_archive, parse_clip_archive
+from core.domain.messages import ConversationMessage
+from core.domain.tokens import estimate_history_tokens
+from core.ports.storage import MessageStore
+from core.settings import Settings
+from streams.bootstrap import open_runtime
+from streams.cli.errors import CommandError
+from streams.cli.offline import OfflineCompactionError, OfflineRun, conversations_in
+from streams.cli.replay import read_events
+from streams.worker.processor import CompactionOutcome
+
+
+def render_history(history: list[ConversationMessage]) -> str:
+    out = []
+    for message in history:
+        if is_clip_archive(message):
+            out.append(f"--- clip-archive ({message.id}) ---\n{message.content}\n--- end ---")
+            continue
+        text = message.content
+        for call in message.tool_calls or ():
+            text += f"\n  ↳ tool call {call.name}({json.dumps(call.arguments)})"
+        out.append(f"[{message.created_at:%H:%M:%S}] {message.role}: {text}")
+    return "\n".join(out)
+
+
+async def cmd_migrate(settings: Settings, _: argparse.Namespace) -> int:
+    async with open_runtime(settings) as runtime:
+        print(f"schema up to date on {runtime.dsn.split('@')[-1]}")
+    return 0
+
+
+async def cmd_compact(settings: Settings, args: argparse.Namespace) -> int:
+    """Load a transcript into PostgreSQL and compact every conversation over budget.
+
+    The transcript goes through the streaming worker's own accounting and
+    processor (``streams.cli.offline``), message by message, so a conversation is
+    compacted exactly when the worker would compact it.
+    """
+    transcript = read_events(Path(args.file))
+    if transcript.bad:
+        raise CommandError("\n".join(str(bad) for bad in transcript.bad[:20]))
+    budget = settings.budget
+    async with open_runtime(settings) as runtime:
+        print(
+            f"summariser: {runtime.resolved_model.kind} ({runtime.resolved_model.reason}); "
+            f"budget {budget.budget_tokens} tokens "
+            f"({budget.context_budget} x {budget.model_max_tokens})"
+        )
+        counts: dict[str, int] = defaultdict(int)
+
+        def report(conversation_id: str, outcome: CompactionOutcome) -> None:
+            counts[conversation_id] += 1
+            print(
+                f"compaction {counts[conversation_id]} of {conversation_id}: "
+                f"{outcome.messages_compressed} messages → {outcome.batches_created} batches, "
+                f"{outcome.tokens_before} → {outcome.tokens_after} tokens"
+            )
+
+        run = OfflineRun(settings, runtime.store, runtime.compactor, on_compaction=report)
+        for conversation_id, events in conversations_in(transcript.events).items():
+            try:
+                await run.replay(events)
+            except OfflineCompactionError as error:
+                print(str(error), file=sys.stderr)
+                return 1
+            await _print_compacted(runtime.store, conversation_id)
+    return 0
+
+
+async def _print_compacted(store: MessageStore, conversation_id: str) -> None:
+    history = await store.load_history(conversation_id)
+    print(f"\n=== {conversation_id}: history now ({estimate_history_tokens(history)} tokens) ===")
+    print(render_history(history))
+    if history and is_clip_archive(history[0]):
+        parsed = parse_clip_archive(history[0].content)
+        print(
+            f"\nclip-archive: {parsed.messages_compressed} messages in "
+            f"{parsed.total_batches} batches over {parsed.cycles} cycles"
+        )
+
+
+async def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_runtime(settings) as runtime:
+        history = await runtime.store.load_history(args.conversation_id)
+    if not history:
+        print(f"no messages for conversation {args.conversation_id!r}", file=sys.stderr)
+        return 1
+    print(render_history(history))
+    return 0
+
+
+async def cmd_memory_read(settings: Settings, args: argparse.Namespace) -> int:
+    # The HTTP view's rule: a search is scoped, and a search of everything says so.
+    scoped = args.conversation_id is not None or args.tenant_id is not None
+    if scoped == args.all:
+        print(
+            "compactor: memory-read searches --conversation-id C, --tenant-id T (or both), "
+            "or --all conversations; give "
+            + ("one scope, not --all as well" if scoped else "one of them"),
+            file=sys.stderr,
+        )
+        return 2
+    async with open_runtime(settings) as runtime:
+        result = await runtime.store.memory_read(
+            args.query,
+            conversation_id=args.conversation_id,
+            limit=args.limit,
+            sources=args.sources,
+            mode=args.mode,
+            tenant_id=args.tenant_id,
+        )
+    if result.mode == "full_text":
+        print("(full-text search only: no embedder configured)")
+    for hit in result.hits:
+        print(
+            f"\n{hit.batch_id}  {hit.label}  score={hit.score:.4f}  depth={hit.depth}  "
+            f"messages={hit.message_count}  {hit.start_time:%Y-%m-%d %H:%M} → "
+            f"{hit.end_time:%Y-%m-%d %H:%M}"
+        )
+        print(hit.content)
+        for turn in hit.turns:
+            print(f"  > [{turn.created_at:%Y-%m-%d %H:%M}] {turn.role} {turn.message_id}:")
+            print(f"    {turn.text}")
+    if not result.hits:
+        print("no matches")
+    return 0
+
+
+async def cmd_expand(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_runtime(settings) as runtime:
+        expanded = await runtime.store.expand_batch(args.conversation_id, args.batch_id)
+    if expanded is None:
+        print(f"no batch {args.batch_id!r} in {args.conversation_id!r}", file=sys.stderr)
+        return 1
+    batch = expanded.batch.batch
+    print(
+        f"{expanded.batch.id}  depth={batch.depth}  {batch.start_time:%Y-%m-%d %H:%M} → "
+        f"{batch.end_time:%Y-%m-%d %H:%M}  {batch.message_count} messages"
+    )
+    print(batch.content)
+    print()
+    print(render_history(list(expanded.turns)))
+    if expanded.turns_missing:
+        print(f"({expanded.turns_missing} raw turns no longer archived: retention)")
+    return 0

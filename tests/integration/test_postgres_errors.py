@@ -1,0 +1,206 @@
+"""``PostgresStore`` raises the storage ports' errors, never its driver's, on a real server.
+
+Why: the worker's retry policy decides on the port errors alone
+(``StoreUnavailable``: wait it out; anything else: a few tries, then the dead
+letter topic). A refused connection, a server that went away or a backend
+killed mid-query that escaped as an ``OSError`` or an asyncpg error would be
+dead-lettered instead of waited out; a conflict or a bad record mapped to
+``StoreUnavailable`` would be retried forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from core.adapters.postgres.store import PostgresStore
+from core.ports.storage import (
+    HistoryConflictError,
+    IncomingMessage,
+    StoreUnavailable,
+    TenantConflictError,
+)
+from tests.integration.test_postgres_pool import plan_over
+from tests.support.builders import history
+from tests.support.builders import message as make_message
+from tests.support.pg_control import ControlledPostgres
+from tests.support.worker import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+Call = Callable[[PostgresStore], Awaitable[object]]
+
+CALLS: dict[str, Call] = {
+    "load_history": lambda store: store.load_history("conv-1"),
+    "save_messages": lambda store: store.save_messages([IncomingMessage(make_message(50), 10)]),
+    "save_message": lambda store: store.save_message(make_message(51), 10),
+    "compaction_inputs": lambda store: store.compaction_inputs("cmp-9", "conv-1", up_to_seq=None),
+}
+
+
+def _assert_unavailable(error: BaseException, call: str = "") -> None:
+    """A ``StoreUnavailable`` whose cause is the driver's (or the socket's) error."""
+    assert type(error) is StoreUnavailable, f"{call}: {type(error).__name__}: {error}"
+    assert isinstance(error.__cause__, OSError | asyncpg.PostgresError | asyncpg.InterfaceError)
+
+
+# -- the map covers the whole facade ------------------------------------------------
+
+
+def test_every_public_coroutine_of_the_store_goes_through_the_map() -> None:
+    coroutines = {
+        name: member
+        for name, member in inspect.getmembers(PostgresStore)
+        if not name.startswith("_") and inspect.iscoroutinefunction(member)
+    }
+    assert {"connect", "load_history", "save_messages", "apply_compaction"} <= set(coroutines)
+    unwrapped = [name for name, member in coroutines.items() if not hasattr(member, "__wrapped__")]
+    assert unwrapped == []
+
+
+# -- (a) nothing listening ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_migrations", [True, False], ids=["migrating", "pool-only"])
+async def test_connect_to_a_port_with_nothing_listening_is_unavailable(
+    run_migrations: bool,
+) -> None:
+    dsn = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
+    with pytest.raises(StoreUnavailable) as caught:
+        await PostgresStore.connect(dsn, run_migrations=run_migrations)
+    _assert_unavailable(caught.value)
+    assert isinstance(caught.value.__cause__, ConnectionRefusedError)
+
+
+# -- (b) the server goes away -----------------------------------------------------------
+
+
+@pytest.fixture
+async def own_postgres() -> AsyncIterator[ControlledPostgres]:
+    """A server only this test uses, so it may stop it (not under ``tmp_path``: see
+    ``tests/chaos/conftest.py``, run as root the server runs as another user)."""
+    root = Path(tempfile.mkdtemp(prefix="store-errors-pg-"))
+    server = ControlledPostgres(root)
+    try:
+        await asyncio.to_thread(server.init)
+        await asyncio.to_thread(server.start)
+        await server.wait_accepting()
+        yield server
+    finally:
+        await asyncio.to_thread(server.stop)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_stopped_server_is_unavailable_and_the_store_recovers_after_restart(
+    own_postgres: ControlledPostgres,
+) -> None:
+    dsn = await own_postgres.create_database("errors")
+    store = await PostgresStore.connect(dsn, max_size=2)
+    try:
+        await store.save_message(make_message(0), 10)
+        await asyncio.to_thread(own_postgres.stop_immediate)
+        for name, call in CALLS.items():
+            try:
+                await call(store)
+            except Exception as error:
+                _assert_unavailable(error, name)
+            else:
+                pytest.fail(f"{name} succeeded with the server stopped")
+        await asyncio.to_thread(own_postgres.start)
+        await own_postgres.wait_accepting()
+        # The same call succeeds later: the pool reconnects (a connection it
+        # had not yet seen die may cost one more StoreUnavailable).
+        for _ in range(3):
+            try:
+                loaded = await store.load_history("conv-1")
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.2)
+        else:
+            pytest.fail("the store did not recover after the server restarted")
+        assert [m.id for m in loaded] == [make_message(0).id]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+async def test_a_backend_terminated_mid_query_is_unavailable(
+    name: str, pg_store: PostgresStore, pg_database: str
+) -> None:
+    """The query waits on a table lock another session holds; ``pg_terminate_backend``
+    then kills it (``57P01``, an ``AdminShutdownError`` to asyncpg)."""
+    locker = await asyncpg.connect(pg_database)
+    try:
+        blocker = locker.transaction()
+        await blocker.start()
+        await locker.execute("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        pending = asyncio.ensure_future(CALLS[name](pg_store))
+        victim = await _backend_waiting_on_a_lock(locker, pending)
+        assert await locker.fetchval("SELECT pg_terminate_backend($1)", victim)
+        with pytest.raises(StoreUnavailable) as caught:
+            await asyncio.wait_for(pending, 30)
+        _assert_unavailable(caught.value)
+        await blocker.rollback()
+    finally:
+        await locker.close()
+    assert await pg_store.load_history("nobody") == []  # the pool replaced the connection
+
+
+async def _backend_waiting_on_a_lock(
+    locker: asyncpg.Connection, pending: asyncio.Future[object]
+) -> int:
+    for _ in range(200):
+        assert not pending.done(), "the call finished although the table was locked"
+        pid = await locker.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+        )
+        if pid is not None:
+            return int(pid)
+        await asyncio.sleep(0.05)
+    raise AssertionError("the call never waited on the lock")
+
+
+# -- (c) everything else passes through as itself -----------------------------------------
+
+
+async def test_a_history_conflict_comes_through_as_itself(pg_store: PostgresStore) -> None:
+    messages = history(4)
+    await pg_store.save_message(messages[0], 10)  # the plan's second message was never stored
+    with pytest.raises(HistoryConflictError) as caught:
+        await pg_store.apply_compaction(plan_over(messages[:2]))
+    assert type(caught.value) is HistoryConflictError
+
+
+async def test_a_tenant_conflict_comes_through_as_itself(pg_store: PostgresStore) -> None:
+    await pg_store.save_message(make_message(0), 10, tenant_id="acme")
+    with pytest.raises(TenantConflictError) as caught:
+        await pg_store.save_message(make_message(1), 10, tenant_id="globex")
+    assert type(caught.value) is TenantConflictError
+
+
+async def test_bad_input_is_not_an_outage(pg_store: PostgresStore) -> None:
+    """A value the query cannot take fails the same way every time: it comes
+    through as the driver's error (or the store's own ``ValueError``)."""
+    with pytest.raises(asyncpg.DataError) as caught:
+        await pg_store.save_message(make_message(0), 2**40)  # token_estimate is an integer
+    assert not isinstance(caught.value, StoreUnavailable)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await pg_store.load_history("conv-1", as_of=datetime(2026, 1, 1))
+
+
+async def test_a_malformed_dsn_is_not_an_outage() -> None:
+    """asyncpg's ``ClientConfigurationError`` is an ``InterfaceError`` (otherwise an
+    outage) and a ``ValueError``: waiting would never fix the configuration."""
+    dsn = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres?sslmode=bogus"
+    with pytest.raises(asyncpg.InterfaceError) as caught:
+        await PostgresStore.connect(dsn, run_migrations=False)
+    assert isinstance(caught.value, ValueError) and "sslmode" in str(caught.value)

@@ -1,0 +1,175 @@
+"""The worker's components wired against in-memory ports: no Kafka, no PostgreSQL.
+
+``harness()`` builds them the way ``streams.bootstrap`` does and drives each one
+the way its Faust agent does (one ``Record`` at a time); the tests in this
+folder check what it stored, what the table holds and what it sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from core.adapters.llm.extractive import ExtractiveProvider
+from core.compactor import create_compactor
+from core.domain.accounting import ConversationTally
+from core.ports.model import ModelAuthError, ModelRequest, ModelResponse
+from core.settings import Settings, parse_settings
+from streams.bootstrap import build_components
+from streams.events import CompactionCommand, CompactionCompleted, MessageEvent, ReconcileRequest
+from streams.topics import TopicNames
+from streams.worker.components import Components
+from streams.worker.records import Record
+from streams.worker.runtime import StaticRuntime
+from tests.support.builders import T0
+from tests.support.memory_store import InMemoryStore, RecordingPublisher
+
+BUDGET_TOKENS = 200  # 0.5 x 400
+NAMES = TopicNames.with_prefix("t.")
+
+
+def settings(**service: Any) -> Settings:
+    return parse_settings(
+        {
+            "budget": {"context_budget": 0.5, "model_max_tokens": 400},
+            "kafka": {"topic_prefix": "t."},
+            "summarization": {"keep_recent": 2, "chunk_size": 4, "retry_backoff_seconds": 0},
+            "service": {"command_timeout_seconds": 60, "reconcile_interval_seconds": 10, **service},
+        }
+    )
+
+
+class FailingModel:
+    name = "failing"
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise ModelAuthError("bad key", provider=self.name)
+
+
+@dataclass
+class Clock:
+    now: float = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Harness:
+    store: InMemoryStore
+    publisher: RecordingPublisher
+    table: dict[str, Any]
+    clock: Clock
+    components: Components[int]
+    acked: list[int] = field(default_factory=list)
+    slept: list[float] = field(default_factory=list)
+    assigned: bool = True
+    offsets: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
+
+    def record(self, topic: str, key: str | bytes | None, value: bytes | str) -> Record:
+        raw_key = key.encode() if isinstance(key, str) else key
+        raw_value = value.encode() if isinstance(value, str) else value
+        return Record(topic, 0, next(self.offsets), raw_key, raw_value)
+
+    async def message(self, index: int, content: str, conversation: str = "c1") -> None:
+        event = MessageEvent(
+            message_id=f"{conversation}-m{index:04d}",
+            conversation_id=conversation,
+            role="user" if index % 2 == 0 else "assistant",
+            content=content,
+            created_at=T0 + timedelta(seconds=index),
+        )
+        await self.components.accounting.handle(
+            self.record(NAMES.messages, conversation, event.model_dump_json())
+        )
+
+    async def control(self, event: CompactionCompleted | ReconcileRequest) -> None:
+        await self.components.accounting.handle(
+            self.record(NAMES.control, event.conversation_id, event.model_dump_json())
+        )
+
+    def tally(self, conversation: str = "c1") -> ConversationTally:
+        tally = self.components.table.get(conversation)
+        assert tally is not None
+        return tally
+
+    def commands(self) -> list[CompactionCommand]:
+        return [
+            CompactionCommand.model_validate_json(p.value or b"")
+            for p in self.publisher.on("commands")
+        ]
+
+    def completions(self) -> list[CompactionCompleted]:
+        return [
+            CompactionCompleted.model_validate_json(p.value or b"")
+            for p in self.publisher.on("control")
+            if b'"completed"' in (p.value or b"")
+        ]
+
+
+def harness(model: Any = None, **service: Any) -> Harness:
+    config = settings(**service)
+    store = InMemoryStore()
+    compactor = create_compactor(
+        model=model or ExtractiveProvider(),
+        memory_store=store,
+        config=config.summarization.compaction(),
+        model_name="test",
+    )
+    publisher = RecordingPublisher()
+    table: dict[str, Any] = {}
+    clock = Clock()
+    acked: list[int] = []
+
+    async def ack(token: int) -> None:
+        acked.append(token)
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.now += seconds
+
+    harness: Harness
+
+    components: Components[int] = build_components(
+        config,
+        table=table,
+        publisher=publisher,
+        runtime=StaticRuntime(store, compactor),
+        ack=ack,
+        clock=clock,
+        sleep=sleep,
+        still_assigned=lambda _: harness.assigned,
+    )
+    harness = Harness(store, publisher, table, clock, components, acked, slept)
+    return harness
+
+
+def compacted(compaction_id: str, generation: int) -> CompactionCompleted:
+    """Two messages of 100 tokens replaced by a 20-token clip-archive."""
+    return CompactionCompleted(
+        compaction_id=compaction_id,
+        conversation_id="c1",
+        generation=generation,
+        status="compacted",
+        messages_compressed=2,
+        rows_removed=2,
+        rows_added=1,
+        tokens_removed=200,
+        tokens_added=20,
+        completed_at=T0,
+    )
+
+
+def words(n: int, seed: str = "word") -> str:
+    return " ".join(f"{seed}{i}." for i in range(n))
+
+
+async def over_budget(h: Harness, n: int = 8) -> CompactionCommand:
+    for i in range(n):
+        await h.message(i, words(20, f"topic{i}-"))
+    (command,) = h.commands()
+    return command

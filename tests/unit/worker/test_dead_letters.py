@@ -1,0 +1,41 @@
+"""Oversized records: dead letters truncated to what the broker takes, with the original size."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.ports.publisher import RecordTooLarge
+from streams.events import DeadLetterHeaders
+from tests.unit.worker.harness import NAMES, harness
+
+pytestmark = pytest.mark.unit
+
+
+async def test_a_record_larger_than_a_request_is_dead_lettered_truncated_with_its_size() -> None:
+    h = harness(max_content_chars=10)
+    h.components.dead_letters._max_value = 50_000
+    big = b'{"x": "' + b"y" * 2_000_000 + b'"}'
+    await h.components.accounting.handle(h.record(NAMES.messages, "c1", big))
+    (letter,) = h.publisher.on("dead_letters")
+    headers = DeadLetterHeaders.from_kafka(list(letter.headers))
+    assert headers.truncated and headers.original_size == len(big)
+    assert letter.value == big[:50_000]
+    assert headers.error_type == "invalid_event"
+
+
+async def test_a_dead_letter_the_broker_refuses_as_too_large_is_sent_shorter() -> None:
+    h = harness()
+    h.publisher.fail_next = RecordTooLarge("MessageSizeTooLargeError")
+    big = b"\xff" * 100_000
+    await h.components.accounting.handle(h.record(NAMES.messages, "c1", big))
+    (letter,) = h.publisher.on("dead_letters")
+    headers = DeadLetterHeaders.from_kafka(list(letter.headers))
+    assert headers.truncated and headers.original_size == 100_000
+    assert letter.value == big[:8192]
+
+
+async def test_small_dead_letters_are_copied_whole() -> None:
+    h = harness()
+    await h.components.accounting.handle(h.record(NAMES.messages, "c1", b"{not json"))
+    headers = DeadLetterHeaders.from_kafka(list(h.publisher.sent[0].headers))
+    assert not headers.truncated and headers.original_size == 9

@@ -1,0 +1,185 @@
+"""The processor: a command compacted, its events published through the outbox."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from streams.events import DeadLetterHeaders, ReconcileRequest
+from streams.worker.runtime import StaticRuntime
+from tests.support.builders import T0
+from tests.unit.worker.harness import NAMES, FailingModel, harness, over_budget, words
+
+pytestmark = pytest.mark.unit
+
+
+async def test_a_command_compacts_and_publishes_its_events_asking_applied_once() -> None:
+    h = harness()
+    command = await over_budget(h)
+    outcome = await h.components.processor.compact(command)
+    assert outcome.status == "compacted"
+    # The messages up to the command's cut, less keep_recent=2; later ones are untouched.
+    assert command.up_to_seq == 4
+    assert outcome.messages_compressed == 2
+    # Asked once, with the total and the history; the relay sends what the
+    # transaction wrote and marks it by compaction, reading nothing back.
+    assert h.store.calls.count("compaction_inputs") == 1
+    assert h.store.calls.count("compaction_applied") == 0
+    assert h.store.calls.count("load_history") == 0
+    assert "pending_outbox" not in h.store.calls and "mark_compaction_published" in h.store.calls
+    (clip,) = h.publisher.on("clip_archives")
+    assert clip.key == b"c1"
+    (completed,) = h.completions()
+    assert completed.compaction_id == command.compaction_id
+    assert completed.status == "compacted"
+    assert completed.rows_removed == 2 and completed.rows_added == 1
+    assert len(h.store.messages) == 8 - 2 + 1
+    total, _ = await h.store.conversation_totals("c1")
+    assert h.tally().token_total - completed.tokens_removed + completed.tokens_added == total
+    assert all(o.published for o in h.store.outbox)
+
+
+async def test_a_replayed_compaction_id_republishes_its_events() -> None:
+    h = harness()
+    command = await over_budget(h)
+    await h.components.processor.compact(command)
+    first = list(h.publisher.sent)
+    outcome = await h.components.processor.compact(command)
+    assert outcome.status == "replayed"
+    republished = h.publisher.sent[len(first) :]
+    assert [p.topic for p in republished] == ["clip_archives", "control"]
+    assert [p.value for p in republished] == [
+        p.value for p in first if p.topic in ("clip_archives", "control")
+    ]
+    assert h.components.metrics.compactions_noop.labels("replayed")._value.get() == 1
+
+
+async def test_a_failed_compaction_writes_nothing_and_is_counted() -> None:
+    h = harness(model=FailingModel())
+    command = await over_budget(h)
+    before = dict(h.store.messages)
+    outcome = await h.components.processor.compact(command)
+    assert outcome.status == "failed"
+    assert "ModelAuthError" in outcome.reason
+    assert h.store.messages == before
+    assert h.store.batches == {} and h.store.compactions == set() and h.store.outbox == []
+    assert h.publisher.on("clip_archives") == [] and h.completions() == []
+    failed = h.components.metrics.compactions_failed.labels("ModelAuthError")._value.get()
+    assert failed == 1
+
+
+async def test_nothing_to_compress_completes_as_a_noop() -> None:
+    h = harness()
+    await h.message(0, "x" * 500)
+    await h.message(1, "x" * 500)  # over budget, but both are within keep_recent
+    (command,) = h.commands()
+    outcome = await h.components.processor.compact(command)
+    assert (outcome.status, outcome.reason) == ("noop", "nothing_to_compress")
+    (noop,) = h.completions()
+    assert noop.status == "noop" and noop.compaction_id == command.compaction_id
+    assert noop.tokens_removed == 0 and noop.messages_compressed == 0
+    await h.control(noop)
+    tally = h.tally()
+    assert tally.stalled and tally.outstanding is None
+
+
+async def test_a_command_for_a_conversation_back_under_budget_is_a_noop() -> None:
+    h = harness()
+    command = await over_budget(h)
+    for key in list(h.store.messages)[:5]:
+        del h.store.messages[key]
+    outcome = await h.components.processor.compact(command)
+    assert (outcome.status, outcome.reason) == ("noop", "under_budget")
+
+
+async def test_the_completion_brings_the_tally_to_the_store_s_total() -> None:
+    h = harness()
+    command = await over_budget(h)
+    await h.components.processor.compact(command)
+    (completed,) = h.completions()
+    await h.control(completed)
+    total, count = await h.store.conversation_totals("c1")
+    tally = h.tally()
+    assert (tally.token_total, tally.message_count) == (total, count)
+    assert tally.generation == 1 and tally.compactions == 1
+
+
+async def test_a_duplicate_between_commit_and_completion_leaves_the_tally_exact() -> None:
+    """Issue: the duplicate's resync already saw the compaction, and the completion's
+    deltas then took the removed tokens off a second time (a tally below the store,
+    never compacted again)."""
+    h = harness()
+    command = await over_budget(h)
+    await h.components.processor.compact(command)
+    await h.message(0, words(20, "topic0-"))  # redelivered; it was compacted
+    (completed,) = h.completions()
+    await h.control(completed)
+    total, count = await h.store.conversation_totals("c1")
+    tally = h.tally()
+    assert (tally.token_total, tally.message_count) == (total, count)
+
+
+async def test_a_reconcile_request_repairs_a_drifted_entry() -> None:
+    h = harness()
+    for i in range(3):
+        await h.message(i, "x" * 40)
+    h.components.table.put(h.tally().model_copy(update={"token_total": 5}))  # drifted low
+    for i in range(3, 8):
+        await h.message(i, "x" * 40)  # 5 + 50 tokens in the table, 80 in the store
+    assert h.commands() == []
+    await h.control(ReconcileRequest(conversation_id="c1", requested_at=T0))
+    total, count = await h.store.conversation_totals("c1")
+    assert (h.tally().token_total, h.tally().message_count) == (total, count)
+
+
+async def test_the_intake_dead_letters_a_bad_command_and_acks_in_offset_order() -> None:
+    h = harness()
+    command = await over_budget(h)
+    intake = h.components.intake
+    good = h.record(NAMES.commands, "c1", command.model_dump_json())
+    bad = h.record(NAMES.commands, "c1", b"{}")
+    await intake.submit(good, "p0", 1)
+    await intake.submit(bad, "p0", 2)
+    await intake.scheduler.drain()
+    assert h.acked == [1, 2]
+    (letter,) = h.publisher.on("dead_letters")
+    assert DeadLetterHeaders.from_kafka(list(letter.headers)).source_topic == NAMES.commands
+    assert len(h.publisher.on("clip_archives")) == 1
+
+
+async def test_the_outbox_timer_publishes_rows_a_crash_left_behind() -> None:
+    h = harness()
+    command = await over_budget(h)
+    h.publisher.fail_next = ConnectionError("broker away")
+    with pytest.raises(ConnectionError):
+        await h.components.processor.compact(command)  # committed, not published
+    assert [o.published for o in h.store.outbox] == [False, False]
+    await h.components.relay.tick()
+    assert all(o.published for o in h.store.outbox)
+    # A compaction's records are sent together: the one whose send did not fail
+    # may be out already, and the tick sends both (delivery is at least once).
+    sent = [p.topic for p in h.publisher.sent if p.topic != "commands"]
+    assert sent[-2:] == ["clip_archives", "control"]
+
+
+async def test_a_refitted_clip_archive_counts_as_a_compaction_not_a_noop() -> None:
+    from core.domain.compaction import CompactionResult
+
+    class Refitting:
+        async def plan(self, history: Any, conversation_id: str, **_: Any) -> CompactionResult:
+            return CompactionResult(
+                history=tuple(history),
+                batches_created=1,
+                messages_compressed=0,
+                over_target=True,
+                compaction_id=_["compaction_id"],
+            )
+
+    h = harness()
+    command = await over_budget(h)
+    h.components.processor._runtime = StaticRuntime(h.store, Refitting())
+    outcome = await h.components.processor.compact(command)
+    assert outcome.status == "compacted"
+    assert h.components.metrics.compactions_over_target._value.get() == 1
+    assert h.completions() == []  # its events come from its own outbox, not a noop
