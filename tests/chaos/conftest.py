@@ -13,10 +13,7 @@ the crashed server's, in its report; the summary lines are printed at the end.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ import pytest
 from devtools.localstack import KafkaBroker, start_kafka
 from tests.chaos.harness import RESULTS, ChaosStack, MakeStack, short_summary
 from tests.support.chaos_llm import ChaosLLMServer
-from tests.support.pg_control import ControlledPostgres
+from tests.support.pg_control import ControlledPostgres, own_server
 
 CHAOS_DIR = Path(__file__).resolve().parent
 _STACKS = pytest.StashKey[list[ChaosStack]]()
@@ -126,21 +123,9 @@ async def make_stack(
 
 @pytest.fixture
 async def own_postgres() -> AsyncIterator[ControlledPostgres]:
-    """A PostgreSQL only this test uses, so it may stop it.
-
-    Not under ``tmp_path``: run as root, the server runs as another user, and
-    every pytest session that starts resets ``/tmp/pytest-of-root`` to 0700,
-    which would lock that user out of its own data directory mid-test."""
-    root = Path(tempfile.mkdtemp(prefix="chaos-pg-"))
-    server = ControlledPostgres(root)
-    try:
-        await asyncio.to_thread(server.init)
-        await asyncio.to_thread(server.start)
-        await server.wait_accepting()
+    """A PostgreSQL only this test uses, so it may stop it."""
+    async with own_server("chaos-pg-") as server:
         yield server
-    finally:
-        await asyncio.to_thread(server.stop)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -31,7 +28,7 @@ from core.ports.storage import (
 from tests.integration.test_postgres_pool import plan_over
 from tests.support.builders import history
 from tests.support.builders import message as make_message
-from tests.support.pg_control import ControlledPostgres
+from tests.support.pg_control import ControlledPostgres, own_server
 from tests.support.worker import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -85,18 +82,9 @@ async def test_connect_to_a_port_with_nothing_listening_is_unavailable(
 
 @pytest.fixture
 async def own_postgres() -> AsyncIterator[ControlledPostgres]:
-    """A server only this test uses, so it may stop it (not under ``tmp_path``: see
-    ``tests/chaos/conftest.py``, run as root the server runs as another user)."""
-    root = Path(tempfile.mkdtemp(prefix="store-errors-pg-"))
-    server = ControlledPostgres(root)
-    try:
-        await asyncio.to_thread(server.init)
-        await asyncio.to_thread(server.start)
-        await server.wait_accepting()
+    """A server only this test uses, so it may stop it."""
+    async with own_server("store-errors-pg-") as server:
         yield server
-    finally:
-        await asyncio.to_thread(server.stop)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_a_stopped_server_is_unavailable_and_the_store_recovers_after_restart(

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import asyncpg
@@ -170,3 +174,22 @@ class ControlledPostgres:
         finally:
             await conn.close()
         return self.dsn(name)
+
+
+@asynccontextmanager
+async def own_server(prefix: str) -> AsyncIterator[ControlledPostgres]:
+    """A PostgreSQL only the caller uses, so it may stop it; removed after.
+
+    Not under ``tmp_path``: run as root, the server runs as another user, and
+    every pytest session that starts resets ``/tmp/pytest-of-root`` to 0700,
+    which would lock that user out of its own data directory mid-test."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    server = ControlledPostgres(root)
+    try:
+        await asyncio.to_thread(server.init)
+        await asyncio.to_thread(server.start)
+        await server.wait_accepting()
+        yield server
+    finally:
+        await asyncio.to_thread(server.stop)
+        shutil.rmtree(root, ignore_errors=True)
