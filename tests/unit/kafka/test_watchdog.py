@@ -193,14 +193,23 @@ async def test_a_slow_agent_that_still_commits_is_not_a_stall() -> None:
     assert r.app.consumer.seeks == []
 
 
-async def test_a_database_outage_explains_a_partition_that_does_not_move() -> None:
+@pytest.mark.parametrize(
+    ("component", "detail"),
+    [
+        ("accounting", "outage on t.messages[1]@20"),
+        ("runtime", "opening PostgreSQL: StoreUnavailable: refused"),  # still starting up
+    ],
+)
+async def test_a_database_outage_explains_a_partition_that_does_not_move(
+    component: str, detail: str
+) -> None:
     r = rig()
-    r.health.report("accounting", "outage on t.messages[1]@20")
+    r.health.report(component, detail)
     reading(r, read=20, committed=12)
     for t in range(0, 120, 5):
         await r.at(t)
     assert r.app.consumer.seeks == []
-    assert r.health.problems() == [Problem("accounting", "outage on t.messages[1]@20", 0.0)]
+    assert r.health.problems() == [Problem(component, detail, 0.0)]
 
 
 async def test_a_caught_up_partition_is_never_stalled() -> None:
