@@ -62,7 +62,8 @@ class SummarizationSettings(CompactionTuning, ImportanceScoringConfig):
 
 
 class PostgresSettings(_Section):
-    dsn: str | None = None
+    # A secret (it may carry the password): SecretStr keeps it out of repr and logs.
+    dsn: SecretStr | None = None
     data_dir: str = ".state/postgres"
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: int = Field(default=10, ge=1)
@@ -77,10 +78,11 @@ class PostgresSettings(_Section):
 
     @field_validator("dsn")
     @classmethod
-    def _dsn_scheme(cls, value: str | None) -> str | None:
-        if value and not value.startswith(("postgresql://", "postgres://")):
+    def _dsn_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        text = value.get_secret_value() if value is not None else ""
+        if text and not text.startswith(("postgresql://", "postgres://")):
             raise ValueError("must be a postgresql:// URL")
-        return value or None
+        return value if text else None
 
 
 class EmbeddingSettings(_Section):
@@ -118,6 +120,14 @@ class KafkaSettings(_Section):
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     ssl_check_hostname: bool = True
+    # Retention of the topics that carry message content, set when the topics are
+    # created (streams/kafka/admin.py; existing topics: docs/security.md). The
+    # longest an erased conversation's bytes can stay in Kafka follows from them.
+    messages_retention_hours: float = Field(default=168.0, gt=0)
+    dead_letters_retention_hours: float = Field(default=168.0, gt=0)
+    # What a dead letter keeps: "full" = the original bytes (to fix and re-drive),
+    # "redacted" = no value, only the dlq.* headers and the key (conversation id).
+    dead_letter_content: Literal["full", "redacted"] = "full"
 
 
 MIN_TOKEN_CHARS = 16
@@ -133,11 +143,22 @@ def check_token(token: SecretStr) -> None:
         raise ValueError("a token must not contain spaces or commas")
 
 
+# What a token may do (docs/security.md): read = a conversation, its history and
+# batches; search = /memory/search; erase = erasing (no HTTP view yet);
+# metrics = /healthz and /metrics; admin = the operations views (Faust's own).
+Scope = Literal["read", "search", "erase", "metrics", "admin"]
+# A token may be configured as the SHA-256 of the token instead of the token.
+TOKEN_HASH_PREFIX = "sha256:"
+
+
 class TokenBinding(_Section):
-    """``[[service.tokens]]``: a bearer token, optionally bound to one tenant."""
+    """``[[service.tokens]]``: a bearer token (or ``sha256:<hex>`` of one), optionally
+    bound to one tenant, with the scopes it grants (unset: read + search for a tenant
+    token, every scope but metrics for one without a tenant)."""
 
     token: SecretStr
     tenant: str | None = Field(default=None, pattern=TENANT_PATTERN)
+    scopes: tuple[Scope, ...] | None = None
 
     @field_validator("token")
     @classmethod
@@ -184,8 +205,26 @@ class ServiceSettings(_Section):
     allow_global_search: bool = False
     max_query_chars: int = Field(default=1000, ge=1, le=100_000)
     max_search_limit: int = Field(default=50, ge=1, le=100)
+    # HTTPS for the HTTP API (both or neither); tls_cafile verifies the other
+    # workers' certificates when a request is forwarded (unset: system CAs).
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    tls_cafile: str | None = None
+    # Forwarded requests between workers carry this credential (and the caller's
+    # verified principal, signed with it) instead of the caller's token. Unset:
+    # derived from the PostgreSQL DSN and app_id (see docs/security.md).
+    internal_token: SecretStr | None = None
+    # Remote Kafka without TLS, or remote PostgreSQL without a verified
+    # certificate (sslmode verify-ca / verify-full), is refused unless this is true.
+    allow_insecure_transport: bool = False
+    # Requests per second per token (token bucket; 0 = no limit) and the burst.
+    rate_limit_per_second: float = Field(default=50.0, ge=0)
+    rate_limit_burst: int = Field(default=200, ge=1)
+    # History and batch views: messages per page by default, and at most.
+    page_default_limit: int = Field(default=200, ge=1, le=100_000)
+    page_max_limit: int = Field(default=1000, ge=1, le=100_000)
 
-    @field_validator("api_tokens", "metrics_token")
+    @field_validator("api_tokens", "metrics_token", "internal_token")
     @classmethod
     def _token_length(cls, value: Any) -> Any:
         for token in value if isinstance(value, tuple) else (value,):
@@ -237,6 +276,8 @@ def load_settings(path: str | Path | None = None) -> Settings:
     if candidate is None:
         return Settings()
     file = Path(candidate)
+    global _last_loaded
+    _last_loaded = file.absolute()  # what a reload (SIGHUP) reads again
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -244,6 +285,14 @@ def load_settings(path: str | Path | None = None) -> Settings:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{file} is not valid TOML: {error}") from None
     return parse_settings(data, source=str(file))
+
+
+_last_loaded: Path | None = None
+
+
+def last_loaded_path() -> Path | None:
+    """The config file ``load_settings`` read last in this process (None: defaults)."""
+    return _last_loaded
 
 
 class ResolvedModel(BaseModel):

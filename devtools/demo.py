@@ -32,7 +32,7 @@ from streams.bootstrap import explicit_addresses
 from streams.cli.replay import publish, read_events
 from streams.cli.tail import summarise, tail
 from streams.events import ClipArchiveEvent
-from streams.kafka.admin import ensure_topics
+from streams.kafka.admin import ensure_topics, topic_configs
 from streams.kafka.security import PLAINTEXT, KafkaSecurity, kafka_security
 from streams.stack_state import dev_stack_bootstrap, dev_stack_dsn
 from streams.topics import TopicNames
@@ -199,6 +199,7 @@ async def run_demo(settings: Settings, config_path: Path, transcript_path: Path)
             partitions=settings.kafka.partitions,
             replication_factor=settings.kafka.replication_factor,
             security=security,
+            configs=topic_configs(names, settings.kafka),
         )
 
         log_path = state_dir / "worker.log"

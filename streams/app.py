@@ -3,7 +3,8 @@ handlers and HTTP views, each a thin call into a component. Nothing is built
 here (``streams.bootstrap`` builds); behaviour lives in the components.
 
 Agents: accounting (messages; control, apart so completions never queue
-behind messages) and the processor (commands). Timers: reconciliation,
+behind messages; erase requests, from their own topic) and the processor
+(commands). Timers: reconciliation,
 outbox relay, table flush, lag, progress. The picture is in docs/architecture.md.
 """
 
@@ -83,6 +84,14 @@ def register_agents(worker: Worker) -> None:
     @app.agent(worker.topics["control"], concurrency=1)
     async def accounting_control(stream: faust.StreamT[bytes]) -> None:
         """Completions and reconcile requests, never queued behind a message backlog."""
+        await worker.runtime.wait_open()
+        async for event in stream.events():
+            contexts.seen(event)
+            await accounting.handle(record_of(event))
+
+    @app.agent(worker.topics["erasures"], concurrency=1)
+    async def accounting_erasures(stream: faust.StreamT[bytes]) -> None:
+        """Erase requests: the only records that erase (operators write this topic)."""
         await worker.runtime.wait_open()
         async for event in stream.events():
             contexts.seen(event)

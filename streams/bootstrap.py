@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -36,6 +36,7 @@ from core.ports.storage import StoreUnavailable, WorkerStore
 from core.settings import ConfigError, ResolvedModel, Settings, resolve_model
 from streams.addresses import KAFKA_BOOTSTRAP_ENV, configured_bootstrap
 from streams.app import register
+from streams.http.auth import AuthPolicy, check_exposure
 from streams.kafka import consumer, faust_patches
 from streams.kafka.consumer import CommandToken, ConsumerSide, LagMeter, Rebalance
 from streams.kafka.faust_app import create_app, raw_topic
@@ -45,6 +46,7 @@ from streams.kafka.watchdog import Watchdog, WatchdogLimits
 from streams.metrics import Metrics
 from streams.stack_state import Explicit, dev_stack_dsn
 from streams.topics import TOPICS, TopicNames
+from streams.transport import check_transport
 from streams.worker.accounting import Accounting, AccountingRules
 from streams.worker.components import Components
 from streams.worker.dead_letters import DeadLetters
@@ -71,7 +73,10 @@ def configured_dsn(settings: Settings, *, dev_stack: bool = True) -> str | None:
     the PostgreSQL of a running ``compactor dev up`` stack, so that commands share it
     instead of each starting an embedded server. ``dev_stack=False`` asks only what
     was given explicitly (what ``dev up`` must not replace)."""
-    explicit = os.environ.get(POSTGRES_DSN_ENV) or settings.postgres.dsn
+    configured = settings.postgres.dsn
+    explicit = os.environ.get(POSTGRES_DSN_ENV) or (
+        configured.get_secret_value() if configured is not None else None
+    )
     if explicit:
         # [postgres].sslmode / ssl_rootcert, unless the DSN says otherwise.
         return dsn_with_tls(explicit, settings.postgres)
@@ -270,7 +275,11 @@ def build_components(
     health = Health(clock)
     tallies = tally_table(settings, table, metrics, write_context)
     dead_letters = DeadLetters(
-        publisher, metrics, clock, max_request_bytes=settings.kafka.max_request_bytes
+        publisher,
+        metrics,
+        clock,
+        max_request_bytes=settings.kafka.max_request_bytes,
+        content=settings.kafka.dead_letter_content,
     )
     relay = OutboxRelay(runtime, publisher, metrics)
     processor = Processor(
@@ -342,6 +351,18 @@ def consumer_side(
     )
 
 
+def startup_checks(
+    settings: Settings, servers: str | None, environ: Mapping[str, str] | None = None
+) -> None:
+    """What the worker refuses to start with, checked before anything connects:
+    an unprotected connection to a remote host, unauthenticated reads beyond
+    loopback. A ConfigError names the key. The deployment files' tests
+    (compose, Kubernetes) run exactly this on their configuration."""
+    env = os.environ if environ is None else environ
+    check_transport(settings, bootstrap=servers, dsn=configured_dsn(settings), environ=env)
+    check_exposure(settings.service, AuthPolicy.of(settings.service, env))
+
+
 def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
     """The worker's Faust app. ``bootstrap`` overrides env and config (tests)."""
     servers = bootstrap or configured_bootstrap(settings)
@@ -350,6 +371,7 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
             "no Kafka broker configured: set KAFKA_BOOTSTRAP_SERVERS or [kafka].bootstrap_servers, "
             "or run `compactor dev up`"
         )
+    startup_checks(settings, servers)
     faust_patches.apply()
     app = create_app(settings, servers)
     partitions = settings.kafka.partitions

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
-from core.domain.messages import ConversationMessage, Role, ToolCall
+from core.domain.messages import ConversationMessage, Role, Text, ToolCall
 
 MAX_ID_LENGTH = 256
 DEFAULT_MAX_CONTENT_CHARS = 1_000_000
@@ -25,12 +25,12 @@ class MessageEvent(BaseModel):
     schema_version: Literal[1] = 1
     # Unique within the conversation: a redelivery (same conversation, same id)
     # is stored once; another conversation may use the same id.
-    message_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
-    conversation_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    message_id: Text = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    conversation_id: Text = Field(min_length=1, max_length=MAX_ID_LENGTH)
     role: Role
-    content: str
+    content: Text  # Text: no NUL, no lone surrogate (dead-lettered as invalid_text)
     tool_calls: tuple[ToolCall, ...] | None = None
-    tool_call_id: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
+    tool_call_id: Text | None = Field(default=None, max_length=MAX_ID_LENGTH)
     created_at: AwareDatetime
     token_count: int | None = Field(
         default=None, ge=0, description="Provider-reported token count; preferred over the estimate"
@@ -105,18 +105,46 @@ class ReconcileRequest(BaseModel):
 
 
 class EraseRequest(BaseModel):
-    """Erase one conversation everywhere (``compactor erase``): every table row, its
-    table entry, and a tombstone on the clip-archive topic. Idempotent."""
+    """Erase one conversation everywhere (``compactor erase``), on the erase-requests
+    topic only (``{prefix}erase-requests``; the control topic no longer erases):
+    every table row, its table entry, a tombstone on the clip-archive topic, an
+    erase mark that keeps the conversation erased, and an audit entry. Idempotent
+    by ``request_id``. ``messages_end_offsets`` are the messages topic's end
+    offsets when it was asked (partition → next offset): every message below
+    them stays erased, however often it is redelivered or replayed."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: Literal["erase"] = "erase"
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
+    request_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
     conversation_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    requester: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    reason: str = Field(min_length=1, max_length=1000, description="Why; never content")
     requested_at: AwareDatetime
+    messages_end_offsets: dict[int, int] = Field(default_factory=dict)
 
 
-AnyControl = CompactionCompleted | ReconcileRequest | EraseRequest
+class EraseCompleted(BaseModel):
+    """Published on ``{prefix}erase-completions`` once an erase is applied (again for a
+    redelivered request, with the first application's counts). Ids and counts only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["erase_completed"] = "erase_completed"
+    schema_version: Literal[1] = 1
+    request_id: str
+    conversation_id: str
+    requester: str
+    counts: dict[str, int]  # rows removed per table
+    epoch: int = Field(ge=1)  # erases of this conversation id so far
+    requested_at: AwareDatetime
+    erased_at: AwareDatetime
+
+
+# What the control topic carries. Not EraseRequest: an erase comes only from the
+# erase-requests topic, which only operators may write (docs/security.md).
+AnyControl = CompactionCompleted | ReconcileRequest
 ControlEvent = Annotated[AnyControl, Field(discriminator="type")]
 CONTROL_EVENT: TypeAdapter[AnyControl] = TypeAdapter(ControlEvent)
 
@@ -171,6 +199,8 @@ class DeadLetterHeaders(BaseModel):
     original_size: int = Field(default=0, ge=0, alias="dlq.original_size")  # bytes of the value
     # The value is the original's first bytes only: the whole did not fit a request.
     truncated: bool = Field(default=False, alias="dlq.truncated")
+    # The value was dropped ([kafka].dead_letter_content = "redacted"): no content.
+    redacted: bool = Field(default=False, alias="dlq.redacted")
 
     def to_kafka(self) -> list[tuple[str, bytes]]:
         return [

@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal
 
-TopicRole = Literal["messages", "commands", "control", "clip_archives", "dead_letters"]
+TopicRole = Literal[
+    "messages",
+    "commands",
+    "control",
+    "clip_archives",
+    "dead_letters",
+    "erasures",
+    "erase_completions",
+]
 
 # role → (name without prefix, what it carries); the one place topics are listed.
 TOPICS: dict[TopicRole, tuple[str, str]] = {
@@ -19,6 +27,8 @@ TOPICS: dict[TopicRole, tuple[str, str]] = {
     "control": ("accounting-control", "internal: completions, reconcile requests"),
     "clip_archives": ("clip-archives", "out: clip-archive events"),
     "dead_letters": ("dead-letters", "out: dead letters"),
+    "erasures": ("erase-requests", "in: erase requests (operators only)"),
+    "erase_completions": ("erase-completions", "out: erase completions (ids and counts)"),
 }
 
 
@@ -29,6 +39,8 @@ class TopicNames:
     control: str  # internal: CompactionCompleted | ReconcileRequest
     clip_archives: str  # out: ClipArchiveEvent
     dead_letters: str  # out: original bytes + dlq.* headers
+    erasures: str  # in: EraseRequest (operators only; the only way to erase)
+    erase_completions: str  # out: EraseCompleted
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:

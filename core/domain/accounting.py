@@ -3,8 +3,10 @@
 A pure state machine, so the stream agent only does I/O. Its invariants:
 
 * at most one compaction command is outstanding per conversation;
-* a command is identified by ``compaction_id_for(conversation, generation)``,
-  so a re-issued command is recognised downstream as the same compaction;
+* a command is identified by ``compaction_id_for(conversation, generation, epoch)``,
+  so a re-issued command is recognised downstream as the same compaction, and
+  a conversation started again under an erased id (``epoch``: erases so far)
+  never repeats the erased one's ids;
 * a completion is applied once: only the one for the outstanding command
   changes the tally, redeliveries and stale completions are ignored;
 * a conversation that could not be compacted further (``noop``) is not asked
@@ -28,8 +30,12 @@ _GENERATION_NAMESPACE = uuid.UUID("0b6f7f8e-3f51-4a7e-a1a9-4d35b7c0e2d4")
 CompletionStatus = Literal["compacted", "noop"]
 
 
-def compaction_id_for(conversation_id: str, generation: int) -> str:
-    return str(uuid.uuid5(_GENERATION_NAMESPACE, f"{conversation_id}\n{generation}"))
+def compaction_id_for(conversation_id: str, generation: int, epoch: int = 0) -> str:
+    """Epoch 0 (never erased) keeps the ids issued before erases had epochs."""
+    name = f"{conversation_id}\n{generation}"
+    if epoch:
+        name += f"\nerased {epoch}"
+    return str(uuid.uuid5(_GENERATION_NAMESPACE, name))
 
 
 class ConversationTally(BaseModel):
@@ -43,6 +49,7 @@ class ConversationTally(BaseModel):
     outstanding: str | None = None  # compaction id of the command in flight
     outstanding_since: float | None = None
     stalled: bool = False  # due, but the last compaction found nothing to compress
+    epoch: int = Field(default=0, ge=0)  # erases of this conversation id before it started
 
 
 class Completion(BaseModel):
@@ -60,7 +67,7 @@ class Completion(BaseModel):
 def _issue(tally: ConversationTally, now: float) -> ConversationTally:
     return tally.model_copy(
         update={
-            "outstanding": compaction_id_for(tally.conversation_id, tally.generation),
+            "outstanding": compaction_id_for(tally.conversation_id, tally.generation, tally.epoch),
             "outstanding_since": now,
         }
     )
@@ -166,9 +173,12 @@ def resynced(tally: ConversationTally, token_total: int, message_count: int) -> 
     return tally.model_copy(update={"token_total": token_total, "message_count": message_count})
 
 
-def rebuilt(conversation_id: str, token_total: int, message_count: int) -> ConversationTally:
+def rebuilt(
+    conversation_id: str, token_total: int, message_count: int, epoch: int = 0
+) -> ConversationTally:
     """A table entry made anew from the store's counts (a lost or new entry)."""
-    return resynced(ConversationTally(conversation_id=conversation_id), token_total, message_count)
+    fresh = ConversationTally(conversation_id=conversation_id, epoch=epoch)
+    return resynced(fresh, token_total, message_count)
 
 
 def on_resync(
@@ -178,17 +188,20 @@ def on_resync(
     message_count: int,
     budget: BudgetConfig,
     now: float,
+    epoch: int = 0,
 ) -> tuple[ConversationTally, bool]:
     """Take the store's counts for an entry the table may have wrong; ``True`` to send.
 
     Used for a conversation new to the table and for a redelivered message,
-    which the table may or may not have counted. An outstanding command is
+    which the table may or may not have counted. ``epoch`` is the store's: an
+    entry of another epoch belonged to the conversation before an erase and
+    is started anew. An outstanding command is
     never re-sent from here (only its timeout does that), so a burst of
     redeliveries cannot multiply commands.
     """
     base = (
-        rebuilt(conversation_id, token_total, message_count)
-        if tally is None
+        rebuilt(conversation_id, token_total, message_count, epoch)
+        if tally is None or tally.epoch != epoch  # an entry from before an erase
         else resynced(tally, token_total, message_count)
     )
     return on_reconcile(base, budget, now, command_timeout=math.inf)

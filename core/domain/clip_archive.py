@@ -44,8 +44,12 @@ class ClipArchiveFormatError(ValueError):
 
 
 def is_clip_archive(message: ConversationMessage) -> bool:
-    """Recognised by role and header, so a clip-archive read back from any store counts."""
-    return message.role == "system" and message.content.startswith(CLIP_ARCHIVE_PREFIX)
+    """Whether the service stored (or made) this message as a clip-archive: a fact
+    the store sets from its own rows (``ConversationMessage.stored_clip_archive``),
+    never the text. A producer's system message that starts with
+    ``[Context Summary`` is a message like any other: compressed, never taken for
+    the previous summary, so text it carries never gains a summary's standing."""
+    return message.role == "system" and message.stored_clip_archive
 
 
 def format_timestamp(moment: datetime) -> str:
@@ -228,4 +232,4 @@ def clip_archive_message(
         role="system",
         content=content,
         created_at=created_at,
-    )
+    ).as_clip_archive()

@@ -2,16 +2,68 @@
 
 Frozen so that a history handed to the compactor cannot be mutated behind its
 back: a failed compaction must be able to return the very objects it got.
+
+Every text field is ``Text``: a NUL character or a lone surrogate (neither of
+which PostgreSQL's text or jsonb can store) fails validation with the error
+type ``invalid_text``, so such a record is refused at the door instead of by
+the database. Tool-call arguments are checked the same way, keys and string
+values at any depth.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic_core import PydanticCustomError
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[Role, ...] = ("system", "user", "assistant", "tool")
+
+INVALID_TEXT = "invalid_text"
+"""The validation error type (and dead-letter type) of text no store can hold."""
+
+# A str holds a surrogate code point only when it is unpaired: JSON's escaped
+# pairs decode to the one astral character they stand for.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be stored as text (a NUL, a lone surrogate), or None."""
+    found = _UNSTORABLE.search(value)
+    if found is None:
+        return None
+    what = "a NUL character" if found.group() == "\x00" else "a lone surrogate"
+    return f"contains {what} at position {found.start()}"
+
+
+def checked_text(value: str) -> str:
+    problem = text_problem(value)
+    if problem is not None:
+        raise PydanticCustomError(INVALID_TEXT, "text {problem}", {"problem": problem})
+    return value
+
+
+def checked_json_text(value: Any) -> Any:
+    """``value`` (JSON data) when no key or string in it, at any depth, is unstorable text."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            checked_text(item)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if isinstance(key, str):
+                    checked_text(key)
+                pending.append(inner)
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return value
+
+
+Text = Annotated[str, AfterValidator(checked_text)]
+"""A string PostgreSQL can store: no NUL, no lone surrogate."""
 
 
 class ToolCall(BaseModel):
@@ -19,18 +71,36 @@ class ToolCall(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    arguments: dict[str, Any] = Field(default_factory=dict)
+    id: Text = Field(min_length=1)
+    name: Text = Field(min_length=1)
+    arguments: Annotated[dict[str, Any], AfterValidator(checked_json_text)] = Field(
+        default_factory=dict
+    )
 
 
 class ConversationMessage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: str = Field(min_length=1)
-    conversation_id: str = Field(min_length=1)
+    id: Text = Field(min_length=1)
+    conversation_id: Text = Field(min_length=1)
     role: Role
-    content: str
+    content: Text
     tool_calls: tuple[ToolCall, ...] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: Text | None = None
     created_at: AwareDatetime
+
+    # Whether the service itself stored this message as a clip-archive: set only
+    # by a store reading back one of its clip-archive rows, or by the compactor
+    # making one (``as_clip_archive``). Never read from input, never serialised:
+    # a producer's message that merely looks like a summary stays a message.
+    _clip_archive: bool = PrivateAttr(default=False)
+
+    @property
+    def stored_clip_archive(self) -> bool:
+        return self._clip_archive
+
+    def as_clip_archive(self, clip_archive: bool = True) -> ConversationMessage:
+        """A copy marked as the service's own clip-archive (or, with False, unmarked)."""
+        copy = self.model_copy()
+        copy._clip_archive = clip_archive
+        return copy

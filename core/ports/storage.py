@@ -13,8 +13,8 @@ maps every transport's exceptions to its own at the edge.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -34,6 +34,12 @@ class StoreUnavailable(StoreError):
     Nothing is known to have been written; the same call may succeed later."""
 
 
+class StoreRejected(StoreError):
+    """The store refuses this data (text it cannot hold, a value out of range, a
+    string too long for its column); retrying gives the same answer. Nothing was
+    written. The worker dead-letters the record at once."""
+
+
 class StoreConflict(StoreError):
     """The call contradicts what is stored; nothing was written. Retrying the same
     call gives the same answer."""
@@ -46,6 +52,12 @@ class HistoryConflictError(StoreConflict):
 
 class TenantConflictError(StoreConflict):
     """A message claims a tenant other than its conversation's. Nothing was written."""
+
+
+class TenantUnassignedError(StoreConflict):
+    """A message claims a tenant for a conversation stored before tenants existed
+    (messages, no ``conversations`` row): only an operator assigns one
+    (``assign_tenant``). Nothing was written."""
 
 
 ApplyOutcome = Literal["applied", "already_applied"]
@@ -98,14 +110,60 @@ class OutboxRow(BaseModel):
 
 @dataclass(frozen=True)
 class IncomingMessage:
-    """A message to store, with its token count and the tenant it claims."""
+    """A message to store, with its token count, the tenant it claims, and where it
+    was read (the messages topic's partition and offset; None outside Kafka),
+    which the store checks against the conversation's erase mark."""
 
     message: ConversationMessage
     tokens: int
     tenant_id: str | None = None
+    partition: int | None = None
+    offset: int | None = None
 
 
-SaveStatus = Literal["inserted", "duplicate", "tenant_conflict"]
+SaveStatus = Literal["inserted", "duplicate", "tenant_conflict", "erased", "tenant_unassigned"]
+"""``erased``: the conversation was erased and this message is covered by the
+erase (read at or below the erase's offset mark, or created at or before its
+cutoff); nothing of it is written."""
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """What an erase records besides deleting: ids, offsets and times, never content."""
+
+    request_id: str
+    requester: str
+    reason: str
+    requested_at: datetime  # also the cutoff: messages created at or before it stay erased
+    erased_at: datetime
+    # messages-topic partition → the highest offset the erase covers (-1: none)
+    offsets: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EraseOutcome:
+    """Rows removed per table, the conversation's erase epoch (erases so far) and
+    whether this request id had been applied before (``repeated``: then
+    ``removed`` and ``erased_at`` are the first application's, from the audit)."""
+
+    removed: dict[str, int]
+    epoch: int
+    erased_at: datetime
+    repeated: bool = False
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One row of ``erase_audit``: it survives the erase it records."""
+
+    request_id: str
+    conversation_id: str
+    requester: str
+    reason: str
+    requested_at: datetime
+    erased_at: datetime
+    epoch: int
+    counts: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -121,6 +179,38 @@ class StoreTotals:
     tokens: int = 0
     rows: int = 0
     last_seq: int | None = None
+    epoch: int = 0  # erases of this conversation id so far (salts its compaction ids)
+
+
+@dataclass(frozen=True)
+class ReadScope:
+    """Whose rows a read on a caller's behalf may see: one tenant's, or every
+    tenant's (``ReadScope.everything()``, for a token that is not tenant-bound).
+
+    The HTTP views pass one to every read; a store enforces it beneath the
+    query's own filters (PostgreSQL: row-level security, migration 0009), so a
+    query that forgets its tenant filter still sees only this scope's rows.
+    A conversation without a tenant is visible to ``everything()`` only.
+    """
+
+    tenant: str | None = None
+    all_tenants: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.tenant is None) != self.all_tenants:
+            raise ValueError("a ReadScope is one tenant or all tenants, exactly one")
+
+    @classmethod
+    def of_tenant(cls, tenant: str) -> ReadScope:
+        return cls(tenant=tenant)
+
+    @classmethod
+    def everything(cls) -> ReadScope:
+        return cls(all_tenants=True)
+
+    def sees(self, tenant: str | None) -> bool:
+        """Whether a conversation of ``tenant`` (None: none) is in this scope."""
+        return self.all_tenants or (tenant is not None and tenant == self.tenant)
 
 
 SearchSources = Literal["both", "summaries", "raw"]
@@ -170,6 +260,29 @@ class MemoryHit(BaseModel):
     turns: tuple[TurnHit, ...] = ()  # matching raw turns, best first
 
 
+@dataclass(frozen=True)
+class MessageKey:
+    """A message's place in a read's order, for keyset pagination (``after=``).
+
+    History order is the clip-archive first, then ``created_at``, then ``id``;
+    a batch's turns are ordered by ``created_at``, then ``id`` (``clip_archive``
+    False). A page starts strictly after its key.
+    """
+
+    created_at: datetime
+    id: str
+    clip_archive: bool = False
+
+    @classmethod
+    def of(cls, message: ConversationMessage) -> MessageKey:
+        """The key of a message a read returned (a page's last, for the next page)."""
+        return cls(message.created_at, message.id, message.stored_clip_archive)
+
+    def order(self) -> tuple[bool, datetime, str]:
+        """What sorts in read order (a clip-archive first)."""
+        return (not self.clip_archive, self.created_at, self.id)
+
+
 class ExpandedBatch(BaseModel):
     """A batch with every raw turn it covers, in conversation order (un-compacted).
 
@@ -195,9 +308,16 @@ class MemorySearchResult(BaseModel):
 
 class MessageStore(Protocol):
     async def save_message(
-        self, message: ConversationMessage, token_estimate: int, *, tenant_id: str | None = None
+        self,
+        message: ConversationMessage,
+        token_estimate: int,
+        *,
+        tenant_id: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
     ) -> bool:
-        """Insert once; ``False`` when that message id was already stored.
+        """Insert once; ``False`` when that message id was already stored, or when an
+        erase of the conversation covers it (see ``SaveStatus`` ``erased``).
 
         The first message of a conversation fixes its tenant (``tenant_id``, or
         none); a later one with a different ``tenant_id`` raises
@@ -209,7 +329,10 @@ class MessageStore(Protocol):
         """``save_message`` for a group, in the group's order, in as few round trips
         as the store can: the accounting agent's hot path. A message whose
         conversation belongs to another tenant is ``tenant_conflict`` and is not
-        written; the others are. Within the group, the first claim of a new
+        written; one claiming a tenant for a conversation stored before tenants
+        existed (data, no tenant assignment) is ``tenant_unassigned`` and is not
+        written either (one claiming none is stored; the conversation stays
+        unassigned); the others are. Within the group, the first claim of a new
         conversation fixes its tenant; a repeated id is a ``duplicate``."""
         ...
 
@@ -219,12 +342,20 @@ class MessageStore(Protocol):
         *,
         as_of: datetime | None = None,
         up_to_seq: int | None = None,
+        scope: ReadScope | None = None,
+        after: MessageKey | None = None,
+        limit: int | None = None,
     ) -> list[ConversationMessage]:
         """The conversation in model order: clip-archive first, then by time.
 
+        ``after`` / ``limit`` read one page (keyset pagination): at most ``limit``
+        messages strictly after ``after`` in that order (None: from the start /
+        all of them).
+
         ``up_to_seq`` excludes messages stored after that arrival number, so a
         compaction never touches messages that arrived after its command;
-        ``as_of`` does the same by ``created_at``.
+        ``as_of`` does the same by ``created_at``. With a ``scope`` (a read on a
+        caller's behalf) a conversation outside it reads as empty.
         """
         ...
 
@@ -265,15 +396,26 @@ class MemoryStore(Protocol):
         sources: SearchSources = "both",
         mode: QueryMode = "plain",
         tenant_id: str | None = None,
+        scope: ReadScope | None = None,
     ) -> MemorySearchResult:
         """Batches ranked by their summaries and their archived raw turns, fused by
         reciprocal rank; each hit carries its matching raw turns. ``tenant_id``
         limits the search to that tenant's conversations (with ``conversation_id``
-        too: both must hold)."""
+        too: both must hold); ``scope`` limits what the search can see at all."""
         ...
 
-    async def expand_batch(self, conversation_id: str, batch_id: str) -> ExpandedBatch | None:
-        """The batch with all its archived raw turns in order; None if unknown."""
+    async def expand_batch(
+        self,
+        conversation_id: str,
+        batch_id: str,
+        *,
+        scope: ReadScope | None = None,
+        after: MessageKey | None = None,
+        limit: int | None = None,
+    ) -> ExpandedBatch | None:
+        """The batch with all its archived raw turns in order; None if unknown
+        (or outside ``scope``). ``after`` / ``limit``: one page of the turns, as
+        ``load_history`` (``turns_missing`` still counts the whole batch)."""
         ...
 
     async def expire_raw_turns(self) -> int:
@@ -334,13 +476,34 @@ class TallySource(Protocol):
 class PrivacyStore(Protocol):
     """Tenants and erasure."""
 
-    async def conversation_tenant(self, conversation_id: str) -> str | None:
-        """The conversation's tenant; None when it has none or is unknown."""
+    async def conversation_tenant(
+        self, conversation_id: str, *, scope: ReadScope | None = None
+    ) -> str | None:
+        """The conversation's tenant; None when it has none, is unknown, or is
+        outside ``scope``."""
         ...
 
-    async def erase_conversation(self, conversation_id: str) -> dict[str, int]:
+    async def erase_conversation(self, conversation_id: str, erasure: Erasure) -> EraseOutcome:
         """Remove every row of the conversation from every table, in one transaction
-        under the conversation's lock; rows removed per table. Idempotent."""
+        under the conversation's lock, and in the same transaction record the
+        erase (the ``erasures`` mark, its epoch raised once per request id) and
+        its audit entry; both survive the erase. Idempotent."""
+        ...
+
+    async def erase_audit(self, conversation_id: str) -> list[AuditEntry]:
+        """The audit entries of a conversation's erases, oldest first."""
+        ...
+
+    async def assign_tenant(self, conversation_id: str, tenant_id: str | None) -> bool:
+        """Fix the tenant (or, with None, the lack of one) of a conversation that has
+        none assigned yet, under its lock: ``True`` when assigned now, ``False`` when
+        it already was this one. Raises ``TenantConflictError`` (and writes nothing)
+        when it has another."""
+        ...
+
+    async def unassigned_conversations(self, limit: int = 1000) -> list[str]:
+        """Conversations with stored data but no tenant assignment (stored before
+        tenants existed), sorted; at most ``limit``."""
         ...
 
 

@@ -37,6 +37,7 @@ from streams.cli.store_commands import (
     cmd_migrate,
 )
 from streams.cli.tail import TailError
+from streams.cli.tenant_commands import add_tenant_commands, cmd_tenants
 from streams.kafka.admin import TopicMismatchError
 from streams.stack_state import DEFAULT_STATE_DIR, DEV_STATE_DIR_ENV
 
@@ -49,6 +50,7 @@ COMMANDS: dict[str, Handler] = {
     "compact": cmd_compact,
     "history": cmd_history,
     "memory-read": cmd_memory_read,
+    "tenants": cmd_tenants,
     "expand": cmd_expand,
     "worker": cmd_worker,
     "replay": cmd_replay,
@@ -119,9 +121,26 @@ def _add_kafka_commands(sub: _Subparsers) -> None:
         help="publish the valid lines and report the invalid ones (default: publish nothing)",
     )
     _add_tail(sub)
-    erase_help = "erase a conversation everywhere (via the control topic; idempotent)"
-    sub.add_parser("erase", help=erase_help).add_argument("conversation_id")
-    sub.add_parser("topics", help="create the topics if missing and check their partitions")
+    erase = sub.add_parser(
+        "erase", help="erase a conversation everywhere (via the erase-requests topic; audited)"
+    )
+    erase.add_argument("conversation_id")
+    erase.add_argument("--reason", required=True, help="why (audited; never message content)")
+    erase.add_argument("--requester", default=None, help="who asks (default: the OS user)")
+    erase.add_argument(
+        "--wait", action="store_true", help="wait for the worker's completion and print its counts"
+    )
+    erase.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds --wait waits (exit 3 after)"
+    )
+    topics = sub.add_parser(
+        "topics", help="create the topics if missing, check their partitions and configs"
+    )
+    topics.add_argument(
+        "--apply-configs",
+        action="store_true",
+        help="set cleanup.policy/retention.ms of existing topics to the [kafka] settings",
+    )
 
 
 def _add_tail(sub: _Subparsers) -> None:
@@ -170,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # In the order `compactor --help` lists them.
     _add_store_commands(sub)
+    add_tenant_commands(sub)
     _add_demo(sub)
     _add_kafka_commands(sub)
     _add_schemas(sub)

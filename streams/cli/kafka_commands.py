@@ -16,7 +16,7 @@ from streams.addresses import configured_bootstrap
 from streams.cli.errors import CommandError
 from streams.cli.replay import Progress, publish, read_events
 from streams.cli.tail import tail
-from streams.kafka.admin import ensure_topics
+from streams.kafka.admin import config_drift, ensure_topics, topic_configs
 from streams.kafka.probe import broker_problem
 from streams.kafka.security import KafkaSecurity, kafka_security
 from streams.topics import TopicNames
@@ -54,16 +54,20 @@ async def _kafka(settings: Settings) -> tuple[str, KafkaSecurity]:
 async def _ensure_topics(
     settings: Settings, bootstrap: str, security: KafkaSecurity
 ) -> dict[str, int]:
+    names = TopicNames.with_prefix(settings.kafka.topic_prefix)
     return await ensure_topics(
         bootstrap,
-        TopicNames.with_prefix(settings.kafka.topic_prefix),
+        names,
         partitions=settings.kafka.partitions,
         replication_factor=settings.kafka.replication_factor,
         security=security,
+        configs=topic_configs(names, settings.kafka),
     )
 
 
-async def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
+async def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
+    """Create missing topics; report (or with --apply-configs, fix) existing topics
+    whose cleanup policy or retention differ from the settings."""
     bootstrap, security = await _kafka(settings)
     counts = await _ensure_topics(settings, bootstrap, security)
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
@@ -72,6 +76,17 @@ async def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
     for name, role in roles.items():
         print(f"{name:<{width}}  {counts.get(name, 0)} partitions  {role}")
     print(f"all co-partitioned on Kafka at {bootstrap}")
+    apply = bool(getattr(args, "apply_configs", False))
+    drift = await config_drift(
+        bootstrap, topic_configs(names, settings.kafka), security=security, apply=apply
+    )
+    for topic, keys in drift.items():
+        for key, (current, wanted) in keys.items():
+            verb = "set" if apply else "differs:"
+            print(f"{topic}: {key} {verb} {current} -> {wanted}")
+    if drift and not apply:
+        print("run `compactor topics --apply-configs` to apply the settings", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -145,19 +160,38 @@ async def cmd_tail(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def cmd_erase(settings: Settings, args: argparse.Namespace) -> int:
-    """Publish an EraseRequest; the worker owning the conversation applies it."""
-    from streams.cli.erase import send_erase
+    """Publish an EraseRequest on the erase-requests topic; with --wait, print its
+    completion's counts (exit 3 when none arrives within --timeout)."""
+    from streams.cli.erase import EXIT_TIMEOUT, EraseTimeout, send_erase
 
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout must be positive, got {args.timeout}")
     bootstrap, security = await _kafka(settings)
-    topic = TopicNames.with_prefix(settings.kafka.topic_prefix).control
-    await send_erase(
-        args.conversation_id,
-        bootstrap=bootstrap,
-        topic=topic,
-        client_kwargs=security.client_kwargs(),
-    )
+    # Never let the broker auto-create the erase topic with another partition count:
+    # the request would reach a worker that does not own the conversation.
+    await _ensure_topics(settings, bootstrap, security)
+    names = TopicNames.with_prefix(settings.kafka.topic_prefix)
+    try:
+        request, completed = await send_erase(
+            args.conversation_id,
+            bootstrap=bootstrap,
+            topic=names.erasures,
+            messages_topic=names.messages,
+            completions_topic=names.erase_completions,
+            reason=args.reason,
+            requester=args.requester,
+            wait=args.wait,
+            wait_seconds=args.timeout,
+            client_kwargs=security.client_kwargs(),
+        )
+    except EraseTimeout as error:
+        print(f"compactor: {error}; the request stays queued for the worker", file=sys.stderr)
+        return EXIT_TIMEOUT
     print(
-        f"erase of {args.conversation_id!r} requested on {topic}: the worker that owns it "
-        "removes its rows, its table entry, and tombstones its clip-archives (idempotent)"
+        f"erase of {args.conversation_id!r} requested on {names.erasures} "
+        f"(request {request.request_id}, by {request.requester})"
     )
+    if completed is not None:
+        counts = ", ".join(f"{table} {count}" for table, count in completed.counts.items())
+        print(f"erased at {completed.erased_at.isoformat()} (epoch {completed.epoch}): {counts}")
     return 0

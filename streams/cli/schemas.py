@@ -22,6 +22,7 @@ from streams.events import (
     CompactionCommand,
     CompactionCompleted,
     DeadLetterHeaders,
+    EraseCompleted,
     EraseRequest,
     MessageEvent,
     ReconcileRequest,
@@ -36,6 +37,7 @@ WIRE_EVENTS: dict[str, tuple[type[BaseModel], Literal["validation", "serializati
     "CompactionCompleted": (CompactionCompleted, "serialization"),
     "ReconcileRequest": (ReconcileRequest, "serialization"),
     "EraseRequest": (EraseRequest, "serialization"),
+    "EraseCompleted": (EraseCompleted, "serialization"),
     "ClipArchiveEvent": (ClipArchiveEvent, "serialization"),
     "DeadLetterHeaders": (DeadLetterHeaders, "serialization"),
 }

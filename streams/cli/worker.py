@@ -9,7 +9,7 @@ import faust
 
 from core.settings import ConfigError, Settings
 from streams.bootstrap import build_app
-from streams.kafka.admin import ensure_topics
+from streams.kafka.admin import ensure_topics, topic_configs
 from streams.kafka.probe import broker_problem
 from streams.kafka.security import kafka_security
 from streams.topics import TopicNames
@@ -35,6 +35,9 @@ def run_worker(settings: Settings, *, loglevel: str = "info") -> int:
             partitions=settings.kafka.partitions,
             replication_factor=settings.kafka.replication_factor,
             security=security,
+            configs=topic_configs(
+                TopicNames.with_prefix(settings.kafka.topic_prefix), settings.kafka
+            ),
         )
     )
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)

@@ -1,11 +1,17 @@
-"""Who may read what over HTTP: bearer tokens, tenants, and the bind check.
+"""Who may read what over HTTP: bearer tokens, scopes, tenants, and the bind check.
 
-``[service].api_tokens`` (and ``$COMPACTOR_API_TOKENS``, comma-separated)
-read every conversation; ``[[service.tokens]]`` entries with a ``tenant``
-read that tenant's only. ``/healthz`` and ``/metrics`` take
-``[service].metrics_token`` instead (open when it is unset). Tokens are
-compared in constant time (``hmac.compare_digest`` against every configured
-token, so the time does not say which one nearly matched) and never logged.
+``[service].api_tokens`` (and ``$COMPACTOR_API_TOKENS``, comma-separated) are
+admin tokens: every scope but ``metrics``, every tenant. ``[[service.tokens]]``
+entries with a ``tenant`` read that tenant's only (read + search unless
+``scopes`` says otherwise). ``/healthz`` and ``/metrics`` need the ``metrics``
+scope (``[service].metrics_token``) once a token has it, and are open otherwise.
+
+A token may be configured as ``sha256:<64 hex>``, the SHA-256 of the token:
+every presented token is hashed and its digest compared in constant time
+(``hmac.compare_digest``) with every configured digest, no early exit, so the
+time does not say which one nearly matched. Tokens are never logged; the same
+token (or hash) listed twice is a ConfigError naming both keys. The policy is
+rebuilt from the config file and the environment on SIGHUP (``PolicyRef.reload``).
 
 With no token configured the worker only serves loopback: binding elsewhere
 is refused unless ``[service].allow_unauthenticated = true``.
@@ -14,14 +20,24 @@ See docs/security.md.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import logging
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-from core.settings import ConfigError, ServiceSettings, TokenBinding, check_token
+from core.settings import (
+    TOKEN_HASH_PREFIX,
+    ConfigError,
+    Scope,
+    ServiceSettings,
+    TokenBinding,
+    check_token,
+    last_loaded_path,
+    load_settings,
+)
 
 log = logging.getLogger("compactor.auth")
 
@@ -30,24 +46,56 @@ OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 # An Authorization header longer than this is refused before any comparison.
 MAX_AUTHORIZATION_CHARS = 1024
 
+ALL_SCOPES: frozenset[Scope] = frozenset({"read", "search", "erase", "metrics", "admin"})
+# Today's api_tokens: everything but the scraper's scope (an API token never
+# opened /metrics while a metrics_token was set, and still does not).
+ADMIN_SCOPES: frozenset[Scope] = ALL_SCOPES - {"metrics"}
+TENANT_SCOPES: frozenset[Scope] = frozenset({"read", "search"})
+
 
 @dataclass(frozen=True)
 class Principal:
-    """An authenticated caller; ``tenant`` None reads every tenant."""
+    """An authenticated caller; ``tenant`` None reads every tenant.
+
+    ``scopes`` unset: a tenant's default (read, search), or the admin scopes
+    without a tenant. ``token_id`` names the token (a hash of its digest) for
+    the rate limit and logs, and is not part of equality.
+    """
 
     tenant: str | None
+    scopes: frozenset[Scope] = frozenset()
+    token_id: str = field(default="anonymous", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.scopes:
+            default = TENANT_SCOPES if self.tenant is not None else ADMIN_SCOPES
+            object.__setattr__(self, "scopes", default)
 
     def may_read(self, tenant: str | None) -> bool:
         return self.tenant is None or self.tenant == tenant
 
+    def allows(self, scope: Scope) -> bool:
+        return scope in self.scopes
 
+
+# No token configured (loopback only, or allow_unauthenticated): what an admin token may.
 EVERYONE = Principal(tenant=None)
 
 
 @dataclass(frozen=True)
 class _Token:
-    secret: bytes
-    tenant: str | None
+    digest: bytes
+    principal: Principal
+
+
+def token_digest(secret: str, key: str) -> bytes:
+    """The SHA-256 of a configured token (``sha256:<hex>`` is the digest itself)."""
+    if secret.startswith(TOKEN_HASH_PREFIX):
+        hexdigest = secret[len(TOKEN_HASH_PREFIX) :]
+        if len(hexdigest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in hexdigest):
+            raise ConfigError(f"{key}: a sha256: token must be followed by 64 hex digits")
+        return bytes.fromhex(hexdigest)
+    return hashlib.sha256(secret.encode()).digest()
 
 
 def env_tokens(environ: Mapping[str, str]) -> list[TokenBinding]:
@@ -68,51 +116,142 @@ def env_tokens(environ: Mapping[str, str]) -> list[TokenBinding]:
     return found
 
 
-class AuthPolicy:
-    """The tokens of one worker and what each may read."""
+def _scopes(binding: TokenBinding, key: str) -> frozenset[Scope]:
+    if binding.scopes is None:
+        return TENANT_SCOPES if binding.tenant is not None else ADMIN_SCOPES
+    scopes = frozenset(binding.scopes)
+    if not scopes:
+        raise ConfigError(f"{key}.scopes: a token needs at least one scope")
+    if binding.tenant is not None and "admin" in scopes:
+        raise ConfigError(
+            f"{key}.scopes: a tenant-bound token cannot have the admin scope "
+            "(the operations views show every tenant)"
+        )
+    return scopes
 
-    def __init__(self, tokens: list[TokenBinding], metrics_token: bytes | None) -> None:
-        self._tokens = [_Token(t.token.get_secret_value().encode(), t.tenant) for t in tokens]
-        self._metrics_token = metrics_token
+
+class AuthPolicy:
+    """The tokens of one worker: what each may do, and on which tenant."""
+
+    def __init__(self, tokens: list[tuple[str, bytes, Principal]]) -> None:
+        """``tokens``: (the key that configured it, digest, principal) each."""
+        seen: dict[bytes, str] = {}
+        for key, digest, _ in tokens:
+            if digest in seen:
+                raise ConfigError(
+                    f"{key}: the same token as {seen[digest]} (each token, or its "
+                    "sha256: hash, may be listed once; give each use its own token)"
+                )
+            seen[digest] = key
+        self._tokens = [_Token(digest, principal) for _, digest, principal in tokens]
+        self._data = any(p.scopes - {"metrics"} for _, _, p in tokens)
+        self._metrics = any("metrics" in p.scopes for _, _, p in tokens)
 
     @classmethod
     def of(cls, service: ServiceSettings, environ: Mapping[str, str] | None = None) -> AuthPolicy:
         env = os.environ if environ is None else environ
-        tokens = [TokenBinding(token=token) for token in service.api_tokens]
-        tokens.extend(service.tokens)
-        tokens.extend(env_tokens(env))
-        for binding in tokens:
+        bindings: list[tuple[str, TokenBinding]] = [
+            (f"[service].api_tokens[{i}]", TokenBinding(token=token))
+            for i, token in enumerate(service.api_tokens)
+        ]
+        bindings += [(f"[service].tokens[{i}]", b) for i, b in enumerate(service.tokens)]
+        bindings += [(f"{API_TOKENS_ENV} token {i + 1}", b) for i, b in enumerate(env_tokens(env))]
+        found: list[tuple[str, bytes, Principal]] = []
+        for key, binding in bindings:
             check_token(binding.token)
-        metrics = service.metrics_token
-        return cls(tokens, None if metrics is None else metrics.get_secret_value().encode())
+            digest = token_digest(binding.token.get_secret_value(), key)
+            scopes = _scopes(binding, key)
+            found.append((key, digest, Principal(binding.tenant, scopes, _token_id(digest))))
+        if service.metrics_token is not None:
+            key = "[service].metrics_token"
+            digest = token_digest(service.metrics_token.get_secret_value(), key)
+            found.append((key, digest, Principal(None, frozenset({"metrics"}), _token_id(digest))))
+        return cls(found)
 
     @property
     def enabled(self) -> bool:
-        return bool(self._tokens)
+        """Whether the data views need a token (a token with a scope but metrics exists)."""
+        return self._data
 
     @property
     def guards_operations(self) -> bool:
-        return self._metrics_token is not None
+        """Whether ``/healthz`` and ``/metrics`` need a token with the metrics scope."""
+        return self._metrics
 
-    def authenticate(self, authorization: str | None) -> Principal | None:
-        """The caller of a data view; None when it must be refused (401)."""
-        if not self._tokens:
-            return EVERYONE
+    def identify(self, authorization: str | None) -> Principal | None:
+        """The configured token presented, or None; every digest is compared."""
         presented = bearer(authorization)
         if presented is None:
             return None
-        found: _Token | None = None
+        digest = hashlib.sha256(presented).digest()
+        found: Principal | None = None
         for token in self._tokens:  # no early exit: every token is compared
-            if hmac.compare_digest(presented, token.secret):
-                found = token
-        return None if found is None else Principal(found.tenant)
+            if hmac.compare_digest(digest, token.digest):
+                found = token.principal
+        return found
+
+    def authenticate(self, authorization: str | None) -> Principal | None:
+        """The caller of a data view; None when it must be refused (401)."""
+        if not self._data:
+            return EVERYONE
+        return self.identify(authorization)
 
     def operations_allowed(self, authorization: str | None) -> bool:
-        """``/healthz`` and ``/metrics``: open unless ``metrics_token`` is set."""
-        if self._metrics_token is None:
-            return True
-        presented = bearer(authorization)
-        return presented is not None and hmac.compare_digest(presented, self._metrics_token)
+        """``/healthz`` and ``/metrics``: open unless a token has the metrics scope."""
+        return self.operations_principal(authorization) is not None
+
+    def operations_principal(self, authorization: str | None) -> Principal | None:
+        if not self._metrics:
+            return EVERYONE
+        principal = self.identify(authorization)
+        return principal if principal is not None and principal.allows("metrics") else None
+
+
+def _token_id(digest: bytes) -> str:
+    """A name for a token in logs and rate limits, which reveals nothing of it."""
+    return "tok-" + hashlib.sha256(b"compactor token id:" + digest).hexdigest()[:12]
+
+
+class PolicyRef:
+    """The worker's current policy; ``reload`` swaps it whole (one assignment)."""
+
+    def __init__(self, policy: AuthPolicy) -> None:
+        self.policy = policy
+
+    def reload(
+        self,
+        load: Callable[[], ServiceSettings],
+        environ: Mapping[str, str] | None = None,
+        check: Callable[[ServiceSettings, AuthPolicy], None] | None = None,
+    ) -> bool:
+        """Rebuild the policy from ``load()`` and the environment; on any error keep
+        the old one and log why (never a token). True when swapped."""
+        try:
+            service = load()
+            policy = AuthPolicy.of(service, environ)
+            if check is not None:
+                check(service, policy)
+        except (ConfigError, OSError, ValueError) as error:
+            log.error("token reload failed, the previous tokens stay in force: %s", error)
+            return False
+        self.policy = policy
+        log.info("tokens reloaded")
+        return True
+
+
+_config_path: str | None = None
+
+
+def remember_config_path(path: str | None) -> None:
+    """The ``--config`` the worker was started with, for ``reload_tokens`` (SIGHUP)."""
+    global _config_path
+    _config_path = path
+
+
+def configured_service() -> ServiceSettings:
+    """``[service]`` as the config file says now: the ``remember_config_path`` one, else
+    the file the worker's settings were loaded from, else as ``load_settings`` finds it."""
+    return load_settings(_config_path or last_loaded_path()).service
 
 
 def bearer(authorization: str | None) -> bytes | None:

@@ -6,7 +6,8 @@ owner of the conversation's messages partition). Faust forwards the request
 with its headers, so the owner authenticates the same bearer token again.
 
 Every request passes ``guard`` first (an aiohttp middleware, so Faust's own
-views are covered too): bodies are refused, ``/healthz`` and ``/metrics``
+views are covered too): bodies are refused, ``/livez`` and ``/readyz`` need no
+token (``streams.http.probes``), ``/healthz`` and ``/metrics``
 need ``[service].metrics_token`` when it is set, everything else a token of
 ``streams.http.auth.AuthPolicy``. A tenant-bound token reaches only the views
 below, each of which checks the conversation's tenant (403 otherwise, also
@@ -19,7 +20,11 @@ a server.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -33,13 +38,44 @@ from core.domain.budget import BudgetConfig, over_budget
 from core.domain.clip_archive import is_clip_archive
 from core.domain.messages import ConversationMessage
 from core.domain.tokens import estimate_history_tokens
-from core.ports.storage import ExpandedBatch, QueryMode, SearchSources, WorkerStore
-from core.settings import ResolvedModel, ServiceSettings, Settings
+from core.ports.storage import (
+    ExpandedBatch,
+    QueryMode,
+    ReadScope,
+    SearchSources,
+    StoreUnavailable,
+    WorkerStore,
+)
+from core.settings import ResolvedModel, Scope, ServiceSettings, Settings
 from streams.events import MAX_ID_LENGTH
-from streams.http.auth import OPEN_PATHS, AuthPolicy, Principal, check_exposure
+from streams.http import pages
+from streams.http.audit import audit_reads
+from streams.http.auth import (
+    OPEN_PATHS,
+    AuthPolicy,
+    PolicyRef,
+    Principal,
+    check_exposure,
+    configured_service,
+)
+from streams.http.forwarding import (
+    FORWARDABLE,
+    FORWARDED,
+    PRINCIPAL,
+    PRINCIPAL_HEADER,
+    SIGNATURE_HEADER,
+    Forwarding,
+    client_ssl_context,
+    install,
+    internal_key,
+)
+from streams.http.limits import RateLimiter
+from streams.http.probes import PROBE_PATHS, register_probes
 from streams.worker.components import Components
 
-PRINCIPAL = web.RequestKey("compactor.principal", Principal)
+log = logging.getLogger("compactor.auth")
+# Where the worker finds the DSN first (core.adapters.postgres.embedded.POSTGRES_DSN_ENV).
+DSN_ENV = "POSTGRES_DSN"
 # A request that somehow skipped the guard reads nothing (no tenant matches "").
 _NOBODY = Principal(tenant="")
 
@@ -48,6 +84,9 @@ class ViewRuntime(Protocol):
     """What the views need of the worker's runtime (``streams.bootstrap.WorkerRuntime``)."""
 
     resolved_model: ResolvedModel
+
+    @property
+    def is_open(self) -> bool: ...
 
     @property
     def store(self) -> WorkerStore: ...
@@ -182,11 +221,22 @@ def principal_of(request: Request) -> Principal:
     return found if isinstance(found, Principal) else _NOBODY
 
 
+def read_scope(principal: Principal) -> ReadScope:
+    """What the store lets the caller's reads see, beneath every view's own tenant
+    check (PostgreSQL: row-level security, docs/security.md): the tenant's
+    conversations, or all of them for a token that is not tenant-bound. Only
+    here, after the guard authenticated the token, is ``everything()`` chosen."""
+    if principal.tenant is None:
+        return ReadScope.everything()
+    return ReadScope.of_tenant(principal.tenant)
+
+
 async def may_read(store: WorkerStore, principal: Principal, conversation_id: str) -> bool:
     """Whether the caller may read the conversation (a tenant-bound token: its own only)."""
     if principal.tenant is None:
         return True
-    return principal.may_read(await store.conversation_tenant(conversation_id))
+    tenant = await store.conversation_tenant(conversation_id, scope=read_scope(principal))
+    return principal.may_read(tenant)
 
 
 def _refusal(status: int, body: Mapping[str, str]) -> web.Response:
@@ -199,19 +249,85 @@ def _tenant_views(path: str) -> bool:
     return path == "/memory/search" or path.startswith("/conversations/")
 
 
-def guard(policy: AuthPolicy) -> Middleware:
+def required_scope(method: str, path: str) -> Scope:
+    """The scope a request needs (``/healthz`` and ``/metrics``: metrics, see ``guard``)."""
+    if path in OPEN_PATHS:
+        return "metrics"
+    if path == "/memory/search":
+        return "search"
+    if path.startswith("/conversations/"):
+        return "erase" if method == "DELETE" else "read"
+    return "admin"  # Faust's own views (/table, /router, /, …) and anything else
+
+
+def _too_many(limiter: RateLimiter, wait: float) -> web.Response:
+    return web.json_response(
+        {"error": "too many requests for this token"},
+        status=429,
+        headers={"Retry-After": limiter.retry_after(wait)},
+    )
+
+
+@web.middleware
+async def store_outage_is_503(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A read while PostgreSQL is away (or not opened yet, at start-up) is a 503 the
+    client may retry, not a 500: the worker waits such outages out."""
+    try:
+        return await handler(request)
+    except StoreUnavailable:
+        return web.json_response(
+            {"error": "the store is unavailable; retry later"},
+            status=503,
+            headers={"Retry-After": "5"},
+        )
+
+
+def guard(
+    policy: AuthPolicy | PolicyRef,
+    limiter: RateLimiter | None = None,
+    forwarding: Forwarding | None = None,
+) -> Middleware:
+    ref = policy if isinstance(policy, PolicyRef) else PolicyRef(policy)
+    limits = limiter if limiter is not None else RateLimiter(0, 1)
+
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.body_exists:
             return _refusal(413, {"error": "request bodies are not accepted"})
-        header = request.headers.get("Authorization")
-        if request.path in OPEN_PATHS:
-            if not policy.operations_allowed(header):
-                return _refusal(401, UNAUTHORIZED)
+        if request.path in PROBE_PATHS:  # kubelet probes: no token (streams/http/probes.py)
             return await handler(request)
-        principal = policy.authenticate(header)
-        if principal is None:
-            return _refusal(401, UNAUTHORIZED)
+        current = ref.policy  # read once: a reload mid-request never mixes two policies
+        header = request.headers.get("Authorization")
+        principal: Principal | None
+        if PRINCIPAL_HEADER in request.headers or SIGNATURE_HEADER in request.headers:
+            # Forwarded by another worker: the signed principal, on the forwarded
+            # path only; the entry worker already counted it against the limit.
+            principal = None
+            if (
+                forwarding is not None
+                and request.method in ("GET", "HEAD")
+                and FORWARDABLE.match(request.path)
+            ):
+                principal = forwarding.verify(request.headers, request.method, request.path_qs)
+            if principal is None:
+                return _refusal(401, UNAUTHORIZED)
+            request[FORWARDED] = True
+        else:
+            if request.path in OPEN_PATHS:
+                principal = current.operations_principal(header)
+            else:
+                principal = current.authenticate(header)
+            if principal is None:
+                return _refusal(401, UNAUTHORIZED)
+            if (
+                principal.token_id != "anonymous"
+                and (wait := limits.acquire(principal.token_id)) is not None
+            ):
+                return _too_many(limits, wait)
+            if request.path in OPEN_PATHS:
+                return await handler(request)
+        if not principal.allows(required_scope(request.method, request.path)):
+            return _refusal(403, FORBIDDEN)
         if principal.tenant is not None and not _tenant_views(request.path):
             return _refusal(403, FORBIDDEN)
         request[PRINCIPAL] = principal
@@ -222,14 +338,48 @@ def guard(policy: AuthPolicy) -> Middleware:
 
 def register_views(
     app: faust.App, settings: Settings, components: Components[Any], runtime: ViewRuntime
-) -> None:
-    policy = AuthPolicy.of(settings.service)
-    check_exposure(settings.service, policy)
+) -> Callable[[], bool]:
+    """Registers the views behind the guard; returns the token reload (what SIGHUP calls)."""
+    service = settings.service
+    policy = AuthPolicy.of(service)
+    check_exposure(service, policy)
+    ref = PolicyRef(policy)
+    configured = settings.postgres.dsn
+    dsn = os.environ.get(DSN_ENV) or (
+        configured.get_secret_value() if configured is not None else None
+    )
+    forwarding = Forwarding(internal_key(service, dsn), client_ssl_context(service))
+    if forwarding.key is None and policy.enabled:
+        log.warning(
+            "forwarded requests carry the caller's token to the owning worker: set "
+            "[service].internal_token so that they carry a signed principal instead "
+            "(docs/security.md)"
+        )
+    install(app, forwarding)
+    limiter = RateLimiter(service.rate_limit_per_second, service.rate_limit_burst)
     web_app = cast(web.Application, app.web.web_app)  # type: ignore[attr-defined]
-    web_app.middlewares.append(guard(policy))
+    # Outermost, so it logs every answer, the guard's refusals included.
+    web_app.middlewares.append(audit_reads(lambda request: request.get(PRINCIPAL)))
+    web_app.middlewares.append(guard(ref, limiter, forwarding))
+    web_app.middlewares.append(store_outage_is_503)
     register_operations(app, components, runtime)
+    register_probes(app, components, runtime)
     register_conversations(app, settings, components, runtime)
     register_memory(app, settings, runtime)
+
+    def reload() -> bool:
+        return ref.reload(configured_service, check=check_exposure)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def reload_on_sighup() -> None:
+        watch_sighup(reload)
+
+    return reload
+
+
+def watch_sighup(reload: Callable[[], bool]) -> None:
+    """Call ``reload`` (the tokens from the config file and the environment) on SIGHUP."""
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
 
 
 def register_operations(app: faust.App, components: Components[Any], runtime: ViewRuntime) -> None:
@@ -280,16 +430,8 @@ def register_conversations(
         value_serializer="raw",
     )
 
-    async def refused(view: View, request: Request, *ids: str) -> Response | None:
-        """400 for a bad path id, 403 for a conversation the token may not read."""
-        for value in ids:
-            problem = bad_text("path parameter", value, MAX_ID_LENGTH)
-            if problem is not None:
-                return view.json({"error": problem}, status=400)
-        store = runtime.store
-        if not await may_read(store, principal_of(request), ids[0]):
-            return view.json(FORBIDDEN, status=403)
-        return None
+    def refused(view: View, request: Request, *ids: str) -> Awaitable[Response | None]:
+        return refused_read(runtime, view, request, *ids)
 
     @app.page("/conversations/{conversation_id}")
     class Conversation(View):
@@ -304,29 +446,77 @@ def register_conversations(
                 return self.json(unknown(conversation_id), status=404)
             return self.json(conversation_body(tally, budget))
 
+    register_pages(app, settings, runtime)
+
+
+async def refused_read(
+    runtime: ViewRuntime, view: View, request: Request, *ids: str
+) -> Response | None:
+    """400 for a bad path id, 403 for a conversation the token may not read."""
+    for value in ids:
+        problem = bad_text("path parameter", value, MAX_ID_LENGTH)
+        if problem is not None:
+            return view.json({"error": problem}, status=400)
+    store = runtime.store
+    if not await may_read(store, principal_of(request), ids[0]):
+        return view.json(FORBIDDEN, status=403)
+    return None
+
+
+def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> None:
+    """The views that return a page (``limit`` + ``cursor``, ``streams.http.pages``)."""
+
+    def refused(view: View, request: Request, *ids: str) -> Awaitable[Response | None]:
+        return refused_read(runtime, view, request, *ids)
+
     @app.page("/conversations/{conversation_id}/history")
     class History(View):
         async def get(self, request: Request, conversation_id: str) -> Response:
             if (refusal := await refused(self, request, conversation_id)) is not None:
                 return refusal
+            try:
+                limit, after = pages.page_request(request.query, settings.service)
+            except ValueError as error:
+                return self.json({"error": str(error)}, status=400)
             store = runtime.store
-            history = await store.load_history(conversation_id)
-            if not history:
+            history = await store.load_history(
+                conversation_id,
+                scope=read_scope(principal_of(request)),
+                after=after,
+                limit=limit + 1,  # one more: is there a next page?
+            )
+            if not history and after is None:
                 return self.json(unknown(conversation_id), status=404)
-            return self.json(history_body(conversation_id, history))
+            page = history[:limit]
+            body = history_body(conversation_id, page)
+            body["next_cursor"] = pages.cursor_of(page[-1]) if len(history) > limit else None
+            return self.json(body)
 
     @app.page("/conversations/{conversation_id}/batches/{batch_id}")
     class Batch(View):
         async def get(self, request: Request, conversation_id: str, batch_id: str) -> Response:
             if (refusal := await refused(self, request, conversation_id, batch_id)) is not None:
                 return refusal
+            try:
+                limit, after = pages.page_request(request.query, settings.service)
+            except ValueError as error:
+                return self.json({"error": str(error)}, status=400)
             store = runtime.store
-            expanded = await store.expand_batch(conversation_id, batch_id)
+            expanded = await store.expand_batch(
+                conversation_id,
+                batch_id,
+                scope=read_scope(principal_of(request)),
+                after=after,
+                limit=limit + 1,
+            )
             if expanded is None:
                 return self.json(
                     {"error": f"unknown batch {batch_id!r} in {conversation_id!r}"}, status=404
                 )
-            return self.json(batch_body(expanded))
+            turns = expanded.turns
+            body = batch_body(expanded.model_copy(update={"turns": turns[:limit]}))
+            body["next_cursor"] = pages.cursor_of(turns[limit - 1]) if len(turns) > limit else None
+            return self.json(body)
 
 
 def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) -> None:
@@ -353,6 +543,7 @@ def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) ->
                     sources=asked.sources,
                     mode=asked.mode,
                     tenant_id=asked.tenant_id,
+                    scope=read_scope(principal),
                 )
             except ValueError as error:
                 return self.json({"error": str(error)}, status=400)

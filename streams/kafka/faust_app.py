@@ -10,6 +10,7 @@ from pathlib import Path
 import faust
 
 from core.settings import Settings
+from streams.http.forwarding import server_ssl_context
 from streams.kafka.security import kafka_security
 
 
@@ -40,6 +41,9 @@ def create_app(settings: Settings, servers: str) -> faust.App:
         web_port=svc.web_port,
         web_bind=svc.web_host,
         web_in_thread=False,
+        # HTTPS when [service].tls_certfile / tls_keyfile are set (Faust hands the
+        # context to aiohttp's TCPSite).
+        web_ssl_context=server_ssl_context(svc),
     )
 
 

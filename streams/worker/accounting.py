@@ -33,17 +33,37 @@ from core.domain.accounting import (
     resynced,
 )
 from core.domain.budget import BudgetConfig
+from core.domain.erasure import merged_offsets
 from core.domain.tokens import estimate_message_tokens
 from core.ports.publisher import Publisher
-from core.ports.storage import IncomingMessage, SaveOutcome, StoreTotals
+from core.ports.storage import (
+    EraseOutcome,
+    Erasure,
+    IncomingMessage,
+    SaveOutcome,
+    StoreRejected,
+    StoreTotals,
+)
 from core.settings import Settings
-from streams.events import CompactionCommand, CompactionCompleted, EraseRequest, MessageEvent
+from streams.events import (
+    CompactionCommand,
+    CompactionCompleted,
+    EraseCompleted,
+    EraseRequest,
+    MessageEvent,
+)
 from streams.metrics import Metrics
 from streams.topics import TopicNames
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
 from streams.worker.keyed_lock import KeyedLock
-from streams.worker.records import InvalidRecord, Record, decode_control, decode_message
+from streams.worker.records import (
+    InvalidRecord,
+    Record,
+    decode_control,
+    decode_erase,
+    decode_message,
+)
 from streams.worker.retry import backoff_seconds, is_outage
 from streams.worker.runtime import Runtime
 from streams.worker.tally_table import TallyTable
@@ -105,6 +125,9 @@ class Accounting:
         self._sleep = sleep
         self._still_assigned = still_assigned
         self._locks = KeyedLock()
+        # messages partition → the highest offset this worker has stored or skipped:
+        # an erase marks at least this much (what it deleted stays deleted).
+        self._consumed: dict[int, int] = {}
 
     async def handle(self, record: Record) -> None:
         """Account one record, durably: returns only once its effect is written, and
@@ -142,6 +165,10 @@ class Accounting:
         while True:
             try:
                 touched = await self._account(pending)
+            except StoreRejected as error:
+                # The store refuses the data for good: no waiting, no retries. A group
+                # is retried one record at a time, once, to find the culprit.
+                return await self._rejected(pending, error, failures)
             except Exception as error:
                 failures += 1
                 self._waiting(pending[0], error, failures)
@@ -171,9 +198,24 @@ class Accounting:
             touched |= await self._durably([record])
         return touched
 
+    async def _rejected(
+        self, pending: list[Record], error: StoreRejected, failures: int
+    ) -> set[str]:
+        if len(pending) > 1:
+            touched: set[str] = set()
+            for record in pending:
+                touched |= await self._durably([record])
+            return touched
+        await self._dead_letter(pending[0], store_rejected(error))
+        if failures:
+            self._recovered(pending[0], failures)
+        return set()
+
     async def _account(self, records: Sequence[Record]) -> set[str]:
         if len(records) == 1 and records[0].topic != self._names.messages:
             try:
+                if records[0].topic == self._names.erasures:
+                    return await self.on_erase(records[0])
                 return await self.on_control(records[0])
             except InvalidRecord as error:
                 await self._dead_letter(records[0], error)
@@ -220,6 +262,10 @@ class Accounting:
         for (record, incoming), outcome in zip(decoded, outcomes, strict=True):
             if outcome.status == "tenant_conflict":
                 letters.append((record, tenant_mismatch(incoming)))
+            elif outcome.status == "tenant_unassigned":
+                letters.append((record, tenant_unassigned(incoming)))
+            elif outcome.status == "erased":
+                self._metrics.events_in.labels("erased").inc()  # an erase covers it: dropped
             else:
                 groups.setdefault(incoming.message.conversation_id, []).append(
                     (record, incoming, outcome)
@@ -245,6 +291,10 @@ class Accounting:
             *(self._dead_letter(record, error) for record, error in letters),
             *(self._publish_command(command, "over_budget") for command in commands),
         )
+        for record in records:
+            self._consumed[record.partition] = max(
+                self._consumed.get(record.partition, -1), record.offset
+            )
         return set(groups)
 
     def _decode(
@@ -258,7 +308,13 @@ class Accounting:
             except InvalidRecord as error:
                 letters.append((record, error))
                 continue
-            incoming = IncomingMessage(event.to_message(), message_tokens(event), event.tenant_id)
+            incoming = IncomingMessage(
+                event.to_message(),
+                message_tokens(event),
+                event.tenant_id,
+                partition=record.partition,
+                offset=record.offset,
+            )
             decoded.append((record, incoming))
         return decoded, letters
 
@@ -279,7 +335,7 @@ class Accounting:
                 self._metrics.events_in.labels(label).inc(count)
         if totals is not None:
             tally, issue = on_resync(
-                tally, conversation_id, totals.tokens, totals.rows, budget, now
+                tally, conversation_id, totals.tokens, totals.rows, budget, now, totals.epoch
             )
             last_seq = totals.last_seq
         else:
@@ -299,35 +355,39 @@ class Accounting:
     async def on_control(self, record: Record) -> set[str]:
         control = decode_control(record)
         conversation_id = control.conversation_id
-        if isinstance(control, EraseRequest):
-            await self.erase(conversation_id, "erase request", partition=record.partition)
-            return set()
         epoch = self._table.epoch(record.partition)
         tally = self._table.get(conversation_id)
         store = self._runtime.store
         now = self._clock()
         budget = self._rules.budget
         totals: StoreTotals | None = None
-        if isinstance(control, CompactionCompleted):
-            if tally is None and await self._erased_meanwhile(control, record.partition):
+        if tally is None:
+            # No entry: lost (a new app id, a lost changelog) and rebuilt from the
+            # store, or nothing to rebuild: an erased or unknown conversation gets
+            # no entry from a completion or a reconcile request (a zero tally
+            # would make an erased id answer again).
+            totals = (await store.totals_of([conversation_id]))[conversation_id]
+            if totals.rows == 0:
+                if isinstance(control, CompactionCompleted):
+                    await self._tombstone_again(control, totals)
                 return set()
-            if tally is None or completes_outstanding(tally, control.compaction_id):
+            tally = rebuilt(conversation_id, totals.tokens, totals.rows, totals.epoch)
+        if isinstance(control, CompactionCompleted):
+            if totals is None and completes_outstanding(tally, control.compaction_id):
                 totals = (await store.totals_of([conversation_id]))[conversation_id]
-            if tally is None:
-                assert totals is not None
-                tally = rebuilt(conversation_id, totals.tokens, totals.rows)
             counts = None if totals is None else (totals.tokens, totals.rows)
             tally, issue = on_completion(tally, completion_of(control), budget, now, counts)
             reason = "continue"
         else:
             # Reconciliation does not trust the table: the store's counts repair
             # an entry that drifted, before deciding.
-            totals = (await store.totals_of([conversation_id]))[conversation_id]
-            tally = (
-                rebuilt(conversation_id, totals.tokens, totals.rows)
-                if tally is None
-                else resynced(tally, totals.tokens, totals.rows)
-            )
+            if totals is None:
+                totals = (await store.totals_of([conversation_id]))[conversation_id]
+                tally = (
+                    resynced(tally, totals.tokens, totals.rows)
+                    if tally.epoch == totals.epoch
+                    else rebuilt(conversation_id, totals.tokens, totals.rows, totals.epoch)
+                )
             tally, issue = on_reconcile(tally, budget, now, self._rules.command_timeout_seconds)
             reason = "reconcile"
         if not self._table.put(
@@ -339,34 +399,80 @@ class Accounting:
             await self._publish_command(self._command(tally, last_seq, reason), reason)
         return {conversation_id}
 
-    async def erase(self, conversation_id: str, why: str, *, partition: int | None = None) -> None:
-        """Every row in the store, the table entry (a changelog tombstone), then a
-        tombstone on the clip-archive topic so log-compacted copies forget it.
-        Each step is idempotent: a retried record repeats them harmlessly."""
-        store = self._runtime.store
-        removed = await store.erase_conversation(conversation_id)
+    async def on_erase(self, record: Record) -> set[str]:
+        """An ``EraseRequest`` from the erase-requests topic (the only way to erase)."""
+        request = decode_erase(record)
+        await self.erase(request, partition=record.partition)
+        return set()
+
+    async def erase(self, request: EraseRequest, *, partition: int | None = None) -> EraseOutcome:
+        """Every row in the store and the erase mark that keeps them erased (one
+        transaction), the table entry (a changelog tombstone), a tombstone on the
+        clip-archive topic so log-compacted copies forget it, then an
+        ``EraseCompleted``. Each step is idempotent: a retried or redelivered
+        request repeats them harmlessly (audited once, by its request id).
+
+        The mark covers the messages topic up to the request's end offsets and,
+        on ``partition`` (the erase topic is co-partitioned with the messages
+        topic), up to what this worker had consumed: every message it deleted
+        stays deleted, whoever reads the topic again."""
+        conversation_id = request.conversation_id
+        now = datetime.fromtimestamp(self._clock(), UTC)
+        offsets = {p: end - 1 for p, end in request.messages_end_offsets.items()}
+        if partition is not None and partition in self._consumed:
+            offsets = merged_offsets(offsets, {partition: self._consumed[partition]})
+        erasure = Erasure(
+            request_id=request.request_id,
+            requester=request.requester,
+            reason=request.reason,
+            requested_at=min(request.requested_at, now),  # never a cutoff in the future
+            erased_at=now,
+            offsets=offsets,
+        )
+        outcome = await self._runtime.store.erase_conversation(conversation_id, erasure)
         self._table.delete(conversation_id, partition=partition)
-        await self._publisher.publish("clip_archives", conversation_id.encode(), None)
+        key = conversation_id.encode()
+        await self._publisher.publish("clip_archives", key, None)
+        completed = EraseCompleted(
+            request_id=request.request_id,
+            conversation_id=conversation_id,
+            requester=request.requester,
+            counts=outcome.removed,
+            epoch=outcome.epoch,
+            requested_at=request.requested_at,
+            erased_at=outcome.erased_at,
+        )
+        await self._publisher.publish(
+            "erase_completions", key, completed.model_dump_json().encode()
+        )
         self._metrics.erasures.inc()
         log.info(
-            "erased conversation %s (%s): %s",
+            "erased conversation %s (request %s by %s%s, epoch %d): %s",
             conversation_id,
-            why,
-            ", ".join(f"{table} {count}" for table, count in removed.items()),
+            request.request_id,
+            request.requester,
+            ", again" if outcome.repeated else "",
+            outcome.epoch,
+            ", ".join(f"{table} {count}" for table, count in outcome.removed.items()),
         )
+        return outcome
 
-    async def _erased_meanwhile(self, control: CompactionCompleted, partition: int) -> bool:
-        """A completion with no table entry whose compaction the store does not know:
-        the conversation was erased after that compaction committed, and its
-        clip-archive may have reached the topic after the erase's tombstone, so
-        the tombstone is sent again (the clip-archive precedes its completion)."""
-        if control.status != "compacted":
-            return False
-        store = self._runtime.store
-        if await store.compaction_applied(control.compaction_id):
-            return False
-        await self.erase(control.conversation_id, "completion after an erase", partition=partition)
-        return True
+    async def _tombstone_again(self, control: CompactionCompleted, totals: StoreTotals) -> None:
+        """A compaction's completion for an erased conversation with nothing live: the
+        compaction committed before the erase, and its clip-archive may have reached
+        the topic after the erase's tombstone, so the tombstone is sent again (the
+        clip-archive precedes its completion). Nothing is erased here: a completion
+        on the control topic never erases."""
+        if control.status != "compacted" or totals.epoch == 0:
+            return
+        if await self._runtime.store.compaction_applied(control.compaction_id):
+            return
+        await self._publisher.publish("clip_archives", control.conversation_id.encode(), None)
+        log.info(
+            "tombstone of erased conversation %s sent again (compaction %s completed late)",
+            control.conversation_id,
+            control.compaction_id,
+        )
 
     def _command(
         self, tally: ConversationTally, up_to_seq: int | None, reason: str
@@ -413,6 +519,20 @@ def tenant_mismatch(incoming: IncomingMessage) -> InvalidRecord:
         f"than the one message {message.id[:80]!r} claims ({incoming.tenant_id!r})",
         "tenant_mismatch",
     )
+
+
+def tenant_unassigned(incoming: IncomingMessage) -> InvalidRecord:
+    message = incoming.message
+    return InvalidRecord(
+        f"conversation {message.conversation_id[:80]!r} was stored before tenants existed "
+        f"and has none assigned; message {message.id[:80]!r} claims {incoming.tenant_id!r}. "
+        "An operator assigns it: compactor tenants assign CONVERSATION_ID TENANT",
+        "tenant_unassigned",
+    )
+
+
+def store_rejected(error: StoreRejected) -> InvalidRecord:
+    return InvalidRecord(f"the store refuses this record: {error}"[:1000], "store_rejected")
 
 
 def completion_of(event: CompactionCompleted) -> Completion:

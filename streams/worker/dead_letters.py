@@ -5,6 +5,11 @@ the reason, error type and source coordinates travel as ``dlq.*`` headers.
 A record too large for one producer request (the broker may accept larger
 ones than our producer may send) is dead-lettered with its first bytes and
 ``dlq.truncated``: it must leave a trace, never vanish with a failed send.
+
+With ``[kafka].dead_letter_content = "redacted"`` the value is dropped: the
+dead letter keeps the reason, the error type, the source coordinates, the
+original size and the key (the conversation id), and ``dlq.redacted`` says
+so; re-drive from the source topic's offset while it is retained.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Literal
 
 from core.ports.publisher import Publisher, RecordTooLarge
 from streams.events import DeadLetterHeaders
@@ -38,11 +44,13 @@ class DeadLetters:
         clock: Callable[[], float] = time.time,
         *,
         max_request_bytes: int = 1_048_576,
+        content: Literal["full", "redacted"] = "full",
     ) -> None:
         self._publisher = publisher
         self._metrics = metrics
         self._clock = clock
         self._max_value = max(LAST_RESORT_BYTES, max_request_bytes - REQUEST_OVERHEAD_BYTES)
+        self._redacted = content == "redacted"
 
     async def send(self, record: Record, error: InvalidRecord) -> None:
         value = record.value or b""
@@ -64,6 +72,9 @@ class DeadLetters:
 
     async def _send(self, record: Record, error: InvalidRecord, max_value: int) -> None:
         value, key = record.value, record.key
+        size = len(value or b"")
+        if self._redacted:
+            value = None
         truncated = (value is not None and len(value) > max_value) or (
             key is not None and len(key) > MAX_KEY_BYTES
         )
@@ -75,8 +86,9 @@ class DeadLetters:
                 "dlq.source_partition": record.partition,
                 "dlq.source_offset": record.offset,
                 "dlq.failed_at": datetime.fromtimestamp(self._clock(), UTC),
-                "dlq.original_size": len(value or b""),
+                "dlq.original_size": size,
                 "dlq.truncated": truncated,
+                "dlq.redacted": self._redacted,
             }
         )
         await self._publisher.publish(

@@ -8,16 +8,19 @@ act on; the dead-letter policy turns it into a dead letter.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
+from core.domain.messages import INVALID_TEXT, text_problem
 from streams.events import (
     CONTROL_EVENT,
     AnyControl,
     CompactionCommand,
+    EraseRequest,
     MessageEvent,
 )
 
@@ -80,20 +83,70 @@ def check_key(key: str, conversation_id: str) -> None:
 
 
 def decode_message(record: Record, max_content_chars: int) -> MessageEvent:
+    """The record's ``MessageEvent``. Text no store can hold (a NUL, a lone surrogate,
+    in any text field) is ``invalid_text``; tool-call arguments longer serialised
+    than ``max_content_chars`` are ``oversized_arguments``."""
     key = decode_key(record)
     try:
         parsed = MessageEvent.model_validate_json(record.value or b"")
     except ValidationError as error:
-        kind = "invalid_json" if error.errors()[0]["type"] == "json_invalid" else "invalid_event"
-        raise InvalidRecord(describe_validation_error(error), kind) from None
+        types = {item["type"] for item in error.errors()}
+        reason = describe_validation_error(error)
+        if INVALID_TEXT in types:
+            kind = INVALID_TEXT
+        elif _unstorable_text(record.value or b""):
+            # A lone surrogate (which the validator's parser calls invalid JSON), or a
+            # NUL in a field whose own check came first (role, tenant_id).
+            kind = INVALID_TEXT
+            reason = f"a string holds a NUL character or a lone surrogate ({reason})"
+        else:
+            kind = "invalid_json" if "json_invalid" in types else "invalid_event"
+        raise InvalidRecord(reason, kind) from None
     if len(parsed.content) > max_content_chars:
         raise InvalidRecord(
             f"content has {len(parsed.content)} characters; the limit is {max_content_chars} "
             "([service].max_content_chars)",
             "oversized",
         )
+    arguments = arguments_size(parsed)
+    if arguments > max_content_chars:
+        raise InvalidRecord(
+            f"tool-call arguments have {arguments} characters serialised; the limit is "
+            f"{max_content_chars} ([service].max_content_chars)",
+            "oversized_arguments",
+        )
     check_key(key, parsed.conversation_id)
     return parsed
+
+
+def arguments_size(event: MessageEvent) -> int:
+    """The characters of the event's tool-call arguments, serialised as the store keeps them."""
+    return sum(
+        len(json.dumps(call.arguments, separators=(",", ":"), ensure_ascii=False))
+        for call in event.tool_calls or ()
+    )
+
+
+def _unstorable_text(value: bytes) -> bool:
+    """Whether a record the validator refused is JSON holding, in any key or string,
+    a NUL or a lone surrogate (``"\\ud800"``, which the validator's parser refuses
+    as invalid JSON; Python's accepts it). Only on that error path."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return False
+    pending = [data]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if text_problem(item) is not None:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 class _Keyed(Protocol):
@@ -117,6 +170,11 @@ def _decode_keyed(record: Record, parse: Callable[[bytes], K]) -> K:
 
 def decode_control(record: Record) -> AnyControl:
     return _decode_keyed(record, CONTROL_EVENT.validate_json)
+
+
+def decode_erase(record: Record) -> EraseRequest:
+    """An erase request from the erase-requests topic (schema version 2)."""
+    return _decode_keyed(record, EraseRequest.model_validate_json)
 
 
 def decode_command(record: Record) -> CompactionCommand:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from core.adapters.postgres.privacy import KEPT_TABLES
 from streams.events import EraseRequest
 from tests.e2e.conftest import PARTITIONS, Conversation, Stack, eventually, interleave
 from tests.support.worker import WorkerProcess, wait_for_split
@@ -28,11 +29,13 @@ ACME = "e2e-acme-token-0123456789"
 GLOBEX = "e2e-globex-token-0123456789"
 METRICS = "e2e-metrics-token-0123456789"
 LLM_KEY = "sk-e2e-llm-key-0123456789abcdef"
-SECRETS = (ADMIN, ENV_TOKEN, ACME, GLOBEX, METRICS, LLM_KEY)
+# Forwarded requests carry a principal signed with this, not the caller's token.
+INTERNAL = "e2e-internal-token-0123456789"
+SECRETS = (ADMIN, ENV_TOKEN, ACME, GLOBEX, METRICS, LLM_KEY, INTERNAL)
 
 SECURED: dict[str, dict[str, Any]] = {
     "summarization": {"api_key_env": "E2E_LLM_KEY"},
-    "service": {"api_tokens": [ADMIN], "metrics_token": METRICS},
+    "service": {"api_tokens": [ADMIN], "metrics_token": METRICS, "internal_token": INTERNAL},
 }
 TOKENS_TOML = f"""
 [[service.tokens]]
@@ -119,11 +122,26 @@ async def test_tokens_and_tenants_hold_across_forwarded_requests_and_erase_forge
         assert status == 403
     assert forwarded == 2 * len(conversations)
 
-    # Erase one conversation through the control topic, as `compactor erase` does.
+    # An EraseRequest on the control topic erases nothing any more (dead-lettered).
     doomed = "acme-0"
-    request = EraseRequest(conversation_id=doomed, requested_at=datetime.now(UTC))
+    forged = EraseRequest(
+        request_id="forged",
+        conversation_id="acme-1",
+        requester="anyone",
+        reason="forged",
+        requested_at=datetime.now(UTC),
+    )
+    await stack.producer.send(stack.names.control, forged.model_dump_json().encode(), key=b"acme-1")
+    # Erase one conversation through the erase-requests topic, as `compactor erase` does.
+    request = EraseRequest(
+        request_id="e2e-erase-1",
+        conversation_id=doomed,
+        requester="e2e",
+        reason="security test",
+        requested_at=datetime.now(UTC),
+    )
     await stack.producer.send(
-        stack.names.control, request.model_dump_json().encode(), key=doomed.encode()
+        stack.names.erasures, request.model_dump_json().encode(), key=doomed.encode()
     )
 
     async def erased() -> None:
@@ -134,6 +152,8 @@ async def test_tokens_and_tenants_hold_across_forwarded_requests_and_erase_forge
             "WHERE column_name = 'conversation_id' AND table_schema = 'public'"
         )
         for row in tables:
+            if row["table_name"] in KEPT_TABLES:  # ids, offsets, times: what keeps it erased
+                continue
             count = await stack.db.fetchval(
                 f"SELECT count(*) FROM {row['table_name']} WHERE conversation_id = $1", doomed
             )
@@ -145,6 +165,13 @@ async def test_tokens_and_tenants_hold_across_forwarded_requests_and_erase_forge
 
     await eventually(erased, timeout=30, what="the erased conversation is gone")
     assert (await w1.get("/conversations/acme-1"))[0] == 200
+    assert (
+        await stack.db.fetchval(
+            "SELECT count(*) FROM erase_audit WHERE conversation_id = $1", doomed
+        )
+        == 1
+    )
+    assert await stack.db.fetchval("SELECT count(*) FROM erase_audit") == 1
 
     for worker in (w1, w2):
         await worker.stop_async()

@@ -37,6 +37,7 @@ from core.domain.messages import ConversationMessage, ToolCall
 from devtools import devstack
 from streams import cli
 from streams.events import BatchInfo, ClipArchiveEvent, EraseRequest, MessageEvent
+from streams.kafka.admin import describe_topic_configs
 from streams.stack_state import DEV_STATE_DIR_ENV, pid_alive, read_state
 from streams.topics import TopicNames
 from tests.conftest import require_local_kafka_tools
@@ -232,15 +233,54 @@ async def test_erase_publishes_one_erase_request_keyed_by_the_conversation(
 ) -> None:
     code, out, err = await run_cli(capsys, project.argv("topics"))
     assert code == 0, err
-    code, out, err = await run_cli(capsys, project.argv("erase", "conv-to-forget"))
+    configs = await describe_topic_configs(kafka_bootstrap, project.topics.all())
+    assert configs[project.topics.clip_archives]["cleanup.policy"] == "compact"
+    assert configs[project.topics.messages]["retention.ms"] == str(168 * 3_600_000)
+    assert configs[project.topics.erase_completions]["cleanup.policy"] == "delete"
+    argv = ["erase", "conv-to-forget", "--reason", "ticket 7", "--requester", "dpo"]
+    code, out, err = await run_cli(capsys, project.argv(*argv))
     assert code == 0, err
     assert "erase of 'conv-to-forget' requested" in out
-    (record,) = await consume(kafka_bootstrap, project.topics.control, 1)
+    (record,) = await consume(kafka_bootstrap, project.topics.erasures, 1)
     assert record.key == b"conv-to-forget"
     request = EraseRequest.model_validate_json(record.value or b"")
     assert request.conversation_id == "conv-to-forget"
-    code, _, err = await run_cli(capsys, project.argv("erase", "x" * 300))
+    assert (request.requester, request.reason) == ("dpo", "ticket 7")
+    assert set(request.messages_end_offsets) == set(range(PARTITIONS))
+    code, _, err = await run_cli(capsys, project.argv("erase", "x" * 300, "--reason", "r"))
     assert code != 0 and "1 to 256 characters" in err
+    # --reason is required; --wait with no worker to answer: exit 3 after --timeout.
+    with pytest.raises(SystemExit):
+        await run_cli(capsys, project.argv("erase", "conv-to-forget"))
+    code, _, err = await run_cli(
+        capsys, project.argv("erase", "conv-2", "--reason", "r", "--wait", "--timeout", "1")
+    )
+    assert code == 3 and "no erase completion" in err
+
+
+async def test_topics_reports_and_applies_config_drift_of_existing_topics(
+    project: Project, kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = await run_cli(capsys, project.argv("topics"))
+    assert code == 0, err
+    text = project.config.read_text()
+    project.config.write_text(text + "messages_retention_hours = 2.0\n")
+    code, out, err = await run_cli(capsys, project.argv("topics"))
+    assert code == 1 and "--apply-configs" in err
+    assert f"{project.topics.messages}: retention.ms differs: 604800000 -> 7200000" in out
+    code, out, err = await run_cli(capsys, project.argv("topics", "--apply-configs"))
+    assert code == 0, err
+    deadline = asyncio.get_running_loop().time() + 30  # the brokers apply it shortly
+    while True:
+        configs = await describe_topic_configs(kafka_bootstrap, [project.topics.messages])
+        messages = configs[project.topics.messages]
+        if messages["retention.ms"] == "7200000" or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert (messages["retention.ms"], messages["segment.ms"]) == ("7200000", "7200000")
+    assert messages["cleanup.policy"] == "delete"
+    code, _, err = await run_cli(capsys, project.argv("topics"))
+    assert code == 0, err
 
 
 async def test_replay_refuses_a_bad_file_naming_file_line_and_field(

@@ -4,6 +4,7 @@ SDKs talking HTTP to the local wire-protocol server."""
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -166,12 +167,13 @@ async def test_each_chunk_carries_the_running_summary__context_compaction_AC1_3(
     assert len(bodies) == 3
     # Anthropic lifts system-role messages into the system field.
     assert bodies[0]["system"] == DEFAULT_SYSTEM_PROMPT
-    for i in (1, 2):
-        assert bodies[i]["system"].startswith(
-            DEFAULT_SYSTEM_PROMPT
-            + "\n\nPrevious summary of conversation:\nSummary "
+    for i in (1, 2):  # the running summary, fenced as data like the turns
+        assert re.match(
+            re.escape(DEFAULT_SYSTEM_PROMPT + "\n\nPrevious summary of conversation:\n")
+            + r'<conversation-data id="[0-9a-f]{16}">\nSummary '
             + str(i)
-            + " of"
+            + " of",
+            bodies[i]["system"],
         )
 
 
@@ -349,9 +351,10 @@ async def test_second_compaction_folds_in_prior_clip_archive(
     llm.reset()
     await compactor.compress([*result.history, *more], "conv-1")
     body = llm.requests_to(ANTHROPIC_PATH)[0].body
-    assert (
-        "Previous summary of conversation:\n[Context Summary — 4 messages compressed across 1 compaction cycles]"
-        in body["system"]
+    assert re.search(
+        r'Previous summary of conversation:\n<conversation-data id="[0-9a-f]{16}">\n'
+        + re.escape("[Context Summary — 4 messages compressed across 1 compaction cycles]"),
+        body["system"],
     )
 
 

@@ -19,9 +19,11 @@ import asyncpg
 import pytest
 
 from core.adapters.postgres.store import PostgresStore
+from core.domain.messages import ConversationMessage, ToolCall
 from core.ports.storage import (
     HistoryConflictError,
     IncomingMessage,
+    StoreRejected,
     StoreUnavailable,
     TenantConflictError,
 )
@@ -177,12 +179,49 @@ async def test_a_tenant_conflict_comes_through_as_itself(pg_store: PostgresStore
 
 async def test_bad_input_is_not_an_outage(pg_store: PostgresStore) -> None:
     """A value the query cannot take fails the same way every time: it comes
-    through as the driver's error (or the store's own ``ValueError``)."""
-    with pytest.raises(asyncpg.DataError) as caught:
+    through as ``StoreRejected`` (the driver's error as its cause), or the
+    store's own ``ValueError``."""
+    with pytest.raises(StoreRejected) as caught:
         await pg_store.save_message(make_message(0), 2**40)  # token_estimate is an integer
-    assert not isinstance(caught.value, StoreUnavailable)
+    assert isinstance(caught.value.__cause__, asyncpg.DataError)
     with pytest.raises(ValueError, match="timezone-aware"):
         await pg_store.load_history("conv-1", as_of=datetime(2026, 1, 1))
+
+
+def unvalidated(content: str, **fields: object) -> ConversationMessage:
+    """A message that skipped validation (``model_construct``): what the store does
+    when unstorable text gets past the door anyway."""
+    valid = make_message(0)
+    return ConversationMessage.model_construct(
+        **{**valid.model_dump(), "content": content, **fields}
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "tool_calls", "driver_error"),
+    [
+        ("a\x00b", None, asyncpg.CharacterNotInRepertoireError),  # NUL in text
+        ("a\ud800b", None, asyncpg.DataError),  # asyncpg cannot encode it
+        (
+            "fine",
+            (ToolCall.model_construct(id="t", name="run", arguments={"a": "x\x00"}),),
+            asyncpg.UntranslatableCharacterError,  # \u0000 in jsonb
+        ),
+    ],
+    ids=["nul-text", "lone-surrogate", "nul-jsonb"],
+)
+async def test_data_postgresql_refuses_is_store_rejected(
+    pg_store: PostgresStore, content: str, tool_calls: object, driver_error: type
+) -> None:
+    message = unvalidated(content, tool_calls=tool_calls)
+    for save in (
+        lambda: pg_store.save_message(message, 10),
+        lambda: pg_store.save_messages([IncomingMessage(message, 10)]),
+    ):
+        with pytest.raises(StoreRejected) as caught:
+            await save()
+        assert isinstance(caught.value.__cause__, driver_error), caught.value.__cause__
+    assert await pg_store.load_history(message.conversation_id) == []
 
 
 async def test_a_malformed_dsn_is_not_an_outage() -> None:

@@ -94,7 +94,7 @@ def clip(
         role="system",
         content=f"[Context Summary — written by {compaction_id}]",
         created_at=T0 + timedelta(seconds=seconds),
-    )
+    ).as_clip_archive()  # as the compactor makes it, and the store reads it back
 
 
 def make_plan(

@@ -3,15 +3,29 @@ memory_read scoped by tenant, and erase_conversation leaving no row anywhere."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
-from core.adapters.postgres.privacy import ERASED_TABLES
+from core.adapters.postgres.privacy import ERASED_TABLES, KEPT_TABLES
 from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import AppliedStats
-from core.ports.storage import OutboxRecord, TenantConflictError
-from tests.integration.test_postgres_store import make_plan, msg, stored
+from core.ports.storage import Erasure, IncomingMessage, OutboxRecord, TenantConflictError
+from tests.integration.test_postgres_store import T0, make_plan, msg, stored
 
 pytestmark = pytest.mark.integration
+
+
+def erasure(request_id: str = "req-1", **offsets: int) -> Erasure:
+    """Asked before the test messages were created: only offsets cover them."""
+    return Erasure(
+        request_id=request_id,
+        requester="ops@example",
+        reason="subject access request #42",
+        requested_at=T0 - timedelta(days=1),
+        erased_at=T0 + timedelta(days=1),
+        offsets={int(p.removeprefix("p")): o for p, o in offsets.items()},
+    )
 
 
 async def _conversation(store: PostgresStore, cid: str, tenant: str | None, word: str) -> None:
@@ -83,7 +97,19 @@ async def test_erase_leaves_no_row_with_the_conversation_id_in_any_table(
             "ORDER BY table_name"
         )
     ]
-    assert sorted(tables) == sorted(ERASED_TABLES), "a table with conversation_id is not erased"
+    assert sorted(tables) == sorted(ERASED_TABLES + KEPT_TABLES), (
+        "a table with conversation_id is neither erased nor known to be kept"
+    )
+    kept_columns = {
+        r["column_name"]
+        for r in await pool.fetch(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = 'public' AND table_name = ANY($1::text[])",
+            list(KEPT_TABLES),
+        )
+    }
+    assert not kept_columns & {"content", "payload", "tool_calls", "summary"}, kept_columns
+    tables = list(ERASED_TABLES)
 
     async def rows(cid: str) -> dict[str, int]:
         return {
@@ -93,14 +119,90 @@ async def test_erase_leaves_no_row_with_the_conversation_id_in_any_table(
 
     before = await rows("doomed")
     assert all(before.values()), before  # every table held some of it
-    removed = await pg_store.erase_conversation("doomed")
+    removed = (await pg_store.erase_conversation("doomed", erasure())).removed
     assert removed == before
     assert set((await rows("doomed")).values()) == {0}
     assert all((await rows("kept")).values())
     # Anywhere else the id could hide: outbox keys and payloads, batch sources.
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE key = 'doomed'") == 0
-    assert await pg_store.erase_conversation("doomed") == dict.fromkeys(ERASED_TABLES, 0)
+    again = await pg_store.erase_conversation("doomed", erasure("req-2"))
+    assert again.removed == dict.fromkeys(ERASED_TABLES, 0) and again.epoch == 2
     # A later message starts a new conversation, of any tenant.
     assert await pg_store.save_message(msg(0, conversation_id="doomed"), 5, tenant_id="globex")
     assert await pg_store.conversation_tenant("doomed") == "globex"
     assert await pg_store.conversation_totals("doomed") == (5, 1)
+
+
+async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
+    pg_store: PostgresStore,
+) -> None:
+    async def group(*items: tuple[int, int | None, int | None, int]) -> list[str]:
+        """(index, partition, offset, seconds after T0) → the outcomes' statuses."""
+        batch = [
+            IncomingMessage(
+                msg(i, conversation_id="doomed", seconds=at), 10, None, partition, offset
+            )
+            for i, partition, offset, at in items
+        ]
+        return [o.status for o in await pg_store.save_messages(batch)]
+
+    assert await group((0, 1, 5, 0), (1, 1, 6, 1)) == ["inserted", "inserted"]
+    assert await group((9, 0, 3, 9)) == ["inserted"]  # another conversation's id space
+    outcome = await pg_store.erase_conversation("doomed", erasure(p1=6, p3=100))
+    assert outcome.epoch == 1 and outcome.removed["messages"] == 3
+    # At or below the mark (redelivered, lagging, a new consumer group): not stored,
+    # and no conversations row (tenant claim) either.
+    assert await group((0, 1, 5, 0), (1, 1, 6, 1), (2, 3, 100, 2)) == ["erased"] * 3
+    assert await pg_store.conversation_totals("doomed") == (0, 0)
+    assert await pg_store.conversation_tenant("doomed") is None
+    assert (
+        await pg_store.pool.fetchval(
+            "SELECT count(*) FROM conversations WHERE conversation_id = 'doomed'"
+        )
+        == 0
+    )
+    # Created before the erase was asked (a replay, at new offsets): not stored either.
+    assert await group((4, 1, 50, -2 * 86_400)) == ["erased"]
+    assert not await pg_store.save_message(
+        msg(5, conversation_id="doomed", seconds=-2 * 86_400), 10, partition=2, offset=1
+    )
+    assert not await pg_store.save_message(
+        msg(6, conversation_id="doomed"), 10, partition=1, offset=6
+    )
+    # Above the mark and after the cutoff: a new conversation, with the erase's epoch.
+    assert await group((7, 1, 7, 7), (8, 2, 0, 8)) == ["inserted", "inserted"]
+    assert await pg_store.save_message(msg(10, conversation_id="doomed"), 10, partition=1, offset=8)
+    totals = await pg_store.totals_of(["doomed", "never"])
+    assert (totals["doomed"].rows, totals["doomed"].epoch) == (3, 1)
+    assert (totals["never"].rows, totals["never"].epoch) == (0, 0)
+    # Per conversation transactions (the distributed layout) apply the same rule.
+    pg_store._single_conversation_transactions = True
+    try:
+        assert await group((0, 1, 5, 0), (11, 1, 9, 11)) == ["erased", "inserted"]
+    finally:
+        pg_store._single_conversation_transactions = False
+
+
+async def test_the_audit_survives_the_erase_and_a_redelivered_request_is_audited_once(
+    pg_store: PostgresStore,
+) -> None:
+    await _conversation(pg_store, "doomed", "acme", "orchid")
+    first = await pg_store.erase_conversation("doomed", erasure(p0=9))
+    repeated = await pg_store.erase_conversation("doomed", erasure(p0=4))
+    assert repeated.repeated and repeated.removed == first.removed and repeated.epoch == 1
+    assert first.removed["messages"] > 0
+    (entry,) = await pg_store.erase_audit("doomed")
+    assert (entry.request_id, entry.requester, entry.reason) == (
+        "req-1",
+        "ops@example",
+        "subject access request #42",
+    )
+    assert entry.counts == first.removed and entry.epoch == 1
+    later = await pg_store.erase_conversation("doomed", erasure("req-2", p0=2, p1=7))
+    assert later.epoch == 2 and not later.repeated
+    assert [e.request_id for e in await pg_store.erase_audit("doomed")] == ["req-1", "req-2"]
+    # A later erase never lowers an earlier mark.
+    offsets = await pg_store.pool.fetchval(
+        "SELECT offsets FROM erasures WHERE conversation_id = 'doomed'"
+    )
+    assert offsets == {"0": 9, "1": 7}

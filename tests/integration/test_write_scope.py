@@ -232,9 +232,16 @@ async def drive_every_write_path(
     await run.components.reconciler.tick()
     await run.replay([event("plain-1", 41)])  # delivers the reconcile requests
 
-    # 5. Erase one conversation (an EraseRequest on the control topic).
-    erase = EraseRequest(conversation_id="globex-1", requested_at=T0)
-    await control("globex-1", erase.model_dump_json())
+    # 5. Erase one conversation (an EraseRequest on the erase-requests topic).
+    erase = EraseRequest(
+        request_id="req-1",
+        conversation_id="globex-1",
+        requester="ops",
+        reason="write scope",
+        requested_at=T0,
+    )
+    record = Record(names.erasures, 0, next(offsets), b"globex-1", erase.model_dump_json().encode())
+    await run.components.accounting.handle(record)
 
 
 @pytest.mark.parametrize("single", [True, False], ids=["single_conversation", "default"])

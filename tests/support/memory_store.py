@@ -17,26 +17,32 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from core.domain.clip_archive import is_clip_archive
 from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
+from core.domain.erasure import EraseMark, merged_offsets
 from core.domain.messages import ConversationMessage
 from core.domain.tokens import estimate_message_tokens
 from core.ports.storage import (
     ApplyResult,
+    AuditEntry,
     CompactionInputs,
+    EraseOutcome,
+    Erasure,
     ExpandedBatch,
     HistoryConflictError,
     IncomingMessage,
     MemoryHit,
     MemorySearchResult,
+    MessageKey,
     OutboxBuilder,
     OutboxRow,
     QueryMode,
+    ReadScope,
     SaveOutcome,
     SearchSources,
     StoreTotals,
     StoreUnavailable,
     TenantConflictError,
+    TenantUnassignedError,
     TurnHit,
     WorkerStore,
 )
@@ -47,6 +53,7 @@ class _Row:
     message: ConversationMessage
     tokens: int
     seq: int
+    kind: str = "message"  # or "clip_archive": only apply_compaction stores one
 
 
 @dataclass
@@ -87,6 +94,10 @@ class InMemoryStore:
     archived: dict[tuple[str, str], _Archived] = field(default_factory=dict)
     raw_retention_days: int = 0
     tenants: dict[str, str | None] = field(default_factory=dict)  # the conversations table
+    erasures: dict[str, EraseMark] = field(default_factory=dict)  # kept after the erase
+    audit: list[AuditEntry] = field(default_factory=list)  # erase_audit, kept too
+    # (read, scope) of every read that takes a scope: the views must always pass one.
+    read_scopes: list[tuple[str, ReadScope | None]] = field(default_factory=list)
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -108,6 +119,12 @@ class InMemoryStore:
             if conversation_id is None or cid == conversation_id
         ]
 
+    def _visible(self, scope: ReadScope | None, conversation_id: str) -> bool:
+        """Row-level security's rule (migration 0009): a scoped read sees only the
+        conversations of its tenant (all, for ``ReadScope.everything()``; a
+        conversation without a tenant, or unknown, only then)."""
+        return scope is None or scope.sees(self.tenants.get(conversation_id))
+
     def fail_times(self, name: str, times: int) -> None:
         """The next ``times`` calls of ``name`` fail as if the database were away."""
         self.outage[name] = times
@@ -115,12 +132,22 @@ class InMemoryStore:
     # -- MessageStore ---------------------------------------------------------
 
     async def save_message(
-        self, message: ConversationMessage, token_estimate: int, *, tenant_id: str | None = None
+        self,
+        message: ConversationMessage,
+        token_estimate: int,
+        *,
+        tenant_id: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
     ) -> bool:
         self._call("save_message")
         if token_estimate < 0:
             raise ValueError("token_estimate must be >= 0")
-        owner = self.tenants.setdefault(message.conversation_id, tenant_id)
+        if self._erased(IncomingMessage(message, token_estimate, tenant_id, partition, offset)):
+            return False
+        if self._legacy(message.conversation_id) and tenant_id is not None:
+            raise TenantUnassignedError(f"{message.conversation_id} has no tenant assigned")
+        owner = self._claim(message.conversation_id, tenant_id)
         if owner != tenant_id:
             raise TenantConflictError(f"{message.conversation_id} belongs to another tenant")
         compacted = any(
@@ -143,7 +170,13 @@ class InMemoryStore:
         outcomes: list[SaveOutcome] = []
         for incoming in batch:
             message = incoming.message
-            owner = self.tenants.setdefault(message.conversation_id, incoming.tenant_id)
+            if self._erased(incoming):
+                outcomes.append(SaveOutcome("erased"))
+                continue
+            if self._legacy(message.conversation_id) and incoming.tenant_id is not None:
+                outcomes.append(SaveOutcome("tenant_unassigned"))
+                continue
+            owner = self._claim(message.conversation_id, incoming.tenant_id)
             if owner != incoming.tenant_id:
                 outcomes.append(SaveOutcome("tenant_conflict"))
                 continue
@@ -160,25 +193,53 @@ class InMemoryStore:
             outcomes.append(SaveOutcome("inserted", row.seq))
         return outcomes
 
+    def _legacy(self, conversation_id: str) -> bool:
+        """Stored before tenants existed: data, no conversations row (never claimed)."""
+        return conversation_id not in self.tenants and (
+            any(cid == conversation_id for cid, _ in self.messages)
+            or any(b.conversation_id == conversation_id for b in self.batches.values())
+        )
+
+    def _claim(self, conversation_id: str, tenant_id: str | None) -> str | None:
+        """The conversation's tenant, claimed by this message if it is the first;
+        a legacy conversation stays unassigned (a message claiming none is stored)."""
+        if self._legacy(conversation_id):
+            return None
+        return self.tenants.setdefault(conversation_id, tenant_id)
+
+    def _erased(self, incoming: IncomingMessage) -> bool:
+        mark = self.erasures.get(incoming.message.conversation_id)
+        return mark is not None and mark.covers(
+            incoming.partition, incoming.offset, incoming.message.created_at
+        )
+
     async def load_history(
         self,
         conversation_id: str,
         *,
         as_of: datetime | None = None,
         up_to_seq: int | None = None,
+        scope: ReadScope | None = None,
+        after: MessageKey | None = None,
+        limit: int | None = None,
     ) -> list[ConversationMessage]:
         self._call("load_history")
-        return self._history(conversation_id, as_of, up_to_seq)
+        self.read_scopes.append(("load_history", scope))
+        if not self._visible(scope, conversation_id):
+            return []
+        return _page(self._history(conversation_id, as_of, up_to_seq), after, limit)
 
     def _history(
         self, conversation_id: str, as_of: datetime | None, up_to_seq: int | None
     ) -> list[ConversationMessage]:
+        # Like PostgreSQL's rows: a clip-archive is what the store stored as one (kind),
+        # never a message that looks like one.
         rows = [r for r in self.messages.values() if r.message.conversation_id == conversation_id]
-        clips = [r.message for r in rows if is_clip_archive(r.message)]
+        clips = [r.message.as_clip_archive() for r in rows if r.kind == "clip_archive"]
         body = [
-            r.message
+            r.message.as_clip_archive(False) if r.message.stored_clip_archive else r.message
             for r in rows
-            if not is_clip_archive(r.message)
+            if r.kind != "clip_archive"
             and (as_of is None or r.message.created_at <= as_of)
             and (up_to_seq is None or r.seq <= up_to_seq)
         ]
@@ -218,7 +279,7 @@ class InMemoryStore:
                 owner.setdefault(message_id, stored.id)
         gone = [self.messages.pop((cid, i)) for i in plan.deleted_message_ids]
         for old_row in gone:
-            if not is_clip_archive(old_row.message):
+            if old_row.kind != "clip_archive":
                 self.archived[cid, old_row.message.id] = _Archived(
                     old_row.message, owner.get(old_row.message.id), self.now()
                 )
@@ -228,7 +289,9 @@ class InMemoryStore:
         for stored in plan.new_batches:
             self.batches.setdefault(stored.id, stored)
         added = estimate_message_tokens(plan.clip_archive)
-        self.messages[cid, plan.clip_archive.id] = _Row(plan.clip_archive, added, next(self._seq))
+        self.messages[cid, plan.clip_archive.id] = _Row(
+            plan.clip_archive, added, next(self._seq), "clip_archive"
+        )
         self.compactions.add(plan.compaction_id)
         self.compaction_owner[plan.compaction_id] = plan.conversation_id
         stats = AppliedStats(tokens_removed=removed, tokens_added=added)
@@ -266,15 +329,18 @@ class InMemoryStore:
         sources: SearchSources = "both",
         mode: QueryMode = "plain",
         tenant_id: str | None = None,
+        scope: ReadScope | None = None,
     ) -> MemorySearchResult:
         self._call("memory_read")
+        self.read_scopes.append(("memory_read", scope))
         terms = _terms(query)
         if not query.strip():
             raise ValueError("memory_read needs a non-empty query")
 
         def outside(cid: str) -> bool:
             wrong_tenant = tenant_id is not None and self.tenants.get(cid) != tenant_id
-            return wrong_tenant or conversation_id not in (None, cid)
+            hidden = not self._visible(scope, cid)
+            return hidden or wrong_tenant or conversation_id not in (None, cid)
 
         scores: dict[str, float] = {}
         turns: dict[str, list[tuple[int, ConversationMessage]]] = {}
@@ -329,10 +395,21 @@ class InMemoryStore:
             ),
         )
 
-    async def expand_batch(self, conversation_id: str, batch_id: str) -> ExpandedBatch | None:
+    async def expand_batch(
+        self,
+        conversation_id: str,
+        batch_id: str,
+        *,
+        scope: ReadScope | None = None,
+        after: MessageKey | None = None,
+        limit: int | None = None,
+    ) -> ExpandedBatch | None:
         self._call("expand_batch")
+        self.read_scopes.append(("expand_batch", scope))
         stored = self.batches.get(batch_id)
         if stored is None or stored.conversation_id != conversation_id:
+            return None
+        if not self._visible(scope, conversation_id):
             return None
         covered = set(stored.batch.source_message_ids)
         turns = sorted(
@@ -344,7 +421,9 @@ class InMemoryStore:
             key=lambda m: (m.created_at, m.id),
         )
         return ExpandedBatch(
-            batch=stored, turns=tuple(turns), turns_missing=len(covered) - len(turns)
+            batch=stored,
+            turns=tuple(_page(turns, after, limit)),
+            turns_missing=len(covered) - len(turns),
         )
 
     async def expire_raw_turns(self) -> int:
@@ -359,12 +438,65 @@ class InMemoryStore:
 
     # -- PrivacyStore -------------------------------------------------------------
 
-    async def conversation_tenant(self, conversation_id: str) -> str | None:
+    async def assign_tenant(self, conversation_id: str, tenant_id: str | None) -> bool:
+        self._call("assign_tenant")
+        if conversation_id in self.tenants:
+            if self.tenants[conversation_id] != tenant_id:
+                raise TenantConflictError(f"{conversation_id} belongs to another tenant")
+            return False
+        self.tenants[conversation_id] = tenant_id
+        return True
+
+    async def unassigned_conversations(self, limit: int = 1000) -> list[str]:
+        self._call("unassigned_conversations")
+        stored = {cid for cid, _ in self.messages} | {
+            b.conversation_id for b in self.batches.values()
+        }
+        return sorted(stored - set(self.tenants))[:limit]
+
+    async def conversation_tenant(
+        self, conversation_id: str, *, scope: ReadScope | None = None
+    ) -> str | None:
         self._call("conversation_tenant")
+        self.read_scopes.append(("conversation_tenant", scope))
+        if not self._visible(scope, conversation_id):
+            return None
         return self.tenants.get(conversation_id)
 
-    async def erase_conversation(self, conversation_id: str) -> dict[str, int]:
+    async def erase_conversation(self, conversation_id: str, erasure: Erasure) -> EraseOutcome:
         self._call("erase_conversation")
+        removed = self._delete(conversation_id)
+        for entry in self.audit:
+            if (entry.request_id, entry.conversation_id) == (erasure.request_id, conversation_id):
+                return EraseOutcome(entry.counts, entry.epoch, entry.erased_at, repeated=True)
+        before = self.erasures.get(conversation_id)
+        mark = EraseMark(
+            cutoff=erasure.requested_at
+            if before is None
+            else max(before.cutoff, erasure.requested_at),
+            offsets=merged_offsets(before.offsets if before else {}, erasure.offsets),
+            epoch=1 if before is None else before.epoch + 1,
+        )
+        self.erasures[conversation_id] = mark
+        self.audit.append(
+            AuditEntry(
+                request_id=erasure.request_id,
+                conversation_id=conversation_id,
+                requester=erasure.requester,
+                reason=erasure.reason,
+                requested_at=erasure.requested_at,
+                erased_at=erasure.erased_at,
+                epoch=mark.epoch,
+                counts=removed,
+            )
+        )
+        return EraseOutcome(removed, mark.epoch, erasure.erased_at)
+
+    async def erase_audit(self, conversation_id: str) -> list[AuditEntry]:
+        self._call("erase_audit")
+        return [entry for entry in self.audit if entry.conversation_id == conversation_id]
+
+    def _delete(self, conversation_id: str) -> dict[str, int]:
 
         def mine(message: ConversationMessage) -> bool:
             return message.conversation_id == conversation_id
@@ -438,8 +570,12 @@ class InMemoryStore:
             rows = [
                 r for r in self.messages.values() if r.message.conversation_id == conversation_id
             ]
+            mark = self.erasures.get(conversation_id)
             totals[conversation_id] = StoreTotals(
-                sum(r.tokens for r in rows), len(rows), max((r.seq for r in rows), default=None)
+                sum(r.tokens for r in rows),
+                len(rows),
+                max((r.seq for r in rows), default=None),
+                0 if mark is None else mark.epoch,
             )
         return totals
 
@@ -502,3 +638,11 @@ if TYPE_CHECKING:
     def _implements_ports(store: InMemoryStore) -> WorkerStore:
         """Never called: makes mypy prove the in-memory store satisfies every port."""
         return store
+
+
+def _page(
+    ordered: list[ConversationMessage], after: MessageKey | None, limit: int | None
+) -> list[ConversationMessage]:
+    """Keyset pagination as PostgreSQL's: the messages after ``after``, at most ``limit``."""
+    rest = [m for m in ordered if after is None or MessageKey.of(m).order() > after.order()]
+    return rest if limit is None else rest[:limit]

@@ -38,6 +38,7 @@ def test_every_wire_event_has_a_schema_and_a_section_in_the_readme() -> None:
         "CompactionCompleted",
         "ReconcileRequest",
         "EraseRequest",
+        "EraseCompleted",
         "ClipArchiveEvent",
         "DeadLetterHeaders",
     }
@@ -47,6 +48,8 @@ def test_every_wire_event_has_a_schema_and_a_section_in_the_readme() -> None:
     for topic in ("messages", "compaction-commands", "accounting-control", "clip-archives"):
         assert f"`{{prefix}}{topic}`" in readme
     assert "`{prefix}dead-letters`" in readme
+    assert "`{prefix}erase-requests`" in readme
+    assert "`{prefix}erase-completions`" in readme
 
 
 def test_dead_letter_headers_are_described_by_their_kafka_names() -> None:
@@ -60,6 +63,7 @@ def test_dead_letter_headers_are_described_by_their_kafka_names() -> None:
         "dlq.failed_at",
         "dlq.original_size",
         "dlq.truncated",
+        "dlq.redacted",
     }
 
 

@@ -25,6 +25,7 @@ from core.domain.prompts import (
     SUMMARY_BATCH_PREFIX,
     SYSTEM_NOTE_PREFIX,
     TOOL_RESULT_PREFIX,
+    unfenced,
 )
 from core.domain.scoring import DEFAULT_IMPORTANT_KEYWORDS
 from core.domain.tokens import DEFAULT_COUNTER, TokenCounter
@@ -78,8 +79,8 @@ def _speaker_and_text(role: str, content: str) -> tuple[str, str]:
         (SYSTEM_NOTE_PREFIX, "System"),
     ):
         if content.startswith(prefix):
-            return speaker, content[len(prefix) :]
-    return role.capitalize(), content
+            return speaker, unfenced(content[len(prefix) :])
+    return role.capitalize(), unfenced(content)
 
 
 def _labelled_lines(speaker: str, text: str) -> list[tuple[str, str]]:

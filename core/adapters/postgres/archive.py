@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 import asyncpg
 
 from core.adapters.postgres.rows import BATCH_COLUMNS, row_to_batch, row_to_message
 from core.domain.compaction import StoredBatch
-from core.ports.storage import ExpandedBatch
+from core.ports.storage import ExpandedBatch, MessageKey
+
+if TYPE_CHECKING:
+    from core.adapters.postgres.connection import Queryable
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +35,15 @@ async def live_batches(pool: asyncpg.Pool, conversation_id: str) -> list[StoredB
 
 
 async def expand_batch(
-    pool: asyncpg.Pool, conversation_id: str, batch_id: str
+    pool: Queryable,
+    conversation_id: str,
+    batch_id: str,
+    *,
+    after: MessageKey | None = None,
+    limit: int | None = None,
 ) -> ExpandedBatch | None:
-    """The batch with every archived raw turn it covers, in conversation order."""
+    """The batch with every archived raw turn it covers, in conversation order;
+    with ``after`` / ``limit`` one page of them (keyset over (created_at, id))."""
     row = await pool.fetchrow(
         f"SELECT {BATCH_COLUMNS} FROM archival_memory WHERE conversation_id = $1 AND id = $2",
         conversation_id,
@@ -42,20 +52,35 @@ async def expand_batch(
     if row is None:
         return None
     batch = row_to_batch(row)
+    ids = list(batch.batch.source_message_ids)
     turns = await pool.fetch(
         """
         SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at
           FROM archived_messages
          WHERE conversation_id = $1 AND id = ANY($2::text[])
+           AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::text))
          ORDER BY created_at, id
+         LIMIT $5::bigint
         """,
         conversation_id,
-        list(batch.batch.source_message_ids),
+        ids,
+        None if after is None else after.created_at,
+        None if after is None else after.id,
+        limit,
     )
+    if after is None and limit is None:
+        archived = len(turns)
+    else:
+        archived = await pool.fetchval(
+            "SELECT count(*) FROM archived_messages WHERE conversation_id = $1 "
+            "AND id = ANY($2::text[])",
+            conversation_id,
+            ids,
+        )
     return ExpandedBatch(
         batch=batch,
         turns=tuple(row_to_message(t) for t in turns),
-        turns_missing=len(set(batch.batch.source_message_ids)) - len(turns),
+        turns_missing=len(set(ids)) - int(archived),
     )
 
 

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 from pgvector.asyncpg import register_vector
+
+from core.ports.storage import ReadScope
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    Queryable: TypeAlias = asyncpg.Pool | PoolConnectionProxy
+    """What a read runs on: the pool (the worker's reads) or a scoped transaction's
+    connection (``reading``)."""
 
 # Class id for the two-int advisory lock space ("ccmp"); the object id is
 # hashtext(conversation_id). Kept apart from the migration lock's bigint key.
@@ -36,8 +47,43 @@ async def keep_session(conn: asyncpg.Connection) -> None:
     UNLISTEN *; RESET ALL`` after every pooled call, one more round trip each
     (half of all round trips for one-statement calls). The store leaves no
     session state to reset: its advisory locks are transaction-scoped, it
-    declares no cursors outside transactions, never LISTENs and never SETs.
+    declares no cursors outside transactions, never LISTENs, and its only SETs
+    are ``SET LOCAL`` (``reading``), which end with their transaction.
     asyncpg still rolls back a transaction left open before calling this.
     Pass as ``reset=`` to any pool handed to ``PostgresStore``.
     """
     del conn
+
+
+# Migration 0009: the role the HTTP views read as, the setting its policies
+# read, and the value of that setting that shows every tenant (no tenant id
+# can be "*": tenant ids are letters, digits and ._:@-).
+READER_ROLE = "compactor_reader"
+WRITER_ROLE = "compactor_writer"
+TENANT_SETTING = "compactor.tenant"
+ALL_TENANTS = "*"
+
+_ENTER_SCOPE = (
+    f"SELECT set_config('role', '{READER_ROLE}', true), set_config('{TENANT_SETTING}', $1, true)"
+)
+
+
+def tenant_setting(scope: ReadScope) -> str:
+    """The value of ``compactor.tenant`` for ``scope``."""
+    if scope.all_tenants:
+        return ALL_TENANTS
+    tenant = scope.tenant or ""
+    if tenant == ALL_TENANTS:  # ReadScope takes any string; "*" is not a tenant
+        raise ValueError("'*' is not a tenant id")
+    return tenant
+
+
+@asynccontextmanager
+async def reading(pool: asyncpg.Pool, scope: ReadScope) -> AsyncIterator[Queryable]:
+    """A READ ONLY transaction as ``compactor_reader`` with ``compactor.tenant`` set
+    for ``scope`` (both ``SET LOCAL``: they end with the transaction, so the pooled
+    connection goes back as it came). Row-level security then shows only the
+    scope's rows, whatever the queries inside filter on, even for a superuser."""
+    async with pool.acquire() as conn, conn.transaction(readonly=True):
+        await conn.execute(_ENTER_SCOPE, tenant_setting(scope))
+        yield conn

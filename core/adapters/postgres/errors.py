@@ -4,7 +4,12 @@ A store raises the ports' errors and nothing of its driver
 (``core.ports.storage``): the worker's retry policy decides on those types
 alone. Every way PostgreSQL can be briefly away (refused or lost connection,
 server shutting down or starting up, too many connections, a timeout) becomes
-``StoreUnavailable``, with the driver's error as its ``__cause__``. Everything
+``StoreUnavailable``, with the driver's error as its ``__cause__``. Data the
+database refuses (SQLSTATE class 22: text it cannot hold such as a NUL, a value
+out of range, a string too long; class 54: a value over a limit such as an
+index row; asyncpg raises the same ``DataError`` for an argument it cannot
+encode, such as a lone surrogate or an integer out of range)
+becomes ``StoreRejected``: retrying gives the same answer. Everything
 else passes through unchanged: the port errors a store raises on purpose
 (``HistoryConflictError``, ``TenantConflictError``), and any other error,
 which is a bug or a record the store cannot take, and must stay visible.
@@ -20,8 +25,9 @@ from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
 from asyncpg import exceptions as pg_errors
+from asyncpg.exceptions._base import DataError as ClientDataError
 
-from core.ports.storage import StoreUnavailable
+from core.ports.storage import StoreRejected, StoreUnavailable
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -47,18 +53,34 @@ option; the client-side ``DataError``: a value a query cannot take). Waiting
 cannot fix them."""
 
 
+REJECTED: tuple[type[BaseException], ...] = (
+    pg_errors.DataError,  # class 22: invalid text representation, character not in
+    # repertoire (a NUL), untranslatable character, string data right truncation,
+    # numeric value out of range, invalid datetime format, …
+    pg_errors.ProgramLimitExceededError,  # class 54: index row too large, tsvector too long
+    ClientDataError,  # asyncpg's client-side DataError (an InterfaceError and a ValueError)
+)
+"""The driver errors that mean PostgreSQL (or asyncpg) refuses this data for good."""
+
+
 def is_unavailable(error: BaseException) -> bool:
     """Whether ``error`` from the driver means the database is (briefly) away."""
     return isinstance(error, UNAVAILABLE) and not isinstance(error, NEVER_UNAVAILABLE)
 
 
 def port_errors(func: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
-    """``func`` raising ``StoreUnavailable`` (from the original) for an outage."""
+    """``func`` raising ``StoreUnavailable`` (from the original) for an outage and
+    ``StoreRejected`` for data the database refuses."""
 
     @functools.wraps(func)
     async def call(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await func(*args, **kwargs)
+        except REJECTED as error:
+            detail = str(error) or "no detail"
+            raise StoreRejected(
+                f"PostgreSQL refused the data ({type(error).__name__}: {detail})"[:1000]
+            ) from error
         except UNAVAILABLE as error:
             if not is_unavailable(error):
                 raise

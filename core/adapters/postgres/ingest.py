@@ -3,10 +3,12 @@
 ``save_message`` costs five round trips per message (a transaction, the
 conversation's advisory lock, the tenant claim, the insert); at the rate a
 worker reads a topic that is the bottleneck. A group goes in with the same
-rules and the same guarantees in one transaction of four statements, whatever
+rules and the same guarantees in one transaction of five statements, whatever
 its size: lock every conversation of the group (sorted, so two ingests cannot
-deadlock; ``apply_compaction`` takes one of them), claim tenants, insert with
-``unnest`` and read the arrival numbers back.
+deadlock; ``apply_compaction`` takes one of them), read the erase marks of
+those that were erased (a message an erase covers is ``erased``, nothing of it
+written, its conversation not claimed: ``core.domain.erasure``), claim
+tenants, insert with ``unnest`` and read the arrival numbers back.
 
 With ``single_conversation_transactions`` the group is split into one such
 transaction per conversation, run side by side on the pool's connections,
@@ -23,6 +25,7 @@ from typing import Any
 
 import asyncpg
 
+from core.domain.erasure import EraseMark
 from core.domain.messages import ToolCall
 from core.ports.storage import IncomingMessage, SaveOutcome
 
@@ -31,20 +34,39 @@ SELECT pg_advisory_xact_lock($1, h)
   FROM (SELECT DISTINCT hashtext(c) AS h FROM unnest($2::text[]) AS c ORDER BY 1) AS keys
 """
 
-# The conversations' owners: claimed now by this group, or from before.
+# The erase marks of the group's conversations (read under their locks, so an
+# erase cannot commit between this read and the insert).
+_MARKS_SQL = """
+SELECT conversation_id, epoch, offsets, cutoff
+  FROM erasures WHERE conversation_id = ANY($1::text[])
+"""
+
+# The conversations' owners: claimed now by this group, or from before. A
+# conversation stored before tenants existed (data, no conversations row) is
+# not claimed: it comes back ``unassigned`` (an operator assigns its tenant).
 _CLAIM_SQL = """
 WITH wanted AS (
     SELECT * FROM unnest($1::text[], $2::text[]) AS w(conversation_id, tenant_id)
+), legacy AS (
+    SELECT w.conversation_id FROM wanted AS w
+     WHERE NOT EXISTS (SELECT 1 FROM conversations AS c
+                        WHERE c.conversation_id = w.conversation_id)
+       AND (EXISTS (SELECT 1 FROM messages AS m WHERE m.conversation_id = w.conversation_id)
+            OR EXISTS (SELECT 1 FROM archival_memory AS a
+                        WHERE a.conversation_id = w.conversation_id))
 ), claimed AS (
     INSERT INTO conversations (conversation_id, tenant_id)
     SELECT conversation_id, tenant_id FROM wanted
+     WHERE conversation_id NOT IN (SELECT conversation_id FROM legacy)
     ON CONFLICT (conversation_id) DO NOTHING
     RETURNING conversation_id, tenant_id
 )
-SELECT conversation_id, tenant_id FROM claimed
+SELECT conversation_id, tenant_id, false AS unassigned FROM claimed
 UNION ALL
-SELECT c.conversation_id, c.tenant_id
+SELECT c.conversation_id, c.tenant_id, false AS unassigned
   FROM conversations AS c JOIN wanted USING (conversation_id)
+UNION ALL
+SELECT conversation_id, NULL AS tenant_id, true AS unassigned FROM legacy
 """
 
 # A message an archived batch already covers was compacted and deleted: a
@@ -131,20 +153,54 @@ def _by_conversation(batch: Sequence[IncomingMessage]) -> list[list[tuple[int, I
     return list(groups.values())
 
 
+def _mark_of(row: Any) -> EraseMark:
+    offsets = row["offsets"]
+    if isinstance(offsets, str):  # a connection without the jsonb codec
+        offsets = json.loads(offsets)
+    return EraseMark(
+        cutoff=row["cutoff"],
+        offsets={int(p): int(o) for p, o in (offsets or {}).items()},
+        epoch=int(row["epoch"]),
+    )
+
+
+async def erase_marks(conn: Any, conversation_ids: Sequence[str]) -> dict[str, EraseMark]:
+    """The erase marks of those of ``conversation_ids`` that were ever erased."""
+    rows = await conn.fetch(_MARKS_SQL, list(conversation_ids))
+    return {row["conversation_id"]: _mark_of(row) for row in rows}
+
+
+def covered(marks: dict[str, EraseMark], incoming: IncomingMessage) -> bool:
+    mark = marks.get(incoming.message.conversation_id)
+    return mark is not None and mark.covers(
+        incoming.partition, incoming.offset, incoming.message.created_at
+    )
+
+
 async def _save_in_transaction(
     conn: Any, group: Sequence[tuple[int, IncomingMessage]], lock_class: int
 ) -> dict[int, SaveOutcome]:
-    messages = [incoming for _, incoming in group]
-    claims = _first_claims(messages)
-    await conn.execute(_LOCK_SQL, lock_class, list(claims))
-    owners = {
-        row["conversation_id"]: row["tenant_id"]
-        for row in await conn.fetch(_CLAIM_SQL, list(claims), list(claims.values()))
-    }
+    conversations = list(_first_claims([incoming for _, incoming in group]))
+    await conn.execute(_LOCK_SQL, lock_class, conversations)
+    marks = await erase_marks(conn, conversations)
     outcomes: dict[int, SaveOutcome] = {}
-    admitted: list[tuple[int, IncomingMessage]] = []
+    live: list[tuple[int, IncomingMessage]] = []
     for position, incoming in group:
-        if owners.get(incoming.message.conversation_id) != incoming.tenant_id:
+        if covered(marks, incoming):
+            outcomes[position] = SaveOutcome("erased")
+        else:
+            live.append((position, incoming))
+    claims = _first_claims([incoming for _, incoming in live])
+    rows = await conn.fetch(_CLAIM_SQL, list(claims), list(claims.values())) if claims else []
+    owners = {row["conversation_id"]: row["tenant_id"] for row in rows}
+    unassigned = {row["conversation_id"] for row in rows if row["unassigned"]}
+    admitted: list[tuple[int, IncomingMessage]] = []
+    for position, incoming in live:
+        if incoming.message.conversation_id in unassigned and incoming.tenant_id is not None:
+            # Stored before tenants existed: a claim would adopt its whole history.
+            # A message claiming no tenant is stored, and the conversation stays unassigned.
+            outcomes[position] = SaveOutcome("tenant_unassigned")
+        elif owners.get(incoming.message.conversation_id) != incoming.tenant_id:
             outcomes[position] = SaveOutcome("tenant_conflict")
         else:
             admitted.append((position, incoming))

@@ -26,13 +26,14 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import asyncpg
+from typing import TYPE_CHECKING, Any
 
 from core.adapters.postgres.vectors import check_vectors
 from core.ports.embedding import Embedder
 from core.ports.storage import MemoryHit, MemorySearchResult, QueryMode, SearchSources, TurnHit
+
+if TYPE_CHECKING:
+    from core.adapters.postgres.connection import Queryable
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,20 @@ SELECT {_TURN_COLUMNS},
  LIMIT $5
 """
 
-BATCHES_BY_ID_SQL = f"SELECT {HIT_COLUMNS} FROM archival_memory AS m WHERE m.id = ANY($1::text[])"
+# The batches only raw turns found, by (conversation, id): a batch id is unique
+# within its conversation only. Held to the search's scope like the lists
+# above ($3 conversation or NULL, $4 tenant or NULL).
+BATCHES_BY_ID_SQL = f"""
+SELECT {HIT_COLUMNS}
+  FROM archival_memory AS m
+  JOIN unnest($1::text[], $2::text[]) AS wanted (conversation_id, id)
+       USING (conversation_id, id)
+ WHERE ($3::text IS NULL OR m.conversation_id = $3)
+   AND {in_tenant("m", 4)}
+"""
+
+BatchKey = tuple[str, str]
+"""(conversation id, id): what identifies a batch or a raw turn."""
 
 
 @dataclass(slots=True)
@@ -183,19 +197,19 @@ class Ranked:
         return min(r for r in (self.text_rank, self.vector_rank) if r is not None)
 
 
-def fuse(text_rows: Sequence[Any], vector_rows: Sequence[Any], key: str) -> dict[str, Ranked]:
+def fuse(text_rows: Sequence[Any], vector_rows: Sequence[Any], key: str) -> dict[BatchKey, Ranked]:
     """Reciprocal rank fusion: score = Σ 1/(RRF_K + rank) over the lists a row is in.
 
     Ranks, not raw scores, are fused because ts_rank_cd, BM25 and cosine
     distance live on unrelated scales.
     """
-    ranked: dict[str, Ranked] = {}
+    ranked: dict[BatchKey, Ranked] = {}
     for rank, row in enumerate(text_rows, start=1):
-        entry = ranked.setdefault(row[key], Ranked(row))
+        entry = ranked.setdefault((row["conversation_id"], row[key]), Ranked(row))
         entry.text_rank = rank
         entry.score += 1.0 / (RRF_K + rank)
     for rank, row in enumerate(vector_rows, start=1):
-        entry = ranked.setdefault(row[key], Ranked(row))
+        entry = ranked.setdefault((row["conversation_id"], row[key]), Ranked(row))
         entry.vector_rank = rank
         entry.score += 1.0 / (RRF_K + rank)
     return ranked
@@ -220,25 +234,31 @@ class _Batch:
         return min(ranks)
 
 
-def missing_batch_ids(summaries: dict[str, Ranked], turns: dict[str, Ranked]) -> list[str]:
+def missing_batch_ids(
+    summaries: dict[BatchKey, Ranked], turns: dict[BatchKey, Ranked]
+) -> list[BatchKey]:
     """Batches only raw turns found: their rows still have to be read."""
-    wanted = {t.row["batch_id"] for t in turns.values() if t.row["batch_id"] is not None}
+    wanted = {
+        (t.row["conversation_id"], t.row["batch_id"])
+        for t in turns.values()
+        if t.row["batch_id"] is not None
+    }
     return sorted(wanted - set(summaries))
 
 
 def hits(
-    summaries: dict[str, Ranked],
-    turns: dict[str, Ranked],
+    summaries: dict[BatchKey, Ranked],
+    turns: dict[BatchKey, Ranked],
     batch_rows: Sequence[Any],
     query: str,
     limit: int,
 ) -> list[MemoryHit]:
     """Batches by fused score (summary + best raw turn), each with its best turns."""
-    batches = {batch_id: _Batch(r.row, summary=r) for batch_id, r in summaries.items()}
+    batches = {key: _Batch(r.row, summary=r) for key, r in summaries.items()}
     for row in batch_rows:
-        batches.setdefault(row["id"], _Batch(row))
+        batches.setdefault((row["conversation_id"], row["id"]), _Batch(row))
     for turn in turns.values():
-        batch = batches.get(turn.row["batch_id"])
+        batch = batches.get((turn.row["conversation_id"], turn.row["batch_id"]))
         if batch is not None:
             batch.turns.append(turn)
     ordered = sorted(batches.values(), key=lambda b: (-b.score, b.best, -int(b.row["seq"])))
@@ -300,7 +320,7 @@ def usable(rows: Sequence[Any]) -> list[Any]:
 
 
 async def search(
-    pool: asyncpg.Pool,
+    pool: Queryable,
     embedder: Embedder | None,
     query: str,
     *,
@@ -320,8 +340,8 @@ async def search(
     per_half = max(candidates_per_half, limit)
     websearch = mode == "websearch"
     query_vector = await _embed_query(embedder, text)
-    summaries: dict[str, Ranked] = {}
-    turns: dict[str, Ranked] = {}
+    summaries: dict[BatchKey, Ranked] = {}
+    turns: dict[BatchKey, Ranked] = {}
     if sources != "raw":
         text_rows = await pool.fetch(
             SUMMARY_TEXT_SQL, text, conversation_id, per_half, websearch, tenant_id
@@ -339,7 +359,17 @@ async def search(
         )
         turns = fuse(text_rows, vector_rows, "id")
     missing = missing_batch_ids(summaries, turns)
-    batch_rows = await pool.fetch(BATCHES_BY_ID_SQL, missing) if missing else []
+    batch_rows = (
+        await pool.fetch(
+            BATCHES_BY_ID_SQL,
+            [conversation for conversation, _ in missing],
+            [batch_id for _, batch_id in missing],
+            conversation_id,
+            tenant_id,
+        )
+        if missing
+        else []
+    )
     found = hits(summaries, turns, batch_rows, text, limit)
     return MemorySearchResult(
         hits=tuple(found),
@@ -350,7 +380,7 @@ async def search(
 
 
 async def _vector_rows(
-    pool: asyncpg.Pool,
+    pool: Queryable,
     embedder: Embedder | None,
     sql: str,
     vector: list[float] | None,

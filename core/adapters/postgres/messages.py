@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import asyncpg
 
@@ -10,28 +11,52 @@ from core.adapters.postgres import ingest as pg_ingest
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.rows import row_to_message
 from core.domain.messages import ConversationMessage
-from core.ports.storage import CompactionInputs, TenantConflictError
+from core.ports.storage import (
+    CompactionInputs,
+    IncomingMessage,
+    MessageKey,
+    TenantConflictError,
+    TenantUnassignedError,
+)
+
+if TYPE_CHECKING:
+    from core.adapters.postgres.connection import Queryable
 
 # The conversation's tenant: the existing row's, or the claimed one when this
 # message is the first (the insert and the read see one snapshot, so exactly
-# one of the two selects returns a row).
+# one of the three selects returns a row), or ``unassigned`` for a conversation
+# stored before tenants existed (data, no row), which is never claimed here.
 _CLAIM_TENANT_SQL = """
-WITH claimed AS (
-    INSERT INTO conversations (conversation_id, tenant_id) VALUES ($1, $2)
+WITH legacy AS (
+    SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM conversations WHERE conversation_id = $1)
+      AND (EXISTS (SELECT 1 FROM messages WHERE conversation_id = $1)
+           OR EXISTS (SELECT 1 FROM archival_memory WHERE conversation_id = $1))
+), claimed AS (
+    INSERT INTO conversations (conversation_id, tenant_id)
+    SELECT $1, $2::text WHERE NOT EXISTS (SELECT 1 FROM legacy)
     ON CONFLICT (conversation_id) DO NOTHING
     RETURNING tenant_id
 )
-SELECT tenant_id FROM claimed
+SELECT tenant_id, false AS unassigned FROM claimed
 UNION ALL
-SELECT tenant_id FROM conversations WHERE conversation_id = $1
+SELECT tenant_id, false AS unassigned FROM conversations WHERE conversation_id = $1
+UNION ALL
+SELECT NULL, true AS unassigned FROM legacy
 LIMIT 1
 """
 
 
 async def save_one(
-    pool: asyncpg.Pool, message: ConversationMessage, token_estimate: int, tenant_id: str | None
+    pool: asyncpg.Pool,
+    message: ConversationMessage,
+    token_estimate: int,
+    tenant_id: str | None,
+    *,
+    partition: int | None = None,
+    offset: int | None = None,
 ) -> bool:
-    """``PostgresStore.save_message``."""
+    """``PostgresStore.save_message``: ``False`` for a duplicate or a message an
+    erase covers (checked under the conversation's lock, before the claim)."""
     if token_estimate < 0:
         raise ValueError("token_estimate must be >= 0")
     async with pool.acquire() as conn, conn.transaction():
@@ -40,8 +65,19 @@ async def save_one(
             CONVERSATION_LOCK_CLASS,
             message.conversation_id,
         )
+        marks = await pg_ingest.erase_marks(conn, [message.conversation_id])
+        incoming = IncomingMessage(message, token_estimate, tenant_id, partition, offset)
+        if pg_ingest.covered(marks, incoming):
+            return False
         owner = await conn.fetchrow(_CLAIM_TENANT_SQL, message.conversation_id, tenant_id)
-        if owner is None or owner["tenant_id"] != tenant_id:
+        if owner is not None and owner["unassigned"]:
+            if tenant_id is not None:
+                raise TenantUnassignedError(
+                    f"conversation {message.conversation_id[:80]!r} has no tenant assigned "
+                    f"(stored before tenants existed); message {message.id[:80]!r} claims "
+                    f"{tenant_id!r}"
+                )
+        elif owner is None or owner["tenant_id"] != tenant_id:
             raise TenantConflictError(
                 f"conversation {message.conversation_id[:80]!r} belongs to another tenant "
                 f"than the one message {message.id[:80]!r} claims ({tenant_id!r})"
@@ -71,29 +107,41 @@ async def save_one(
 
 
 async def load_history(
-    pool: asyncpg.Pool,
+    pool: Queryable,
     conversation_id: str,
     *,
     as_of: datetime | None = None,
     up_to_seq: int | None = None,
+    after: MessageKey | None = None,
+    limit: int | None = None,
 ) -> list[ConversationMessage]:
     if as_of is not None and as_of.utcoffset() is None:
         # asyncpg would read a naive cutoff as UTC; a local-time caller would silently lose
         # or gain messages.
         raise ValueError("as_of must be timezone-aware")
+    # Keyset pagination over the history's order: (not a clip-archive, created_at,
+    # id) ascending is "clip-archive first, then by time", and a page starts
+    # strictly after ``after``'s key (LIMIT NULL is no limit).
     rows = await pool.fetch(
         """
-        SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at
+        SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at, kind
           FROM messages
          WHERE conversation_id = $1
            AND (kind = 'clip_archive' OR (
                 ($2::timestamptz IS NULL OR created_at <= $2)
                 AND ($3::bigint IS NULL OR seq <= $3)))
-         ORDER BY (kind = 'clip_archive') DESC, created_at, id
+           AND ($4::boolean IS NULL
+                OR ((kind <> 'clip_archive'), created_at, id) > ($4, $5::timestamptz, $6::text))
+         ORDER BY (kind <> 'clip_archive'), created_at, id
+         LIMIT $7::bigint
         """,
         conversation_id,
         as_of,
         up_to_seq,
+        None if after is None else not after.clip_archive,
+        None if after is None else after.created_at,
+        None if after is None else after.id,
+        limit,
     )
     return [row_to_message(row) for row in rows]
 
@@ -117,7 +165,7 @@ async def compaction_inputs(
     rows = await pool.fetch(
         """
         SELECT f.applied, f.total, m.id, m.conversation_id, m.role, m.content,
-               m.tool_calls, m.tool_call_id, m.created_at
+               m.tool_calls, m.tool_call_id, m.created_at, m.kind
           FROM (SELECT EXISTS (SELECT 1 FROM compactions
                                 WHERE conversation_id = $2 AND compaction_id = $1)
                            AS applied,

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from typing import TYPE_CHECKING, Any
+
 import asyncpg
 
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
+from core.domain.erasure import merged_offsets
+from core.ports.storage import AuditEntry, EraseOutcome, Erasure
+
+if TYPE_CHECKING:
+    from core.adapters.postgres.connection import Queryable
 
 # Every table holding a conversation's rows, children first; erase_conversation
-# empties them (tests/integration/test_erase.py checks this list against every
-# table with a conversation_id column).
+# empties them (tests/integration/test_tenants_and_erase.py checks this list,
+# with KEPT_TABLES, against every table with a conversation_id column).
 ERASED_TABLES = (
     "outbox",
     "compactions",
@@ -18,29 +26,114 @@ ERASED_TABLES = (
     "conversations",
 )
 
+# Tables an erase writes rather than empties: they hold ids, offsets, times and
+# counts, never content, and are what make an erase hold and answer for it.
+KEPT_TABLES = ("erasures", "erase_audit")
 
-async def conversation_tenant(pool: asyncpg.Pool, conversation_id: str) -> str | None:
+_MARK_SQL = """
+INSERT INTO erasures AS e (conversation_id, epoch, offsets, cutoff, erased_at)
+VALUES ($1, 1, $2::jsonb, $3, $4)
+ON CONFLICT (conversation_id) DO UPDATE
+   SET epoch = e.epoch + 1,
+       offsets = $2::jsonb,
+       cutoff = greatest(e.cutoff, excluded.cutoff),
+       erased_at = excluded.erased_at
+RETURNING epoch
+"""
+
+_AUDIT_SQL = """
+INSERT INTO erase_audit (request_id, conversation_id, requester, reason, requested_at,
+                         erased_at, epoch, counts)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb)
+"""
+
+
+async def conversation_tenant(pool: Queryable, conversation_id: str) -> str | None:
     value = await pool.fetchval(
         "SELECT tenant_id FROM conversations WHERE conversation_id = $1", conversation_id
     )
     return None if value is None else str(value)
 
 
-async def erase_conversation(pool: asyncpg.Pool, conversation_id: str) -> dict[str, int]:
-    """Delete the conversation from every table in ``ERASED_TABLES``, in one
-    transaction under its advisory lock (a compaction racing it either
-    committed before, and is erased too, or finds its messages gone and
-    writes nothing)."""
-    removed: dict[str, int] = {}
+def _jsonb(value: Any) -> Any:
+    """The pool's connections decode jsonb (``configure_connection``); a bare one does not."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+async def erase_conversation(
+    pool: asyncpg.Pool, conversation_id: str, erasure: Erasure
+) -> EraseOutcome:
+    """Delete the conversation from every table in ``ERASED_TABLES`` and record the
+    erase (``erasures``: its mark and epoch; ``erase_audit``), in one transaction
+    under its advisory lock (a compaction racing it either committed before,
+    and is erased too, or finds its messages gone and writes nothing; an
+    ingest racing it either committed before, and is erased, or reads the
+    mark after it).
+
+    A request id applied before (a redelivered request) deletes again but
+    neither raises the epoch nor audits twice; it answers the first
+    application's counts, so a retried ``EraseCompleted`` says what was erased."""
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
             "SELECT pg_advisory_xact_lock($1, hashtext($2))",
             CONVERSATION_LOCK_CLASS,
             conversation_id,
         )
+        removed: dict[str, int] = {}
         for table in ERASED_TABLES:
             status = await conn.execute(
                 f"DELETE FROM {table} WHERE conversation_id = $1", conversation_id
             )
             removed[table] = int(status.rsplit(" ", 1)[-1])
-    return removed
+        before = await conn.fetchrow(
+            "SELECT erased_at, epoch, counts FROM erase_audit "
+            "WHERE request_id = $1 AND conversation_id = $2",
+            erasure.request_id,
+            conversation_id,
+        )
+        if before is not None:
+            counts = {str(k): int(v) for k, v in _jsonb(before["counts"]).items()}
+            return EraseOutcome(counts, int(before["epoch"]), before["erased_at"], repeated=True)
+        previous = await conn.fetchval(
+            "SELECT offsets FROM erasures WHERE conversation_id = $1", conversation_id
+        )
+        offsets = merged_offsets(_jsonb(previous) or {}, erasure.offsets)
+        epoch = await conn.fetchval(
+            _MARK_SQL,
+            conversation_id,
+            {str(p): o for p, o in offsets.items()},
+            erasure.requested_at,
+            erasure.erased_at,
+        )
+        await conn.execute(
+            _AUDIT_SQL,
+            erasure.request_id,
+            conversation_id,
+            erasure.requester,
+            erasure.reason,
+            erasure.requested_at,
+            erasure.erased_at,
+            int(epoch),
+            removed,
+        )
+    return EraseOutcome(removed, int(epoch), erasure.erased_at)
+
+
+async def erase_audit(pool: asyncpg.Pool, conversation_id: str) -> list[AuditEntry]:
+    rows = await pool.fetch(
+        "SELECT * FROM erase_audit WHERE conversation_id = $1 ORDER BY erased_at, request_id",
+        conversation_id,
+    )
+    return [
+        AuditEntry(
+            request_id=row["request_id"],
+            conversation_id=row["conversation_id"],
+            requester=row["requester"],
+            reason=row["reason"],
+            requested_at=row["requested_at"],
+            erased_at=row["erased_at"],
+            epoch=int(row["epoch"]),
+            counts={str(k): int(v) for k, v in _jsonb(row["counts"]).items()},
+        )
+        for row in rows
+    ]

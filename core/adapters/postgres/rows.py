@@ -14,8 +14,10 @@ BATCH_COLUMNS = """
 
 
 def row_to_message(row: Any) -> ConversationMessage:
+    """A ``messages`` (or ``archived_messages``) row; a ``kind = 'clip_archive'`` row
+    is marked as the service's own clip-archive, which no text can fake."""
     raw_calls = row["tool_calls"]
-    return ConversationMessage(
+    message = ConversationMessage(
         id=row["id"],
         conversation_id=row["conversation_id"],
         role=row["role"],
@@ -26,6 +28,8 @@ def row_to_message(row: Any) -> ConversationMessage:
         tool_call_id=row["tool_call_id"],
         created_at=row["created_at"],
     )
+    kind = row.get("kind")
+    return message.as_clip_archive() if kind == "clip_archive" else message
 
 
 def row_to_batch(row: Any) -> StoredBatch:

@@ -14,6 +14,14 @@ module per role, each a set of functions over the pool:
 
 Every public coroutine raises the ports' errors and none of the driver's
 (``errors``): an outage is ``StoreUnavailable``.
+
+The reads the HTTP views make (``load_history``, ``conversation_tenant``,
+``expand_batch``, ``memory_read``) take the caller's ``ReadScope``; with one,
+they run in a READ ONLY transaction as ``compactor_reader`` with
+``compactor.tenant`` set (``connection.reading``), and row-level security
+(migration 0009) shows them only the scope's rows. Without one (the worker,
+the CLI) they run on the pool as the tables' owner, whom the
+``compactor_writer`` policy lets see everything.
 """
 
 from __future__ import annotations
@@ -32,10 +40,12 @@ from core.adapters.postgres import messages as pg_messages
 from core.adapters.postgres import outbox as pg_outbox
 from core.adapters.postgres import privacy as pg_privacy
 from core.adapters.postgres import tallies as pg_tallies
+from core.adapters.postgres import tenants as pg_tenants
 from core.adapters.postgres.connection import (
     CONVERSATION_LOCK_CLASS,
     configure_connection,
     keep_session,
+    reading,
 )
 from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.migrate import migrate
@@ -44,13 +54,18 @@ from core.domain.messages import ConversationMessage
 from core.ports.embedding import Embedder
 from core.ports.storage import (
     ApplyResult,
+    AuditEntry,
     CompactionInputs,
+    EraseOutcome,
+    Erasure,
     ExpandedBatch,
     IncomingMessage,
     MemorySearchResult,
+    MessageKey,
     OutboxBuilder,
     OutboxRow,
     QueryMode,
+    ReadScope,
     SaveOutcome,
     SearchSources,
     StoreTotals,
@@ -133,7 +148,13 @@ class PostgresStore:
     # -- MessageStore --------------------------------------------------------
 
     async def save_message(
-        self, message: ConversationMessage, token_estimate: int, *, tenant_id: str | None = None
+        self,
+        message: ConversationMessage,
+        token_estimate: int,
+        *,
+        tenant_id: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
     ) -> bool:
         """Insert once: ``False`` when the id is stored, or was and has been compacted.
 
@@ -147,9 +168,12 @@ class PostgresStore:
         so a redelivery racing a compaction sees either the row or its batch.
 
         The first message of a conversation fixes its tenant; one claiming
-        another raises ``TenantConflictError`` and nothing is written.
+        another raises ``TenantConflictError`` and nothing is written. A message an
+        erase of the conversation covers (``core.domain.erasure``) is not written.
         """
-        return await pg_messages.save_one(self._pool, message, token_estimate, tenant_id)
+        return await pg_messages.save_one(
+            self._pool, message, token_estimate, tenant_id, partition=partition, offset=offset
+        )
 
     async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
         """Same rules as ``save_message``, a group at a time (``core.adapters.postgres.ingest``)."""
@@ -166,10 +190,23 @@ class PostgresStore:
         *,
         as_of: datetime | None = None,
         up_to_seq: int | None = None,
+        scope: ReadScope | None = None,
+        after: MessageKey | None = None,
+        limit: int | None = None,
     ) -> list[ConversationMessage]:
-        return await pg_messages.load_history(
-            self._pool, conversation_id, as_of=as_of, up_to_seq=up_to_seq
-        )
+        if scope is None:
+            return await pg_messages.load_history(
+                self._pool,
+                conversation_id,
+                as_of=as_of,
+                up_to_seq=up_to_seq,
+                after=after,
+                limit=limit,
+            )
+        async with reading(self._pool, scope) as conn:
+            return await pg_messages.load_history(
+                conn, conversation_id, as_of=as_of, up_to_seq=up_to_seq, after=after, limit=limit
+            )
 
     async def compaction_applied(self, compaction_id: str) -> bool:
         return await pg_messages.compaction_applied(self._pool, compaction_id)
@@ -218,33 +255,80 @@ class PostgresStore:
         sources: SearchSources = "both",
         mode: QueryMode = "plain",
         tenant_id: str | None = None,
+        scope: ReadScope | None = None,
     ) -> MemorySearchResult:
-        """Batches ranked by summary and raw turns (see ``core.adapters.postgres.memory``)."""
-        return await pg_memory.search(
-            self._pool,
-            self._embedder,
-            query,
-            conversation_id=conversation_id,
-            limit=limit,
-            sources=sources,
-            mode=mode,
-            tenant_id=tenant_id,
-            candidates_per_half=self._candidates_per_half,
-        )
+        """Batches ranked by summary and raw turns (see ``core.adapters.postgres.memory``).
 
-    async def expand_batch(self, conversation_id: str, batch_id: str) -> ExpandedBatch | None:
-        return await pg_archive.expand_batch(self._pool, conversation_id, batch_id)
+        With a ``scope``, in one READ ONLY transaction as ``compactor_reader``
+        (``connection.reading``): row-level security holds the search to the
+        scope whatever its own filters say."""
+        if scope is None:
+            return await pg_memory.search(
+                self._pool,
+                self._embedder,
+                query,
+                conversation_id=conversation_id,
+                limit=limit,
+                sources=sources,
+                mode=mode,
+                tenant_id=tenant_id,
+                candidates_per_half=self._candidates_per_half,
+            )
+        async with reading(self._pool, scope) as conn:
+            return await pg_memory.search(
+                conn,
+                self._embedder,
+                query,
+                conversation_id=conversation_id,
+                limit=limit,
+                sources=sources,
+                mode=mode,
+                tenant_id=tenant_id,
+                candidates_per_half=self._candidates_per_half,
+            )
+
+    async def expand_batch(
+        self,
+        conversation_id: str,
+        batch_id: str,
+        *,
+        scope: ReadScope | None = None,
+        after: MessageKey | None = None,
+        limit: int | None = None,
+    ) -> ExpandedBatch | None:
+        if scope is None:
+            return await pg_archive.expand_batch(
+                self._pool, conversation_id, batch_id, after=after, limit=limit
+            )
+        async with reading(self._pool, scope) as conn:
+            return await pg_archive.expand_batch(
+                conn, conversation_id, batch_id, after=after, limit=limit
+            )
 
     async def expire_raw_turns(self) -> int:
         return await pg_archive.expire_raw_turns(self._pool, self._raw_retention_days)
 
     # -- PrivacyStore --------------------------------------------------------
 
-    async def conversation_tenant(self, conversation_id: str) -> str | None:
-        return await pg_privacy.conversation_tenant(self._pool, conversation_id)
+    async def conversation_tenant(
+        self, conversation_id: str, *, scope: ReadScope | None = None
+    ) -> str | None:
+        if scope is None:
+            return await pg_privacy.conversation_tenant(self._pool, conversation_id)
+        async with reading(self._pool, scope) as conn:
+            return await pg_privacy.conversation_tenant(conn, conversation_id)
 
-    async def erase_conversation(self, conversation_id: str) -> dict[str, int]:
-        return await pg_privacy.erase_conversation(self._pool, conversation_id)
+    async def erase_conversation(self, conversation_id: str, erasure: Erasure) -> EraseOutcome:
+        return await pg_privacy.erase_conversation(self._pool, conversation_id, erasure)
+
+    async def erase_audit(self, conversation_id: str) -> list[AuditEntry]:
+        return await pg_privacy.erase_audit(self._pool, conversation_id)
+
+    async def assign_tenant(self, conversation_id: str, tenant_id: str | None) -> bool:
+        return await pg_tenants.assign_tenant(self._pool, conversation_id, tenant_id)
+
+    async def unassigned_conversations(self, limit: int = 1000) -> list[str]:
+        return await pg_tenants.unassigned_conversations(self._pool, limit)
 
     # -- TallySource ---------------------------------------------------------
 

@@ -9,11 +9,15 @@ import asyncpg
 from core.ports.storage import StoreTotals
 
 _TOTALS_SQL = """
-SELECT conversation_id, coalesce(sum(token_estimate), 0) AS tokens, count(*) AS rows,
-       max(seq) AS last_seq
-  FROM messages
- WHERE conversation_id = ANY($1::text[])
- GROUP BY conversation_id
+SELECT i.conversation_id, coalesce(m.tokens, 0) AS tokens, coalesce(m.rows, 0) AS rows,
+       m.last_seq, coalesce(e.epoch, 0) AS epoch
+  FROM unnest($1::text[]) AS i(conversation_id)
+  LEFT JOIN (SELECT conversation_id, sum(token_estimate) AS tokens, count(*) AS rows,
+                    max(seq) AS last_seq
+               FROM messages
+              WHERE conversation_id = ANY($1::text[])
+              GROUP BY conversation_id) AS m USING (conversation_id)
+  LEFT JOIN erasures AS e USING (conversation_id)
 """
 
 
@@ -54,6 +58,7 @@ async def totals_of(
             int(row["tokens"]),
             int(row["rows"]),
             None if row["last_seq"] is None else int(row["last_seq"]),
+            int(row["epoch"]),
         )
         for row in await pool.fetch(_TOTALS_SQL, ids)
     }

@@ -11,6 +11,7 @@ from core.domain.accounting import (
     on_completion,
     on_message,
     on_reconcile,
+    on_resync,
     resynced,
 )
 from core.domain.budget import BudgetConfig
@@ -139,3 +140,14 @@ def test_invariants_under_any_interleaving(steps: list[tuple[str, int]]) -> None
         if tally.outstanding:
             assert tally.outstanding == compaction_id_for("c", tally.generation)
     assert len(applied) == len(set(applied))
+
+
+def test_an_erase_epoch_salts_compaction_ids_and_a_resync_of_another_epoch_starts_anew() -> None:
+    ids = {compaction_id_for("c", g, e) for g in range(3) for e in range(3)}
+    assert len(ids) == 9  # no generation of one epoch repeats another's
+    stale = ConversationTally(conversation_id="c", generation=4, compactions=4, token_total=7)
+    tally, issued = on_resync(stale, "c", 150, 3, BUDGET, 1.0, epoch=1)
+    assert (tally.epoch, tally.generation, tally.compactions) == (1, 0, 0)
+    assert issued and tally.outstanding == compaction_id_for("c", 0, 1)
+    same, _ = on_resync(tally, "c", 150, 3, BUDGET, 2.0, epoch=1)
+    assert same.outstanding == tally.outstanding  # the same epoch keeps its entry

@@ -10,6 +10,9 @@ from tests.support.builders import history, message
 
 pytestmark = pytest.mark.unit
 
+# Text a store can hold: MessageEvent and ConversationMessage refuse NUL and lone surrogates.
+STORABLE = st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00")
+
 
 def test_chunks_by_chunk_size__context_compaction_AC1_2() -> None:
     chunks = chunk_messages(history(10), chunk_size=3)
@@ -59,7 +62,7 @@ def test_halve_respects_floor_of_two(size: int, halves: list[int]) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(st.text(max_size=120), max_size=60),
+    st.lists(st.text(STORABLE, max_size=120), max_size=60),
     st.integers(1, 25),
     st.one_of(st.none(), st.integers(1, 80)),
 )

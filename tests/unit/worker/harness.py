@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from core.adapters.llm.extractive import ExtractiveProvider
@@ -18,7 +18,14 @@ from core.domain.accounting import ConversationTally
 from core.ports.model import ModelAuthError, ModelRequest, ModelResponse
 from core.settings import Settings, parse_settings
 from streams.bootstrap import build_components
-from streams.events import CompactionCommand, CompactionCompleted, MessageEvent, ReconcileRequest
+from streams.events import (
+    CompactionCommand,
+    CompactionCompleted,
+    EraseCompleted,
+    EraseRequest,
+    MessageEvent,
+    ReconcileRequest,
+)
 from streams.topics import TopicNames
 from streams.worker.components import Components
 from streams.worker.records import Record
@@ -89,6 +96,33 @@ class Harness:
         await self.components.accounting.handle(
             self.record(NAMES.control, event.conversation_id, event.model_dump_json())
         )
+
+    async def erase(
+        self,
+        conversation: str = "c1",
+        *,
+        request_id: str = "req-1",
+        end_offsets: dict[int, int] | None = None,
+        topic: str = NAMES.erasures,
+    ) -> None:
+        """An erase request as ``compactor erase`` sends it, on the erase topic."""
+        request = EraseRequest(
+            request_id=request_id,
+            conversation_id=conversation,
+            requester="ops",
+            reason="user asked",
+            requested_at=datetime.fromtimestamp(self.clock.now, UTC),
+            messages_end_offsets=end_offsets or {},
+        )
+        await self.components.accounting.handle(
+            self.record(topic, conversation, request.model_dump_json())
+        )
+
+    def erase_completions(self) -> list[EraseCompleted]:
+        return [
+            EraseCompleted.model_validate_json(p.value or b"")
+            for p in self.publisher.on("erase_completions")
+        ]
 
     def tally(self, conversation: str = "c1") -> ConversationTally:
         tally = self.components.table.get(conversation)

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from streams.events import DeadLetterHeaders, EraseRequest, MessageEvent
+from streams.events import DeadLetterHeaders, MessageEvent
 from tests.support.builders import T0
 from tests.unit.worker.harness import NAMES, Harness, harness, over_budget
 
@@ -29,11 +29,11 @@ async def tenant_message(
     )
 
 
+_requests = iter(range(10**6))
+
+
 async def erase(h: Harness, conversation: str = "c1") -> None:
-    request = EraseRequest(conversation_id=conversation, requested_at=T0)
-    await h.components.accounting.handle(
-        h.record(NAMES.control, conversation, request.model_dump_json())
-    )
+    await h.erase(conversation, request_id=f"req-{next(_requests)}")
 
 
 def dead_letter_types(h: Harness) -> list[str]:

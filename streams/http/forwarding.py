@@ -1,0 +1,197 @@
+"""Requests forwarded between workers, and HTTPS for the HTTP API.
+
+Faust forwards ``/conversations/{id}`` (``app.topic_route``) to the worker that
+owns the conversation's partition, through ``Router._route_req``, which sends
+the caller's headers as they are. ``install`` replaces that one method on the
+app's router: the forwarding worker drops the caller's ``Authorization`` and
+sends instead the principal its guard verified (tenant, scopes, token id),
+signed with HMAC-SHA256 under the deployment's internal key, with the method,
+the path and a timestamp. The owner accepts those headers only on the
+forwarded path (``GET /conversations/{id}``), only with a valid signature no
+older than ``MAX_SKEW_SECONDS``, and never forwards such a request again.
+
+The internal key is ``[service].internal_token``, else derived from the
+PostgreSQL DSN (which every worker of a deployment shares) when it carries a
+password. Without either, nothing is secret to sign with: forwarding then
+keeps Faust's behaviour (the caller's token goes along and the owner
+authenticates it again), and the worker logs a WARNING at start when tokens
+are configured. See docs/security.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import re
+import ssl
+import time
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import faust
+from aiohttp import web
+from faust.exceptions import SameNode
+from faust.web.exceptions import ServiceUnavailable
+from yarl import URL
+
+from core.settings import ConfigError, ServiceSettings
+from streams.http.auth import ALL_SCOPES, Principal
+
+log = logging.getLogger("compactor.auth")
+
+PRINCIPAL = web.RequestKey("compactor.principal", Principal)
+# Set on a request that arrived forwarded (never forwarded again).
+FORWARDED = web.RequestKey("compactor.forwarded", bool)
+
+PRINCIPAL_HEADER = "X-Compactor-Forwarded-Principal"
+SIGNATURE_HEADER = "X-Compactor-Forwarded-Signature"
+# The only path a worker forwards (app.topic_route of the Conversation view).
+FORWARDABLE = re.compile(r"^/conversations/[^/]+$")
+MAX_SKEW_SECONDS = 30.0
+# Headers never passed on: the caller's credential, and what aiohttp sets itself.
+_STRIPPED = frozenset(
+    {"authorization", "host", "content-length", "transfer-encoding", "connection"}
+    | {PRINCIPAL_HEADER.lower(), SIGNATURE_HEADER.lower()}
+)
+
+
+def internal_key(service: ServiceSettings, dsn: str | None) -> bytes | None:
+    """The key forwarded requests are signed with; None when nothing secret is configured."""
+    if service.internal_token is not None:
+        secret = service.internal_token.get_secret_value().encode()
+        return hmac.new(secret, b"compactor forwarding v1", hashlib.sha256).digest()
+    if dsn and urlsplit(dsn).password:
+        message = f"compactor forwarding v1:{service.app_id}".encode()
+        return hmac.new(dsn.encode(), message, hashlib.sha256).digest()
+    return None
+
+
+@dataclass(frozen=True)
+class Forwarding:
+    """How this worker signs the requests it forwards and checks those it gets."""
+
+    key: bytes | None
+    client_ssl: ssl.SSLContext | None = None
+
+    def sign(
+        self, principal: Principal, method: str, path_qs: str, now: float | None = None
+    ) -> dict[str, str]:
+        assert self.key is not None
+        payload = {
+            "v": 1,
+            "t": principal.tenant,
+            "s": sorted(principal.scopes),
+            "i": principal.token_id,
+            "ts": time.time() if now is None else now,
+            "m": method.upper(),
+            "p": path_qs,
+        }
+        encoded = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
+        return {PRINCIPAL_HEADER: encoded, SIGNATURE_HEADER: self._mac(encoded)}
+
+    def verify(
+        self, headers: Mapping[str, str], method: str, path_qs: str, now: float | None = None
+    ) -> Principal | None:
+        """The signed principal of a forwarded request, or None (refuse it)."""
+        encoded, signature = headers.get(PRINCIPAL_HEADER), headers.get(SIGNATURE_HEADER)
+        if self.key is None or not encoded or not signature or len(encoded) > 4096:
+            return None
+        if not hmac.compare_digest(self._mac(encoded), signature):
+            return None
+        try:
+            payload = json.loads(base64.urlsafe_b64decode(encoded.encode()))
+            tenant, scopes, token_id = payload["t"], payload["s"], payload["i"]
+            stamp, signed_method, signed_path = payload["ts"], payload["m"], payload["p"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        moment = time.time() if now is None else now
+        if (
+            payload.get("v") != 1
+            or signed_method != method.upper()
+            or signed_path != path_qs
+            or not isinstance(stamp, int | float)
+            or abs(moment - stamp) > MAX_SKEW_SECONDS
+            or not isinstance(scopes, list)
+            or not set(scopes) <= ALL_SCOPES
+            or not (tenant is None or isinstance(tenant, str))
+        ):
+            return None
+        return Principal(tenant, frozenset(scopes), str(token_id))
+
+    def _mac(self, encoded: str) -> str:
+        assert self.key is not None
+        return hmac.new(self.key, encoded.encode(), hashlib.sha256).hexdigest()
+
+
+def install(app: faust.App, forwarding: Forwarding) -> None:
+    """Route this app's forwarded requests through ``signed_route_req``."""
+    router = app.router
+    router.compactor_forwarding = forwarding  # type: ignore[attr-defined]
+    router._route_req = types.MethodType(signed_route_req, router)  # type: ignore[attr-defined]
+
+
+async def signed_route_req(self: Any, dest_url: URL, web_driver: Any, request: Any) -> Any:
+    """Faust's ``Router._route_req``, with the caller's token replaced by a signed principal."""
+    app = self.app
+    host, port = self._urlident(dest_url)
+    if (host, port) == self._urlident(app.conf.canonical_url):
+        raise SameNode()
+    forwarding: Forwarding = self.compactor_forwarding
+    incoming = cast(web.Request, request)
+    if incoming.get(FORWARDED):
+        # Forwarded to us, and we do not own the key either (a rebalance in
+        # between): one hop only, the caller retries.
+        raise ServiceUnavailable()
+    headers = {k: v for k, v in incoming.headers.items() if k.lower() not in _STRIPPED}
+    if forwarding.key is None:
+        if "Authorization" in incoming.headers:  # Faust's own behaviour (see the module)
+            headers["Authorization"] = incoming.headers["Authorization"]
+    else:
+        found = incoming.get(PRINCIPAL)
+        principal = found if isinstance(found, Principal) else Principal("", frozenset({"read"}))
+        headers.update(forwarding.sign(principal, incoming.method, incoming.path_qs))
+    routed_url = incoming.url.with_host(host).with_port(int(port))
+    extra: dict[str, Any] = {} if forwarding.client_ssl is None else {"ssl": forwarding.client_ssl}
+    async with app.http_client.request(
+        method=incoming.method, headers=headers, url=routed_url, **extra
+    ) as response:
+        return web_driver.text(
+            await response.text(), content_type=response.content_type, status=response.status
+        )
+
+
+def server_ssl_context(service: ServiceSettings) -> ssl.SSLContext | None:
+    """The HTTPS context of the web server, or None (plain HTTP)."""
+    cert, key = service.tls_certfile, service.tls_keyfile
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        missing = "tls_certfile" if cert is None else "tls_keyfile"
+        raise ConfigError(
+            f"[service].{missing} is needed too: HTTPS needs a certificate and its key"
+        )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigError(
+            f"[service].tls_certfile / tls_keyfile cannot be loaded: {error}"
+        ) from None
+    return context
+
+
+def client_ssl_context(service: ServiceSettings) -> ssl.SSLContext | None:
+    """How a forwarding worker verifies the owner's certificate (None: aiohttp's default)."""
+    if service.tls_cafile is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=service.tls_cafile)
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigError(f"[service].tls_cafile cannot be loaded: {error}") from None
