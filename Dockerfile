@@ -9,11 +9,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 # Only what the package needs: tests, infra and docs stay out of the image. devtools
 # (`compactor dev`/`demo`) is part of the package; the worker never imports it.
+# Dependencies first, each at the version and hash pinned in requirements.lock (its
+# own layer, rebuilt only when the lock changes); then the package without deps.
+COPY requirements.lock ./
+RUN pip install --require-hashes -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY core ./core
 COPY streams ./streams
 COPY devtools ./devtools
-RUN pip install . \
+RUN pip install --no-deps . \
     && useradd --system --uid 10001 --create-home --home-dir /var/lib/compactor compactor \
     && rm -rf /src
 

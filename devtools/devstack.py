@@ -422,12 +422,24 @@ def docker_engine_available() -> bool:
     return proc.returncode == 0
 
 
+#: Compose interpolates the whole file, the worker's required API token included,
+#: even when only Kafka and PostgreSQL are started; ``dev`` never starts the worker.
+INFRA_ONLY_ENV = {"COMPACTOR_API_TOKENS": "unused-dev-stack-starts-no-worker"}
+
+
 def _compose(*args: str) -> subprocess.CompletedProcess[str]:
     docker = shutil.which("docker") or "docker"
     cmd = [docker, "compose", "-f", str(COMPOSE_FILE), *args]
+    env = {**INFRA_ONLY_ENV, **os.environ}
     try:
         return subprocess.run(
-            cmd, capture_output=True, text=True, timeout=600, check=False, stdin=subprocess.DEVNULL
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            env=env,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         raise DevStackError(f"`{' '.join(cmd)}` failed: {error}") from error

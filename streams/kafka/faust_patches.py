@@ -10,6 +10,11 @@ recovery waits forever: "No event received for active tp ... since recovery
 start". Seen in about 1 of 20 rebalances of the end-to-end tests; with the
 window widened by 0.3 s, 6 of 6, and 0 of 6 with this patch. Present in
 faust-streaming 0.15.3, the newest release when this was written.
+
+pyproject.toml pins faust-streaming to ``TESTED_WITH``: each patch replaces a
+private method, so a new release must be read before the pin moves (the
+checklist is in docs/operations.md, "Faust"). Each patch names the upstream
+issue it works around, or says that none is known.
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ _MARK = "_compactor_snapshot_patch"
 
 def snapshot_active_partitions() -> bool:
     """Give aiokafka a copy of the active set, and no fetch at all when it is empty.
+
+    Upstream issue: none known for this race. faust-streaming's tracker has
+    the same symptom from other causes: #597 (open; recovery never ends when
+    a changelog partition is empty) and #651 (open; with
+    auto.offset.reset=latest, retention deletes changelog segments during
+    recovery). Its PR #256 re-seeks to the committed offsets when a fetch
+    returns while the flow is stopped, which cannot help a changelog
+    partition: its offsets are never committed.
 
     ``True`` when the patch is (now or already) in place.
     """
@@ -66,7 +79,12 @@ PREFETCH_BACKOFF_SECONDS = 0.01
 
 
 def shorter_prefetch_backoff() -> bool:
-    """Faust builds aiokafka's consumer without this setting: lower its default."""
+    """Faust builds aiokafka's consumer without this setting: lower its default.
+
+    Upstream issue: none known. Not a bug in either project: aiokafka added the
+    back-off on purpose (aiokafka PR #534, for aiokafka #496) and faust-streaming
+    has no setting that passes ``prefetch_backoff`` through.
+    """
     from aiokafka.consumer import fetcher
 
     original = fetcher.Fetcher.__init__

@@ -73,7 +73,15 @@ def http_row(
 STATUS_ROWS = [
     http_row("anthropic", anthropic.BadRequestError, 400, ModelResponseError, False),
     http_row("anthropic", anthropic.AuthenticationError, 401, ModelAuthError, False),
-    http_row("anthropic", anthropic.PaymentRequiredError, 402, ModelResponseError, False),
+    # PaymentRequiredError came in anthropic 2.10; before it a 402 was a bare
+    # APIStatusError (pyproject's minimum is older, scripts/test-sdk-minimums).
+    http_row(
+        "anthropic",
+        getattr(anthropic, "PaymentRequiredError", anthropic.APIStatusError),
+        402,
+        ModelResponseError,
+        False,
+    ),
     http_row("anthropic", anthropic.PermissionDeniedError, 403, ModelAuthError, False),
     http_row("anthropic", anthropic.NotFoundError, 404, ModelResponseError, False),
     http_row("anthropic", anthropic.RequestTimeoutError, 408, ModelTimeoutError, True),
