@@ -18,18 +18,15 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from faust.exceptions import SameNode
 
-from core.adapters.llm.extractive import ExtractiveProvider
-from core.compactor import create_compactor
 from core.settings import ConfigError, ResolvedModel, Settings, parse_settings
-from streams.bootstrap import build_components
 from streams.events import MessageEvent
 from streams.http.auth import AuthPolicy, Principal, check_exposure, env_tokens
 from streams.http.views import Forbidden, register_views, search_request
 from streams.worker.components import Components
 from streams.worker.records import Record
-from streams.worker.runtime import StaticRuntime
 from tests.support.builders import T0
-from tests.support.memory_store import InMemoryStore, RecordingPublisher
+from tests.support.memory_store import InMemoryStore
+from tests.unit.http.views_over_memory import components_over
 
 pytestmark = pytest.mark.unit
 
@@ -69,23 +66,7 @@ class ViewRuntime:
 class Site:
     def __init__(self, config: Settings) -> None:
         self.store = InMemoryStore()
-        compactor = create_compactor(
-            model=ExtractiveProvider(),
-            memory_store=self.store,
-            config=config.summarization.compaction(),
-            model_name="test",
-        )
-
-        async def ack(_: int) -> None:
-            return None
-
-        self.components: Components[int] = build_components(
-            config,
-            table={},
-            publisher=RecordingPublisher(),
-            runtime=StaticRuntime(self.store, compactor),
-            ack=ack,
-        )
+        self.components: Components[int] = components_over(self.store, config)
         self.app = faust.App(f"web-test-{id(self)}", broker="kafka://127.0.0.1:1", web_port=6999)
 
         async def same_node(*args: Any, **kwargs: Any) -> Any:

@@ -29,10 +29,7 @@ from aiohttp.typedefs import Handler
 from faust.exceptions import SameNode
 from yarl import URL
 
-from core.adapters.llm.extractive import ExtractiveProvider
-from core.compactor import create_compactor
 from core.settings import ConfigError, ResolvedModel, Settings, parse_settings
-from streams.bootstrap import build_components
 from streams.events import CompactionCommand, MessageEvent
 from streams.http.auth import AuthPolicy, Principal, remember_config_path
 from streams.http.forwarding import (
@@ -46,9 +43,9 @@ from streams.http.views import register_views, watch_sighup
 from streams.kafka.faust_app import create_app
 from streams.worker.components import Components
 from streams.worker.records import Record
-from streams.worker.runtime import StaticRuntime
 from tests.support.builders import T0
-from tests.support.memory_store import InMemoryStore, RecordingPublisher
+from tests.support.memory_store import InMemoryStore
+from tests.unit.http.views_over_memory import components_over
 
 pytestmark = pytest.mark.unit
 
@@ -111,23 +108,7 @@ class Worker:
 
     def __init__(self, config: Settings, app: faust.App | None = None) -> None:
         self.store = InMemoryStore()
-        compactor = create_compactor(
-            model=ExtractiveProvider(),
-            memory_store=self.store,
-            config=config.summarization.compaction(),
-            model_name="test",
-        )
-
-        async def ack(_: int) -> None:
-            return None
-
-        self.components: Components[int] = build_components(
-            config,
-            table={},
-            publisher=RecordingPublisher(),
-            runtime=StaticRuntime(self.store, compactor),
-            ack=ack,
-        )
+        self.components: Components[int] = components_over(self.store, config)
         self.app = app or faust.App(
             f"tokens-test-{id(self)}", broker="kafka://127.0.0.1:1", web_port=6999
         )

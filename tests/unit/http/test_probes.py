@@ -16,16 +16,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from faust.types import TP
 
-from core.adapters.llm.extractive import ExtractiveProvider
-from core.compactor import create_compactor
 from core.ports.storage import StoreUnavailable
 from core.settings import ResolvedModel, Settings, parse_settings
-from streams.bootstrap import build_components
 from streams.http.probes import agent_state, liveness, register_probes
 from streams.http.views import register_views
 from streams.worker.components import Components
-from streams.worker.runtime import StaticRuntime
-from tests.support.memory_store import InMemoryStore, RecordingPublisher
+from tests.support.memory_store import InMemoryStore
+from tests.unit.http.views_over_memory import components_over
 
 pytestmark = pytest.mark.unit
 
@@ -60,23 +57,7 @@ class Runtime:
 class Site:
     def __init__(self, config: Settings) -> None:
         self.store = InMemoryStore()
-        compactor = create_compactor(
-            model=ExtractiveProvider(),
-            memory_store=self.store,
-            config=config.summarization.compaction(),
-            model_name="test",
-        )
-
-        async def ack(_: int) -> None:
-            return None
-
-        self.components: Components[int] = build_components(
-            config,
-            table={},
-            publisher=RecordingPublisher(),
-            runtime=StaticRuntime(self.store, compactor),
-            ack=ack,
-        )
+        self.components: Components[int] = components_over(self.store, config)
         self.app = faust.App(f"probe-test-{id(self)}", broker="kafka://127.0.0.1:1", web_port=6999)
         self.runtime = Runtime(self.store)
         self.assigned: set[TP] = set()
