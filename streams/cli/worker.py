@@ -12,11 +12,15 @@ from streams.bootstrap import build_app
 from streams.kafka.admin import ensure_topics, topic_configs
 from streams.kafka.probe import broker_problem
 from streams.kafka.security import kafka_security
+from streams.logs import configure as configure_logging
 from streams.topics import TopicNames
 
 
 def run_worker(settings: Settings, *, loglevel: str = "info") -> int:
     """Create the topics, then run one worker until SIGTERM/SIGINT."""
+    json_logs = settings.service.log_format == "json"
+    if json_logs:
+        configure_logging("json", loglevel)
     app = build_app(settings)
     Path(settings.service.data_dir).mkdir(parents=True, exist_ok=True)
     bootstrap = ",".join(f"{url.host}:{url.port}" for url in app.conf.broker)
@@ -40,6 +44,10 @@ def run_worker(settings: Settings, *, loglevel: str = "info") -> int:
             ),
         )
     )
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    # Faust (mode) replaces the root logger's handlers when the worker starts;
+    # with JSON logs it is told not to, so the lines stay JSON.
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=not json_logs)
+    if json_logs:
+        worker.spinner = None  # (Faust drops it itself when it sets up logging)
     worker.execute_from_commandline()
     return 0

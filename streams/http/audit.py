@@ -32,10 +32,10 @@ from typing import IO, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from pythonjsonlogger.json import JsonFormatter
 
 from streams.http.auth import OPEN_PATHS, Principal, bearer
 from streams.http.probes import PROBE_PATHS
+from streams.logs import json_formatter
 
 AUDIT_LOGGER = "compactor.audit"
 log = logging.getLogger(AUDIT_LOGGER)
@@ -54,11 +54,7 @@ def token_id(token: bytes) -> str:
 
 def formatter() -> logging.Formatter:
     """One JSON object per line: time, logger, event and the record's fields."""
-    return JsonFormatter(
-        "{asctime}{name}{message}",
-        style="{",
-        rename_fields={"asctime": "time", "name": "logger", "message": "event"},
-    )
+    return json_formatter(message_key="event", level=False)
 
 
 def install(stream: IO[str] | None = None) -> logging.Handler:

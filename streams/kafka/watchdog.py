@@ -196,7 +196,7 @@ class Watchdog:
             log.error(
                 "%s after %d re-seeks: exiting for a fresh worker to take over", detail, heals
             )
-            self._metrics.watchdog_exits.inc()
+            self._metrics.count_watchdog_exit()
             if self._crash is not None:
                 await self._crash(WorkerStuckError(f"{detail} after {heals} re-seeks"))
             return False

@@ -243,12 +243,18 @@ class Accounting:
                 failures,
                 kind,
                 error,
+                extra={"partition": record.partition},
             )
 
     def _recovered(self, record: Record, failures: int) -> None:
         self._metrics.accounting_waiting.set(0)
         self._health.clear("accounting")
-        log.warning("accounting resumed at %s after %d failed attempts", describe(record), failures)
+        log.warning(
+            "accounting resumed at %s after %d failed attempts",
+            describe(record),
+            failures,
+            extra={"partition": record.partition},
+        )
 
     async def on_messages(self, records: Sequence[Record]) -> set[str]:
         """Store the group, then count each conversation once: from the store when
@@ -454,6 +460,7 @@ class Accounting:
             ", again" if outcome.repeated else "",
             outcome.epoch,
             ", ".join(f"{table} {count}" for table, count in outcome.removed.items()),
+            extra={"conversation_id": conversation_id},
         )
         return outcome
 
@@ -472,6 +479,10 @@ class Accounting:
             "tombstone of erased conversation %s sent again (compaction %s completed late)",
             control.conversation_id,
             control.compaction_id,
+            extra={
+                "conversation_id": control.conversation_id,
+                "compaction_id": control.compaction_id,
+            },
         )
 
     def _command(
@@ -498,6 +509,10 @@ class Accounting:
             command.conversation_id,
             reason,
             self._rules.budget.budget_tokens,
+            extra={
+                "conversation_id": command.conversation_id,
+                "compaction_id": command.compaction_id,
+            },
         )
 
 

@@ -33,6 +33,12 @@ from streams.worker.scheduler import CompactionScheduler
 
 log = logging.getLogger("compactor.worker")
 
+
+def _fields(command: CompactionCommand) -> dict[str, str]:
+    """The structured log fields of a command (JSON logs, streams.logs)."""
+    return {"conversation_id": command.conversation_id, "compaction_id": command.compaction_id}
+
+
 OutcomeStatus = Literal["compacted", "noop", "replayed", "failed"]
 
 
@@ -141,6 +147,7 @@ class Processor:
             command.compaction_id,
             command.conversation_id,
             reason,
+            extra=_fields(command),
         )
         return CompactionOutcome("failed", reason)
 
@@ -162,6 +169,7 @@ class Processor:
             command.compaction_id,
             command.conversation_id,
             reason,
+            extra=_fields(command),
         )
         return CompactionOutcome("noop", reason)
 
@@ -188,6 +196,10 @@ async def apply_plan(
             planned.plan.compaction_id,
             planned.plan.conversation_id,
             error,
+            extra={
+                "conversation_id": planned.plan.conversation_id,
+                "compaction_id": planned.plan.compaction_id,
+            },
         )
         return planned.unchanged(before, f"history changed during compaction: {error}", failed=True)
     except Exception as error:

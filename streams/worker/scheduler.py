@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from streams.logs import log_context
+
 log = logging.getLogger("compactor.scheduler")
 
 Token = TypeVar("Token")
@@ -142,7 +144,8 @@ class CompactionScheduler(Generic[Token]):
                     self.stats.in_flight += 1
                     self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
                     try:
-                        await work()
+                        with log_context(conversation_id=conversation_id, partition=partition):
+                            await work()
                         self.stats.completed += 1
                     except asyncio.CancelledError:
                         raise
@@ -175,6 +178,25 @@ class CompactionScheduler(Generic[Token]):
         """Wait for everything scheduled so far (shutdown, tests)."""
         while self._tasks:
             await asyncio.wait(set(self._tasks))
+
+    async def drain_within(self, seconds: float) -> int:
+        """``drain`` for at most ``seconds``, then cancel what is left (shutdown).
+
+        Unfinished compactions are not acked, so they are delivered again (or
+        re-sent by reconciliation) and, being idempotent, redone. The number of
+        commands abandoned (running or waiting), 0 if all finished.
+        """
+        try:
+            await asyncio.wait_for(self.drain(), timeout=seconds)
+        except TimeoutError:
+            abandoned = len(self._tasks)
+            for task in list(self._tasks):
+                task.cancel()
+            # A task that swallows its cancellation must not hold the shutdown.
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=1.0)
+            return abandoned
+        return 0
 
     async def cancel(self) -> None:
         for task in list(self._tasks):

@@ -1,4 +1,5 @@
-"""Choosing and running the embedded PostgreSQL (the fallback when no DSN is set)."""
+"""Choosing and running the embedded PostgreSQL (with no DSN, only when asked for:
+``[postgres].embedded = true``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def test_configured_dsn_wins_and_starts_nothing(
 ) -> None:
     monkeypatch.setenv(POSTGRES_DSN_ENV, "postgresql://env@db/envdb")
     assert resolve_dsn("postgresql://cfg@db/cfg", tmp_path) == ("postgresql://cfg@db/cfg", None)
-    assert resolve_dsn(None, tmp_path) == ("postgresql://env@db/envdb", None)
+    assert resolve_dsn(None, tmp_path, embedded=True) == ("postgresql://env@db/envdb", None)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -26,7 +27,7 @@ async def test_embedded_server_keeps_its_data_across_restarts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(POSTGRES_DSN_ENV, raising=False)
-    dsn, handle = resolve_dsn(None, tmp_path)
+    dsn, handle = resolve_dsn(None, tmp_path, embedded=True)
     assert handle is not None
     try:
         assert await migrate(dsn) != []
@@ -41,7 +42,7 @@ async def test_embedded_server_keeps_its_data_across_restarts(
     finally:
         handle.stop()
 
-    dsn, handle = resolve_dsn(None, tmp_path)
+    dsn, handle = resolve_dsn(None, tmp_path, embedded=True)
     assert handle is not None
     try:
         assert await migrate(dsn) == []

@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from core.domain.tokens import estimate_history_tokens
+from core.settings import load_settings
+from streams.cli.replay import read_events
+from tests.support.walkthrough import walkthrough_steps
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,3 +40,30 @@ def test_every_named_test_exists() -> None:
             n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
         }
         assert name in names, f"{path}::{name} named in docs/acceptance.md does not exist"
+
+
+def test_the_readme_walkthrough_budget_is_crossed_by_its_sample() -> None:
+    """The walk-through (run for real by tests/e2e/test_walkthrough.py) starts on a fresh
+    clone and its worker's budget is one the replayed sample goes over: on the default
+    budget nothing is compacted and `tail` waits forever."""
+    steps = walkthrough_steps()
+    assert steps[0].argv == ("./scripts/setup",), "a fresh clone has no .venv before setup"
+    [worker] = [s for s in steps if s.compactor_command() == "worker"]
+    [replay] = [s for s in steps if s.compactor_command() == "replay"]
+    config = worker.config()
+    assert config is not None, f"`{worker.line}` runs on the default budget"
+    budget = load_settings(ROOT / config, environ={}).budget.budget_tokens
+    sample = read_events(ROOT / replay.argv[-1])
+    assert not sample.bad
+    tokens = estimate_history_tokens(e.to_message() for e in sample.events)
+    assert tokens > 1.5 * budget, f"sample {tokens} tokens, budget {budget}"
+
+
+def test_every_alert_is_explained_in_the_readme_and_operations() -> None:
+    rules = (ROOT / "deploy" / "prometheus" / "compactor-rules.yml").read_text()
+    alerts = re.findall(r"^\s*- alert: (\w+)", rules, re.MULTILINE)
+    assert len(alerts) > 5
+    for doc in ("README.md", "docs/operations.md"):
+        text = (ROOT / doc).read_text()
+        missing = [a for a in alerts if f"`{a}`" not in text]
+        assert missing == [], f"{doc} does not explain these alerts: {missing}"

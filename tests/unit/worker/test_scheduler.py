@@ -180,3 +180,57 @@ async def test_random_interleavings_ack_every_offset_once_in_order() -> None:
         )
     await scheduler.drain()
     assert acks.tokens == [str(i) for i in range(60)]
+
+
+async def test_drain_within_abandons_a_never_finishing_compaction_within_the_grace() -> None:
+    acks = Acks()
+    scheduler: CompactionScheduler[str] = CompactionScheduler(acks, max_concurrent=2)
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def quick() -> None:
+        return None
+
+    await scheduler.submit(partition=0, offset=1, token="t1", conversation_id="a", work=quick)
+    await scheduler.submit(partition=1, offset=1, token="t2", conversation_id="b", work=forever)
+    await scheduler.submit(partition=1, offset=2, token="t3", conversation_id="b", work=quick)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    abandoned = await scheduler.drain_within(0.2)
+    assert loop.time() - started < 1.0
+    assert abandoned == 2  # the stuck one and the one queued behind it
+    assert acks.tokens == ["t1"]  # abandoned commands stay unacked: redelivered
+    assert await scheduler.drain_within(0.2) == 0
+
+
+async def test_compaction_log_lines_carry_conversation_and_partition() -> None:
+    import logging
+
+    from streams.logs import ContextFields
+
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep()
+    handler.addFilter(ContextFields())
+    logger = logging.getLogger("test.scheduler.context")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        scheduler: CompactionScheduler[str] = CompactionScheduler(Acks(), max_concurrent=1)
+
+        async def work() -> None:
+            logger.info("inside")
+
+        await scheduler.submit(partition=3, offset=1, token="t", conversation_id="c-9", work=work)
+        await scheduler.drain()
+        logger.info("outside")
+    finally:
+        logger.removeHandler(handler)
+    inside, outside = seen
+    assert (inside.conversation_id, inside.partition) == ("c-9", 3)  # type: ignore[attr-defined]
+    assert not hasattr(outside, "conversation_id")
