@@ -16,6 +16,7 @@ import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -456,11 +457,12 @@ def _pair(**service: Any) -> tuple[Worker, Worker]:
     return Worker(config), Worker(config)
 
 
-async def test_forwarded_requests_carry_a_signed_principal_not_the_token() -> None:
-    entry, owner = _pair(internal_token=INTERNAL)
-    for i in range(3):
-        await owner.message("acme-c0", i, "acme")
-        await owner.message("globex-c0", i, "globex")
+@asynccontextmanager
+async def forwarding_between(
+    entry: Worker, owner: Worker
+) -> AsyncIterator[tuple[TestClient[Any, Any], TestClient[Any, Any], list[dict[str, str]]]]:
+    """Both workers served; the entry forwards /conversations/{id} to the owner, whose
+    received headers are recorded (in ``seen``, in order)."""
     seen: list[dict[str, str]] = []
 
     @web.middleware
@@ -477,6 +479,15 @@ async def test_forwarded_requests_carry_a_signed_principal_not_the_token() -> No
         entry.app.router.external_topic_key_store = (  # type: ignore[method-assign]
             lambda *args: owner_url
         )
+        yield entry_client, owner_client, seen
+
+
+async def test_forwarded_requests_carry_a_signed_principal_not_the_token() -> None:
+    entry, owner = _pair(internal_token=INTERNAL)
+    for i in range(3):
+        await owner.message("acme-c0", i, "acme")
+        await owner.message("globex-c0", i, "globex")
+    async with forwarding_between(entry, owner) as (entry_client, owner_client, seen):
         response = await entry_client.get("/conversations/acme-c0", headers=bearer(ACME))
         assert response.status == 200, await response.text()
         assert (await response.json())["conversation_id"] == "acme-c0"
@@ -525,22 +536,7 @@ async def test_forwarded_requests_carry_a_signed_principal_not_the_token() -> No
 async def test_without_an_internal_key_forwarding_keeps_the_callers_token() -> None:
     entry, owner = _pair()
     await owner.message("acme-c0", 0, "acme")
-    seen: list[dict[str, str]] = []
-
-    @web.middleware
-    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
-        seen.append(dict(request.headers))
-        return await handler(request)
-
-    owner.web_app.middlewares.insert(0, record)
-    async with (
-        TestClient(TestServer(owner.web_app)) as owner_client,
-        TestClient(TestServer(entry.web_app)) as entry_client,
-    ):
-        owner_url = URL.build(scheme="http", host="127.0.0.1", port=owner_client.port)
-        entry.app.router.external_topic_key_store = (  # type: ignore[method-assign]
-            lambda *args: owner_url
-        )
+    async with forwarding_between(entry, owner) as (entry_client, owner_client, seen):
         response = await entry_client.get("/conversations/acme-c0", headers=bearer(ACME))
         assert response.status == 200
         assert seen[-1]["Authorization"] == f"Bearer {ACME}"
