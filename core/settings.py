@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from core.domain.budget import BudgetConfig
 from core.domain.compaction import CompactionConfig, CompactionTuning
 from core.domain.scoring import ImportanceScoringConfig
+from core.domain.tenancy import TENANT_ID_PATTERN, is_tenant_id
 
 ProviderKind = Literal["auto", "anthropic", "openai", "extractive"]
 ResolvedKind = Literal["anthropic", "openai", "extractive"]
@@ -136,7 +137,7 @@ class KafkaSettings(_Section):
 
 
 MIN_TOKEN_CHARS = 16
-TENANT_PATTERN = r"^[A-Za-z0-9._:@-]{1,256}$"
+TENANT_PATTERN = TENANT_ID_PATTERN
 
 
 def check_token(token: SecretStr) -> None:
@@ -231,6 +232,9 @@ class ServiceSettings(_Section):
     # Requests per second per token (token bucket; 0 = no limit) and the burst.
     rate_limit_per_second: float = Field(default=50.0, ge=0)
     rate_limit_burst: int = Field(default=200, ge=1)
+    # Failed authentications per client address: refill rate and burst (0 = no limit).
+    auth_failures_per_second: float = Field(default=0.5, ge=0)
+    auth_failures_burst: int = Field(default=20, ge=1)
     # History and batch views: messages per page by default, and at most.
     page_default_limit: int = Field(default=200, ge=1, le=100_000)
     page_max_limit: int = Field(default=1000, ge=1, le=100_000)
@@ -244,6 +248,42 @@ class ServiceSettings(_Section):
         return value
 
 
+MIN_SIGNING_KEY_CHARS = 32
+
+
+class TenancySettings(_Section):
+    """``[tenancy]``: what a message event must show about its tenant.
+
+    A conversation is (tenant, id) whatever these say (``core.domain.tenancy``).
+    With several producing services on one messages topic, ``signing_keys``
+    gives each tenant secret keys (several during a rotation) and its events
+    must be signed with one of them (``core.domain.signatures``); an event
+    that is not is dead-lettered ``bad_signature``."""
+
+    # Dead-letter a message without tenant_id (missing_tenant).
+    require_tenant: bool = False
+    # Dead-letter a message whose tenant has no signing key (and so any unsigned one).
+    require_signature: bool = False
+    # tenant -> its HMAC keys, at least 32 characters each.
+    signing_keys: dict[str, tuple[SecretStr, ...]] = Field(default_factory=dict)
+
+    @field_validator("signing_keys")
+    @classmethod
+    def _keys(cls, value: dict[str, tuple[SecretStr, ...]]) -> dict[str, tuple[SecretStr, ...]]:
+        for tenant, keys in value.items():
+            if not is_tenant_id(tenant):
+                raise ValueError(f"{tenant[:80]!r} is not a tenant id (letters, digits, ._:@-)")
+            if not keys:
+                raise ValueError(f"tenant {tenant!r} has an empty list of keys")
+            for key in keys:
+                if len(key.get_secret_value()) < MIN_SIGNING_KEY_CHARS:
+                    raise ValueError(
+                        f"a signing key of tenant {tenant!r} is shorter than "
+                        f"{MIN_SIGNING_KEY_CHARS} characters"
+                    )
+        return value
+
+
 class Settings(_Section):
     summarization: SummarizationSettings = SummarizationSettings()
     budget: BudgetConfig = BudgetConfig()
@@ -252,6 +292,7 @@ class Settings(_Section):
     archive: ArchiveSettings = ArchiveSettings()
     kafka: KafkaSettings = KafkaSettings()
     service: ServiceSettings = ServiceSettings()
+    tenancy: TenancySettings = TenancySettings()
 
 
 _SECRET_WORDS = ("token", "password", "secret", "dsn", "key")

@@ -19,7 +19,13 @@ from core.domain.compaction import AppliedStats, CompactionPlan
 from core.domain.messages import ConversationMessage
 from core.ports.publisher import Publisher
 from core.ports.storage import OutboxRecord, OutboxRow, OutboxStore
-from streams.events import BatchInfo, ClipArchiveEvent, CompactionCommand, CompactionCompleted
+from streams.events import (
+    BatchInfo,
+    ClipArchiveEvent,
+    CompactionCommand,
+    CompactionCompleted,
+    public_message,
+)
 from streams.metrics import Metrics
 from streams.worker.runtime import Runtime
 
@@ -35,9 +41,10 @@ def clip_archive_event(
     deleted = set(plan.deleted_message_ids)
     return ClipArchiveEvent(
         compaction_id=plan.compaction_id,
-        conversation_id=plan.conversation_id,
+        conversation_id=command.conversation_id,
+        tenant_id=command.tenant_id,
         generation=command.generation,
-        clip_archive=plan.clip_archive,
+        clip_archive=public_message(plan.clip_archive),
         kept_message_ids=tuple(m.id for m in history if m.id not in deleted),
         compressed_message_ids=tuple(
             m.id for m in history if m.id in deleted and not is_clip_archive(m)
@@ -72,6 +79,7 @@ def completion(
         return CompactionCompleted(
             compaction_id=command.compaction_id,
             conversation_id=command.conversation_id,
+            tenant_id=command.tenant_id,
             generation=command.generation,
             status="noop",
             messages_compressed=0,
@@ -83,7 +91,8 @@ def completion(
         )
     return CompactionCompleted(
         compaction_id=plan.compaction_id,
-        conversation_id=plan.conversation_id,
+        conversation_id=command.conversation_id,
+        tenant_id=command.tenant_id,
         generation=command.generation,
         status="compacted",
         messages_compressed=plan.messages_compressed,
@@ -120,12 +129,21 @@ class OutboxEvents:
 
     def build(self, stats: AppliedStats) -> list[OutboxRecord]:
         created = datetime.fromtimestamp(self._clock(), UTC)
-        plan, key = self._plan, self._plan.conversation_id
-        completed = completion(self._command, created, plan, stats)
-        clip_event = clip_archive_event(self._command, self._history, plan, created)
+        plan, command = self._plan, self._command
+        completed = completion(command, created, plan, stats)
+        clip_event = clip_archive_event(command, self._history, plan, created)
+        # The clip-archives topic is log-compacted by conversation key (one latest
+        # event per (tenant, id)); the control topic is co-partitioned with the
+        # messages topic, so its key is the producer's id.
         self.records = [
-            OutboxRecord(topic="clip_archives", key=key, payload=clip_event.model_dump_json()),
-            OutboxRecord(topic="control", key=key, payload=completed.model_dump_json()),
+            OutboxRecord(
+                topic="clip_archives",
+                key=plan.conversation_id,
+                payload=clip_event.model_dump_json(),
+            ),
+            OutboxRecord(
+                topic="control", key=command.conversation_id, payload=completed.model_dump_json()
+            ),
         ]
         return self.records
 

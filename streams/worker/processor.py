@@ -36,7 +36,7 @@ log = logging.getLogger("compactor.worker")
 
 def _fields(command: CompactionCommand) -> dict[str, str]:
     """The structured log fields of a command (JSON logs, streams.logs)."""
-    return {"conversation_id": command.conversation_id, "compaction_id": command.compaction_id}
+    return {"conversation_id": command.conversation_key, "compaction_id": command.compaction_id}
 
 
 OutcomeStatus = Literal["compacted", "noop", "replayed", "failed"]
@@ -75,7 +75,7 @@ class Processor:
 
     async def compact(self, command: CompactionCommand) -> CompactionOutcome:
         inputs = await self._runtime.store.compaction_inputs(
-            command.compaction_id, command.conversation_id, up_to_seq=command.up_to_seq
+            command.compaction_id, command.conversation_key, up_to_seq=command.up_to_seq
         )
         if inputs.applied:
             return await self._replayed(command)
@@ -88,7 +88,7 @@ class Processor:
         with self._relay.claim(command.compaction_id):
             try:
                 planned = await self._runtime.compactor.plan(
-                    inputs.history, command.conversation_id, compaction_id=command.compaction_id
+                    inputs.history, command.conversation_key, compaction_id=command.compaction_id
                 )
                 result, records = await self._apply(command, inputs.history, planned)
             finally:
@@ -145,7 +145,7 @@ class Processor:
             level,
             "compaction %s of %s failed, history unchanged; reconciliation will retry: %s",
             command.compaction_id,
-            command.conversation_id,
+            command.conversation_key,
             reason,
             extra=_fields(command),
         )
@@ -167,7 +167,7 @@ class Processor:
         log.info(
             "compaction %s of %s: nothing to do (%s)",
             command.compaction_id,
-            command.conversation_id,
+            command.conversation_key,
             reason,
             extra=_fields(command),
         )
@@ -238,7 +238,7 @@ class CommandIntake(Generic[Token]):
         except InvalidRecord as error:
             await self._dead_letters.send(record, error)
         else:
-            conversation_id = command.conversation_id
+            conversation_id = command.conversation_key
 
             async def work() -> None:
                 await self._processor.compact(command)

@@ -37,13 +37,14 @@ BUDGET_TOKENS = 200  # 0.5 x 400
 NAMES = TopicNames.with_prefix("t.")
 
 
-def settings(**service: Any) -> Settings:
+def settings(tenancy: dict[str, Any] | None = None, **service: Any) -> Settings:
     return parse_settings(
         {
             "budget": {"context_budget": 0.5, "model_max_tokens": 400},
             "kafka": {"topic_prefix": "t."},
             "summarization": {"keep_recent": 2, "chunk_size": 4, "retry_backoff_seconds": 0},
             "service": {"command_timeout_seconds": 60, "reconcile_interval_seconds": 10, **service},
+            "tenancy": tenancy or {},
         }
     )
 
@@ -104,11 +105,13 @@ class Harness:
         request_id: str = "req-1",
         end_offsets: dict[int, int] | None = None,
         topic: str = NAMES.erasures,
+        tenant: str | None = None,
     ) -> None:
         """An erase request as ``compactor erase`` sends it, on the erase topic."""
         request = EraseRequest(
             request_id=request_id,
             conversation_id=conversation,
+            tenant_id=tenant,
             requester="ops",
             reason="user asked",
             requested_at=datetime.fromtimestamp(self.clock.now, UTC),
@@ -143,8 +146,8 @@ class Harness:
         ]
 
 
-def harness(model: Any = None, **service: Any) -> Harness:
-    config = settings(**service)
+def harness(model: Any = None, tenancy: dict[str, Any] | None = None, **service: Any) -> Harness:
+    config = settings(tenancy, **service)
     store = InMemoryStore()
     compactor = create_compactor(
         model=model or ExtractiveProvider(),
