@@ -101,6 +101,7 @@ class OutboxRow(BaseModel):
     topic: str
     key: str
     payload: str
+    published: bool = False  # the broker acknowledged it once already
 
 
 @dataclass(frozen=True)
@@ -424,7 +425,7 @@ class OutboxStore(Protocol):
         ...
 
     async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
-        """Every row of one compaction, published or not, in order."""
+        """Every row of one compaction, published or not (``published`` says), in order."""
         ...
 
     async def mark_published(self, ids: Sequence[int]) -> None:

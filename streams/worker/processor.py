@@ -153,7 +153,9 @@ class Processor:
 
     async def _replayed(self, command: CompactionCommand) -> CompactionOutcome:
         self._metrics.compactions_noop.labels("replayed").inc()
-        await self._relay.relay(command.compaction_id, again=True)
+        # Claimed, so the relay timer does not publish the same unpublished rows meanwhile.
+        with self._relay.claim(command.compaction_id):
+            await self._relay.relay(command.compaction_id, again=True)
         return CompactionOutcome("replayed", "compaction already applied")
 
     async def _complete_without_compaction(

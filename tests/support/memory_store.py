@@ -528,7 +528,11 @@ class InMemoryStore:
 
     async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
         self._call("outbox_rows")
-        return [o.row for o in self.outbox if o.row.compaction_id == compaction_id]
+        return [
+            o.row.model_copy(update={"published": o.published})
+            for o in self.outbox
+            if o.row.compaction_id == compaction_id
+        ]
 
     async def mark_published(self, ids: Sequence[int]) -> None:
         self._call("mark_published")
