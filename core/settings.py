@@ -284,6 +284,16 @@ class TenancySettings(_Section):
         return value
 
 
+class TenantSettings(_Section):
+    """One ``[[tenants]]`` entry: settings of one tenant. More per-tenant settings
+    join this table as keys of their own."""
+
+    id: str = Field(pattern=TENANT_ID_PATTERN)
+    # The tenant's share of the provider guard's call slots and of the compaction
+    # slots, against 1 for every tenant without an entry ([summarization].fair_share).
+    weight: float = Field(default=1.0, gt=0, le=1000)
+
+
 class Settings(_Section):
     summarization: SummarizationSettings = SummarizationSettings()
     budget: BudgetConfig = BudgetConfig()
@@ -293,6 +303,24 @@ class Settings(_Section):
     kafka: KafkaSettings = KafkaSettings()
     service: ServiceSettings = ServiceSettings()
     tenancy: TenancySettings = TenancySettings()
+    tenants: tuple[TenantSettings, ...] = ()
+
+    @field_validator("tenants")
+    @classmethod
+    def _one_entry_per_tenant(cls, value: tuple[TenantSettings, ...]) -> tuple[TenantSettings, ...]:
+        ids = [tenant.id for tenant in value]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"tenant {twice[0]!r} has more than one [[tenants]] entry")
+        return value
+
+    def tenant(self, tenant_id: str | None) -> TenantSettings | None:
+        """The ``[[tenants]]`` entry of ``tenant_id``, if it has one."""
+        return next((t for t in self.tenants if t.id == tenant_id), None)
+
+    def tenant_weights(self) -> dict[str, float]:
+        """Tenant → fair-share weight, for the tenants whose entry sets one."""
+        return {t.id: t.weight for t in self.tenants if t.weight != 1.0}
 
 
 _SECRET_WORDS = ("token", "password", "secret", "dsn", "key")
@@ -339,6 +367,10 @@ ENV_PREFIX = "COMPACTOR_"
 ENV_NESTED_DELIMITER = "__"
 
 
+#: ``[[tenants]]`` from the environment: the whole list, as JSON.
+TENANTS_ENV = "COMPACTOR_TENANTS"
+
+
 def env_name(section: str, key: str) -> str:
     """The environment variable of ``[section].key``."""
     return f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}{key.upper()}"
@@ -363,6 +395,9 @@ def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, str], tuple[str
     (``COMPACTOR_CONFIG`` and ``COMPACTOR_API_TOKENS`` have no ``__``: not settings keys.)"""
     found: dict[tuple[str, str], tuple[str, Any]] = {}
     for variable in sorted(environ):
+        if variable == TENANTS_ENV:  # [[tenants]], a list of tables: JSON
+            found[("tenants", "")] = (variable, env_value(environ[variable]))
+            continue
         if not variable.startswith(ENV_PREFIX) or ENV_NESTED_DELIMITER not in variable:
             continue
         section, _, key = variable.removeprefix(ENV_PREFIX).lower().partition(ENV_NESTED_DELIMITER)
@@ -391,6 +426,9 @@ def _layered(
         return data
     merged = dict(data)
     for (section, key), (_, value) in overrides.items():
+        if not key:  # a whole list of tables ([[tenants]])
+            merged[section] = value
+            continue
         table = merged.get(section)
         # A section that is not a table in the file is reported by validation as is.
         if table is None or isinstance(table, Mapping):
