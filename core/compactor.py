@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from core.domain.budget import BudgetConfig
@@ -50,6 +50,7 @@ from core.domain.compaction import (
 )
 from core.domain.messages import ConversationMessage
 from core.domain.split import HistorySplit, split_history
+from core.domain.tenancy import tenant_of
 from core.domain.tokens import (
     DEFAULT_COUNTER,
     TokenCounter,
@@ -133,8 +134,10 @@ class _Unchanged:
         *,
         failed: bool,
         over_target: bool = False,
+        provider_down: int | None = None,
     ) -> CompactionResult:
         return CompactionResult(
+            provider_down_at=provider_down,
             history=self._history,
             tokens_estimate_before=self._tokens,
             tokens_estimate_after=self._tokens,
@@ -204,7 +207,7 @@ class PipelineCompactor:
             return unchanged(f"circuit open: retry in {retry_in:.0f}s", failed=True)
 
         started = time.perf_counter()
-        calls = LlmSpend()
+        calls = LlmSpend(tenant=tenant_of(conversation_id))
         try:
             split = split_history(history, self._config.keep_recent, self._config.scoring)
             planned = None
@@ -217,7 +220,8 @@ class PipelineCompactor:
             self.breaker.release(conversation_id)
             raise
         except Exception as error:
-            self._blame(error, conversation_id, calls)
+            answers = self.provider_guard.successes
+            provider_down = answers if self._blame(error, conversation_id, calls) else None
             # Refusals come by the thousand in an outage; the guard logs the outage once.
             log.log(
                 logging.INFO if isinstance(error, ProviderUnavailableError) else logging.WARNING,
@@ -227,16 +231,23 @@ class PipelineCompactor:
                 type(error).__name__,
                 error,
             )
-            return unchanged(f"{type(error).__name__}: {error}", failed=True)
+            return unchanged(
+                f"{type(error).__name__}: {error}", failed=True, provider_down=provider_down
+            )
 
         self.breaker.record_success(conversation_id)
         return self._planned(planned, split, calls, time.perf_counter() - started)
 
-    def _blame(self, error: Exception, conversation_id: str, calls: LlmSpend) -> None:
+    async def provider_answers(self, since: int) -> None:
+        """Return once the provider answered after a compaction failed with
+        ``provider_down_at=since`` (``ProviderGuard.until_answering``)."""
+        await self.provider_guard.until_answering(since)
+
+    def _blame(self, error: Exception, conversation_id: str, calls: LlmSpend) -> bool:
         """Count a failure against the conversation's breaker only when it is the
         conversation's: a provider outage is the provider guard's business, and
         counting it against every conversation would shut them all out for a
-        cool-down after the provider is back.
+        cool-down after the provider is back. ``True`` for a provider outage.
 
         Rate limits, refusals by the guard and a rejected key are never the
         conversation's. A 5xx or a timeout is, when other calls got answers
@@ -254,6 +265,7 @@ class PipelineCompactor:
             self.breaker.release(conversation_id)
         else:
             self.breaker.record_failure(conversation_id)
+        return provider_wide
 
     def _planned(
         self, planned: _Planned, split: HistorySplit, calls: LlmSpend, elapsed: float
@@ -470,8 +482,12 @@ def _previous_cycles(prior: ConversationMessage | None, existing: Sequence[Store
     return len({batch.compaction_id for batch in existing})
 
 
-def guard_limits(config: CompactionTuning) -> GuardLimits:
+def guard_limits(
+    config: CompactionTuning, tenant_weights: Mapping[str, float] | None = None
+) -> GuardLimits:
     return GuardLimits(
+        fair_share=config.fair_share,
+        tenant_weights=dict(tenant_weights or {}),
         max_concurrent=config.max_concurrent_llm_calls,
         failure_threshold=config.provider_failure_threshold,
         cooldown_seconds=config.provider_cooldown_seconds,
@@ -492,6 +508,7 @@ def create_compactor(
     guard: ProviderGuard | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
+    tenant_weights: Mapping[str, float] | None = None,
 ) -> PipelineCompactor:
     """The pipeline over the given ports.
 
@@ -499,6 +516,8 @@ def create_compactor(
     (``BudgetConfig.target_tokens``); without it there is none.
     ``sleep`` and ``clock`` drive every wait and cool-down, so a test can
     replace both (they must agree: a sleep advances the clock).
+    ``tenant_weights`` weigh the tenants' shares of the guard's slots
+    (``[[tenants]]`` ``weight``; 1 for a tenant without one).
     """
     return PipelineCompactor(
         model=model,
@@ -510,7 +529,8 @@ def create_compactor(
         or CircuitBreaker(
             config.max_consecutive_failures, config.circuit_cooldown_seconds, clock=clock
         ),
-        guard=guard or ProviderGuard(guard_limits(config), clock=clock, sleep=sleep),
+        guard=guard
+        or ProviderGuard(guard_limits(config, tenant_weights), clock=clock, sleep=sleep),
         budget=budget,
         sleep=sleep,
     )

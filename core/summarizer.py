@@ -45,6 +45,7 @@ class LlmSpend:
     input_tokens: int = 0
     output_tokens: int = 0
     answers_at_first_failure: int | None = None
+    tenant: str | None = None  # whose turn for a guard slot these calls take
 
 
 class Summarizer:
@@ -149,7 +150,7 @@ class Summarizer:
     async def _complete(self, request: ModelRequest, calls: LlmSpend) -> str:
         guard = self._guard
         try:
-            response = await guard.call(lambda: self._call_model(request))
+            response = await guard.call(lambda: self._call_model(request), tenant=calls.tenant)
         except ModelError:
             if calls.answers_at_first_failure is None:
                 calls.answers_at_first_failure = guard.successes

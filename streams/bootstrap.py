@@ -192,6 +192,7 @@ async def open_all(settings: Settings) -> Opened:
         config=settings.summarization.compaction(),
         model_name=resolved.model,
         budget=settings.budget,
+        tenant_weights=settings.tenant_weights(),
     )
     return Opened(settings, store, model, resolved, dsn, embedded, compactor)
 
@@ -314,10 +315,13 @@ def build_components(
     relay = OutboxRelay(runtime, publisher, metrics)
     processor = Processor(
         runtime=runtime, publisher=publisher, relay=relay, metrics=metrics,
-        budget=settings.budget, clock=clock,
+        budget=settings.budget, clock=clock, hold_seconds=service.command_timeout_seconds,
     )  # fmt: skip
     scheduler: CompactionScheduler[Token] = CompactionScheduler(
-        ack, max_concurrent=service.max_concurrent_compactions
+        ack,
+        max_concurrent=service.max_concurrent_compactions,
+        fair_share=settings.summarization.fair_share,
+        tenant_weights=settings.tenant_weights(),
     )
     accounting = Accounting(
         names=names, rules=AccountingRules.of(settings), runtime=runtime, table=tallies,

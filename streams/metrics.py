@@ -187,6 +187,11 @@ class Metrics:
         )
 
     def _provider_metrics(self, r: CollectorRegistry) -> None:
+        self.compactions_retried_after_outage = Counter(
+            "compactor_compactions_retried_after_outage_total",
+            "Compactions that failed in a provider outage and went again once it answered",
+            registry=r,
+        )
         self.llm_provider_state = Gauge(
             "compactor_llm_provider_state",
             "1 for the provider guard's state: closed, paused (retry-after), "

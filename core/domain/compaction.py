@@ -87,6 +87,9 @@ class CompactionTuning(BaseModel):
     provider_cooldown_seconds: float = Field(default=5.0, ge=0)
     provider_max_cooldown_seconds: float = Field(default=15.0, ge=0)
     provider_max_wait_seconds: float = Field(default=10.0, ge=0)
+    # The guard's call slots and the scheduler's compaction slots shared by tenant
+    # (round robin, weighted by [[tenants]] weight); false: first come, first served.
+    fair_share: bool = True
 
 
 class CompactionConfig(CompactionTuning):
@@ -158,6 +161,13 @@ class CompactionResult(BaseModel):
     over_target: bool = False
     target_tokens: int | None = None
     plan: CompactionPlan | None = None
+    # Failed because the provider was unavailable (refused by the guard, or failing
+    # for everyone): the guard's answer count then, to try again once it answers.
+    provider_down_at: int | None = None
+
+    @property
+    def provider_down(self) -> bool:
+        return self.provider_down_at is not None
 
     def applied(self, stats: AppliedStats) -> CompactionResult:
         """This result once a store has applied its plan and measured ``stats``."""

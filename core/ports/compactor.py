@@ -26,3 +26,8 @@ class Compactor(Protocol):
         """The compaction of ``history`` as a plan (``CompactionResult.plan``), or
         the history back unchanged with the reason (failed, nothing to compress)."""
         ...
+
+    async def provider_answers(self, since: int) -> None:
+        """Return once the model's provider may be called again: a compaction that
+        failed with ``provider_down_at=since`` waits here, then goes again."""
+        ...

@@ -11,6 +11,7 @@ builds (``streams.worker.outbox``) in one ``apply_compaction`` call.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -50,6 +51,8 @@ class CompactionOutcome:
     batches_created: int = 0
     tokens_before: int = 0
     tokens_after: int = 0
+    # Failed in a provider outage (the guard's answer count then): goes again once it answers.
+    provider_down_at: int | None = None
 
 
 class Processor:
@@ -65,7 +68,12 @@ class Processor:
         metrics: Metrics,
         budget: BudgetConfig,
         clock: Callable[[], float] = time.time,
+        hold_seconds: float = 0.0,
     ) -> None:
+        """``hold_seconds``: how long after its issue a command that failed in a
+        provider outage waits for the provider and goes again (the command
+        timeout: past it, reconciliation re-sends the command anyway)."""
+        self._hold_seconds = hold_seconds
         self._runtime = runtime
         self._publisher = publisher
         self._relay = relay
@@ -74,6 +82,29 @@ class Processor:
         self._clock = clock
 
     async def compact(self, command: CompactionCommand) -> CompactionOutcome:
+        """Run the command; one that failed because the provider was down waits for
+        it to answer (``Compactor.provider_answers``) and goes again, for as long
+        as the command is not yet due to be re-sent: back the moment the provider
+        is, instead of after ``command_timeout_seconds`` and reconciliation."""
+        outcome = await self._compact_once(command)
+        while outcome.provider_down_at is not None:
+            left = self._hold_seconds - self._age(command)
+            if left <= 0:
+                break
+            answers = self._runtime.compactor.provider_answers(outcome.provider_down_at)
+            try:
+                await asyncio.wait_for(answers, left)
+            except TimeoutError:
+                break
+            self._metrics.compactions_retried_after_outage.inc()
+            outcome = await self._compact_once(command)
+        return outcome
+
+    def _age(self, command: CompactionCommand) -> float:
+        issued = command.issued_at.timestamp()
+        return self._clock() - issued
+
+    async def _compact_once(self, command: CompactionCommand) -> CompactionOutcome:
         inputs = await self._runtime.store.compaction_inputs(
             command.compaction_id, command.conversation_key, up_to_seq=command.up_to_seq
         )
@@ -117,7 +148,7 @@ class Processor:
         if result.over_target:
             metrics.compactions_over_target.inc()
         if result.failed:
-            return self._failed(command, result.reason or "unknown")
+            return self._failed(command, result.reason or "unknown", result.provider_down_at)
         if result.already_applied:
             return await self._replayed(command)
         if result.messages_compressed == 0 and result.batches_created == 0:
@@ -136,20 +167,25 @@ class Processor:
             tokens_after=result.tokens_estimate_after,
         )
 
-    def _failed(self, command: CompactionCommand, reason: str) -> CompactionOutcome:
+    def _failed(
+        self, command: CompactionCommand, reason: str, provider_down_at: int | None
+    ) -> CompactionOutcome:
         kind = reason.split(":", 1)[0]
         self._metrics.compactions_failed.labels(kind).inc()
         # A provider outage fails every compaction at once; the guard has said so.
-        level = logging.INFO if kind == "ProviderUnavailableError" else logging.WARNING
+        provider_down = provider_down_at is not None
+        level = logging.INFO if provider_down else logging.WARNING
+        then = "again once the provider answers" if provider_down else "reconciliation retries it"
         log.log(
             level,
-            "compaction %s of %s failed, history unchanged; reconciliation will retry: %s",
+            "compaction %s of %s failed, history unchanged; %s: %s",
             command.compaction_id,
             command.conversation_key,
+            then,
             reason,
             extra=_fields(command),
         )
-        return CompactionOutcome("failed", reason)
+        return CompactionOutcome("failed", reason, provider_down_at=provider_down_at)
 
     async def _replayed(self, command: CompactionCommand) -> CompactionOutcome:
         self._metrics.compactions_noop.labels("replayed").inc()
