@@ -11,8 +11,10 @@ A pure state machine, so the stream agent only does I/O. Its invariants:
   changes the tally, redeliveries and stale completions are ignored;
 * a conversation that could not be compacted further (``noop``) is not asked
   again until a new message arrives;
-* "must compact" means ``core.domain.budget.compaction_due``: over the soft trigger
-  (``[budget].compact_at``) when one is set, else over the budget.
+* "must compact" means ``core.domain.budget.compaction_due_now``: over the
+  budget, or over the soft trigger (``[budget].compact_at``) and, with
+  ``[budget].idle_seconds``, quiet that long since the last message (the
+  reconciliation timer asks again while it waits).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.domain.budget import BudgetConfig, compaction_due
+from core.domain.budget import BudgetConfig, compaction_due, compaction_due_now
 
 _GENERATION_NAMESPACE = uuid.UUID("0b6f7f8e-3f51-4a7e-a1a9-4d35b7c0e2d4")
 
@@ -50,6 +52,11 @@ class ConversationTally(BaseModel):
     outstanding_since: float | None = None
     stalled: bool = False  # due, but the last compaction found nothing to compress
     epoch: int = Field(default=0, ge=0)  # erases of this conversation id before it started
+    last_message_at: float | None = None  # when the newest message was counted ([budget].idle_seconds)
+
+
+def _idle_for(tally: ConversationTally, now: float) -> float | None:
+    return None if tally.last_message_at is None else now - tally.last_message_at
 
 
 class Completion(BaseModel):
@@ -82,9 +89,10 @@ def on_message(
             "token_total": tally.token_total + tokens,
             "message_count": tally.message_count + 1,
             "stalled": False,
+            "last_message_at": now,
         }
     )
-    if tally.outstanding is None and compaction_due(tally.token_total, budget):
+    if tally.outstanding is None and compaction_due_now(tally.token_total, budget, 0.0):
         return _issue(tally, now), True
     return tally, False
 
@@ -138,7 +146,7 @@ def on_completion(
         }
     )
     again = compacted and completion.messages_compressed > 0
-    if again and compaction_due(tally.token_total, budget):
+    if again and compaction_due_now(tally.token_total, budget, _idle_for(tally, now)):
         return _issue(tally, now), True
     return tally, False
 
@@ -149,7 +157,9 @@ def reconcile_due(
     """Would ``on_reconcile`` send a command now? (What the reconcile timer asks.)"""
     if tally.outstanding is not None:
         return now - (tally.outstanding_since or 0.0) >= command_timeout
-    return not tally.stalled and compaction_due(tally.token_total, budget)
+    return not tally.stalled and compaction_due_now(
+        tally.token_total, budget, _idle_for(tally, now)
+    )
 
 
 def on_reconcile(
@@ -204,4 +214,5 @@ def on_resync(
         if tally is None or tally.epoch != epoch  # an entry from before an erase
         else resynced(tally, token_total, message_count)
     )
+    base = base.model_copy(update={"last_message_at": now})  # a message has just arrived
     return on_reconcile(base, budget, now, command_timeout=math.inf)
