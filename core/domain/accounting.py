@@ -52,7 +52,7 @@ class ConversationTally(BaseModel):
     outstanding_since: float | None = None
     stalled: bool = False  # due, but the last compaction found nothing to compress
     epoch: int = Field(default=0, ge=0)  # erases of this conversation id before it started
-    last_message_at: float | None = None  # when the newest message was counted ([budget].idle_seconds)
+    last_message_at: float | None = None  # the newest message counted ([budget].idle_seconds)
 
 
 def _idle_for(tally: ConversationTally, now: float) -> float | None:
