@@ -85,9 +85,7 @@ def compaction_due(token_estimate: int, budget: BudgetConfig) -> bool:
     return token_estimate > budget.trigger_tokens
 
 
-def compaction_due_now(
-    token_estimate: int, budget: BudgetConfig, idle_for: float | None
-) -> bool:
+def compaction_due_now(token_estimate: int, budget: BudgetConfig, idle_for: float | None) -> bool:
     """Should a compaction start now, given how long the conversation has been quiet
     (``idle_for`` seconds since its last message; None: unknown, taken as quiet).
 
