@@ -187,6 +187,12 @@ class Metrics:
         )
 
     def _provider_metrics(self, r: CollectorRegistry) -> None:
+        self.operator_requests = Counter(
+            "compactor_operator_requests_total",
+            "Recompact and restore requests by outcome (applied, noop, failed)",
+            ["action", "outcome"],
+            registry=r,
+        )
         self.compactions_retried_after_outage = Counter(
             "compactor_compactions_retried_after_outage_total",
             "Compactions that failed in a provider outage and went again once it answered",

@@ -111,10 +111,23 @@ class CompactionPlan(BaseModel):
     new_batches: tuple[StoredBatch, ...]
     superseded: tuple[tuple[str, str], ...] = ()  # (existing batch id, replacing batch id)
     deleted_message_ids: tuple[str, ...]
-    clip_archive: ConversationMessage
+    # None only for a restore that brought back every archived turn there was.
+    clip_archive: ConversationMessage | None
     messages_compressed: int
     tokens_estimate_before: int
     tokens_estimate_after: int
+    # A restore: archived raw turns moved back into the live history (their batch
+    # leaves the clip-archive, ``superseded`` by ``restored_by(compaction_id)`` or
+    # by the batch that summarises the turns that did not fit).
+    restored_message_ids: tuple[str, ...] = ()
+    # Turns of a restored batch that did not fit the budget (they stay archived).
+    not_restored_message_ids: tuple[str, ...] = ()
+
+
+def restored_by(compaction_id: str) -> str:
+    """``superseded_by`` of a batch whose every turn a restore brought back: it
+    leaves the clip-archive with no batch in its place (and stays searchable)."""
+    return f"restored:{compaction_id}"
 
 
 class AppliedStats(BaseModel):
@@ -164,6 +177,7 @@ class CompactionResult(BaseModel):
     # Failed because the provider was unavailable (refused by the guard, or failing
     # for everyone): the guard's answer count then, to try again once it answers.
     provider_down_at: int | None = None
+    messages_restored: int = 0  # a restore: raw turns back in the live history
 
     @property
     def provider_down(self) -> bool:

@@ -40,6 +40,11 @@ def _fields(command: CompactionCommand) -> dict[str, str]:
     return {"conversation_id": command.conversation_key, "compaction_id": command.compaction_id}
 
 
+def _not_restored(result: CompactionResult) -> str:
+    left = result.plan.not_restored_message_ids if result.plan is not None else ()
+    return f", {len(left)} did not fit the budget and stay summarised" if left else ""
+
+
 OutcomeStatus = Literal["compacted", "noop", "replayed", "failed"]
 
 
@@ -110,7 +115,7 @@ class Processor:
         )
         if inputs.applied:
             return await self._replayed(command)
-        if not compaction_due(inputs.total, self._budget):
+        if command.action == "compact" and not compaction_due(inputs.total, self._budget):
             return await self._complete_without_compaction(command, "under_budget")
         self._metrics.observe_history_at_compaction(inputs.total, self._budget.budget_tokens)
         metrics = self._metrics
@@ -118,13 +123,26 @@ class Processor:
         metrics.in_flight.inc()
         with self._relay.claim(command.compaction_id):
             try:
-                planned = await self._runtime.compactor.plan(
-                    inputs.history, command.conversation_key, compaction_id=command.compaction_id
-                )
+                planned = await self._plan(command, inputs.history)
                 result, records = await self._apply(command, inputs.history, planned)
             finally:
                 metrics.in_flight.dec()
             return await self._settle(command, result, records)
+
+    async def _plan(
+        self, command: CompactionCommand, history: Sequence[ConversationMessage]
+    ) -> CompactionResult:
+        """The command's plan: an ordinary compaction, or an operator's recompact or
+        restore (``CompactionCommand.action``), planned by the compactor alike."""
+        compactor = self._runtime.compactor
+        key, compaction_id = command.conversation_key, command.compaction_id
+        if command.action == "recompact":
+            return await compactor.recompact(history, key, compaction_id=compaction_id)
+        if command.action == "restore":
+            return await compactor.restore(
+                history, key, compaction_id=compaction_id, batch_id=command.batch_id
+            )
+        return await compactor.plan(history, key, compaction_id=compaction_id)
 
     async def _apply(
         self,
@@ -151,16 +169,31 @@ class Processor:
             return self._failed(command, result.reason or "unknown", result.provider_down_at)
         if result.already_applied:
             return await self._replayed(command)
-        if result.messages_compressed == 0 and result.batches_created == 0:
+        if (
+            result.messages_compressed == 0
+            and result.batches_created == 0
+            and result.messages_restored == 0
+            and (result.plan is None or result.plan.clip_archive is not None)
+        ):
             # (No message compressed but a new batch: the clip-archive was re-fitted
             # under the target, a compaction like any other.)
-            return await self._complete_without_compaction(command, "nothing_to_compress")
+            detail = result.reason if command.action != "compact" else None
+            return await self._complete_without_compaction(command, "nothing_to_compress", detail)
         await self._relay.relay(command.compaction_id, records=records)
         metrics.compactions_succeeded.inc()
         issued = (datetime.fromtimestamp(self._clock(), UTC) - command.issued_at).total_seconds()
         metrics.compaction_latency.observe(max(0.0, issued))
+        if command.action != "compact":
+            self._metrics.operator_requests.labels(command.action, "applied").inc()
+            log.info(
+                "%s %s of %s (request %s) applied: %d batches, %d turns restored%s",
+                command.action, command.compaction_id, command.conversation_key,
+                command.request_id, result.batches_created, result.messages_restored,
+                _not_restored(result), extra=_fields(command),
+            )  # fmt: skip
         return CompactionOutcome(
             "compacted",
+            reason=_not_restored(result).lstrip(", "),
             messages_compressed=result.messages_compressed,
             batches_created=result.batches_created,
             tokens_before=result.tokens_estimate_before,
@@ -185,6 +218,8 @@ class Processor:
             reason,
             extra=_fields(command),
         )
+        if command.action != "compact":
+            self._metrics.operator_requests.labels(command.action, "failed").inc()
         return CompactionOutcome("failed", reason, provider_down_at=provider_down_at)
 
     async def _replayed(self, command: CompactionCommand) -> CompactionOutcome:
@@ -195,9 +230,11 @@ class Processor:
         return CompactionOutcome("replayed", "compaction already applied")
 
     async def _complete_without_compaction(
-        self, command: CompactionCommand, reason: str
+        self, command: CompactionCommand, reason: str, detail: str | None = None
     ) -> CompactionOutcome:
         self._metrics.compactions_noop.labels(reason).inc()
+        if command.action != "compact":
+            self._metrics.operator_requests.labels(command.action, "noop").inc()
         noop = completion(command, datetime.fromtimestamp(self._clock(), UTC))
         await self._publisher.publish(
             "control", command.conversation_id.encode(), noop.model_dump_json().encode()
@@ -206,10 +243,10 @@ class Processor:
             "compaction %s of %s: nothing to do (%s)",
             command.compaction_id,
             command.conversation_key,
-            reason,
+            detail or reason,
             extra=_fields(command),
         )
-        return CompactionOutcome("noop", reason)
+        return CompactionOutcome("noop", detail or reason)
 
 
 async def apply_plan(
