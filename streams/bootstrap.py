@@ -61,6 +61,7 @@ from streams.worker.outbox import OutboxRelay
 from streams.worker.processor import CommandIntake, Processor
 from streams.worker.reconciler import Reconciler
 from streams.worker.records import Record
+from streams.worker.requests import OperatorRequests
 from streams.worker.retry import backoff_seconds
 from streams.worker.runtime import Runtime
 from streams.worker.scheduler import CompactionScheduler
@@ -338,6 +339,7 @@ def build_components(
         names=names, metrics=metrics, health=health, table=tallies, dead_letters=dead_letters,
         accounting=accounting, relay=relay, processor=processor,
         intake=CommandIntake(processor, scheduler, dead_letters), reconciler=reconciler,
+        requests=OperatorRequests(publisher),
     )  # fmt: skip
 
 
