@@ -32,6 +32,9 @@ from streams.worker.requests import operator_request
 
 # The exit status of `--wait` when no answer came in time.
 EXIT_TIMEOUT = 3
+# After the request's completion, how long --wait still looks for its clip-archive
+# (the two are sent together; a repeated request's replay sends the completion only).
+SETTLE_SECONDS = 3.0
 
 
 class RequestError(Exception):
@@ -48,6 +51,9 @@ class Answer:
 
     event: ClipArchiveEvent | None
     noop: bool = False
+    # Applied before (a repeated request): its completion came again, its
+    # clip-archive event was published the first time.
+    applied_before: str | None = None
 
 
 def build_request(
@@ -140,6 +146,7 @@ async def _answer(
     compaction_id = request_compaction_id(request.conversation_key, request.request_id)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
+    completed = False
     while (remaining := deadline - loop.time()) > 0:
         batches = await consumer.getmany(timeout_ms=max(1, int(min(remaining, 1.0) * 1000)))
         for tp, records in batches.items():
@@ -148,15 +155,16 @@ async def _answer(
                 if isinstance(answer, ClipArchiveEvent):
                     if answer.request_id == request.request_id:
                         return Answer(answer)
-                elif _is_noop_of(answer, compaction_id):
-                    return Answer(None, noop=True)
+                elif answer is not None and answer.compaction_id == compaction_id:
+                    if answer.status == "noop":
+                        return Answer(None, noop=True)
+                    completed = True  # its clip-archive may follow; a replay sends none
+                    deadline = min(deadline, loop.time() + SETTLE_SECONDS)
+    if completed:
+        return Answer(None, applied_before=compaction_id)
     raise RequestTimeout(
         f"no answer to {request.type} request {request.request_id} within {wait_seconds:g}s"
     )
-
-
-def _is_noop_of(answer: CompactionCompleted | None, compaction_id: str) -> bool:
-    return answer is not None and answer.compaction_id == compaction_id and answer.status == "noop"
 
 
 def _read(value: bytes, clip: bool) -> ClipArchiveEvent | CompactionCompleted | None:
@@ -171,6 +179,8 @@ def _read(value: bytes, clip: bool) -> ClipArchiveEvent | CompactionCompleted | 
 def describe(answer: Answer) -> str:
     """One line per outcome, for the operator."""
     event = answer.event
+    if answer.applied_before is not None:
+        return f"applied as compaction {answer.applied_before} before (the same request id)"
     if event is None:
         return "nothing to do (no live batch, or no raw turns archived for it); history unchanged"
     line = (
