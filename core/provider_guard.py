@@ -171,15 +171,17 @@ class ProviderGuard:
         threshold), the wait is for the next answer or the breaker opening; while
         a probe is out, for its verdict. The caller bounds the wait.
         """
-        while self.successes <= since:
+        while True:
             state = self.state()
             if state == "half_open" and not self._probe_in_flight:
                 return
-            if state in ("open", "paused"):
+            if state in ("open", "paused"):  # a late answer while open changes nothing
                 await self._waiting(self._sleep(max(self.retry_in(), 0.001)))
                 if self.state() == "closed":
                     return  # a pause (retry-after) is over: calls go again
                 continue
+            if state == "closed" and self.successes > since:
+                return
             await self._waiting(asyncio.shield(self._next_change()))
 
     def _next_change(self) -> asyncio.Future[None]:

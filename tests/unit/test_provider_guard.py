@@ -394,3 +394,26 @@ async def test_a_retry_after_pause_waited_out_releases_the_waiters() -> None:
     await failing(guard, ModelRateLimitError("429", retry_after=30.0))
     await guard.until_answering(guard.successes)
     assert time.now == 30.0 and guard.state() == "closed"
+
+
+async def test_a_late_answer_while_the_breaker_is_open_does_not_wake_the_waiters() -> None:
+    """A call admitted before the breaker opened may still get its answer: the
+    breaker stays open, so the waiters keep sleeping through the cool-down
+    instead of all going again only to be refused."""
+    guard, time, _ = make(failure_threshold=1, cooldown_seconds=5, max_concurrent=2)
+    release = asyncio.Event()
+
+    async def slow_answer() -> str:
+        await release.wait()
+        return "late"
+
+    late = asyncio.create_task(guard.call(slow_answer))
+    await asyncio.sleep(0)
+    await failing(guard, ModelServerError("503", status=503))
+    assert guard.state() == "open"
+    waiter = asyncio.create_task(guard.until_answering(guard.successes))
+    await asyncio.sleep(0)
+    release.set()
+    assert await late == "late"
+    await waiter
+    assert time.now == 5.0  # it slept the cool-down out, then may probe
