@@ -167,7 +167,11 @@ def on_completion(
             "compactions": tally.compactions + (1 if compacted else 0),
             "outstanding": None,
             "outstanding_since": None,
-            "stalled": not compacted and compaction_due(token_total, budget),
+            # An operator's request that found nothing to do says nothing about
+            # whether an ordinary compaction would.
+            "stalled": not compacted
+            and tally.request is None
+            and compaction_due(token_total, budget),
             "request": None,
         }
     )

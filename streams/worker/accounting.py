@@ -382,6 +382,12 @@ class Accounting:
             if totals.rows == 0:
                 if isinstance(control, CompactionCompleted):
                     await self._tombstone_again(control, totals)
+                elif isinstance(control, RecompactRequest | RestoreRequest):
+                    log.warning(
+                        "%s request %s of %s: no such conversation (nothing stored)",
+                        control.type, control.request_id, conversation_id,
+                        extra={"conversation_id": conversation_id},
+                    )  # fmt: skip
                 return set()
             tally = rebuilt(conversation_id, totals.tokens, totals.rows, totals.epoch)
         if isinstance(control, RecompactRequest | RestoreRequest):

@@ -172,3 +172,31 @@ async def test_an_ordinary_command_and_clip_archive_leave_the_request_fields_out
     raw: Any = h.publisher.on("commands")[0].value or b""
     assert b'"action"' not in raw and b"request_id" not in raw
     assert b'"action"' not in (h.publisher.on("clip_archives")[0].value or b"")
+
+
+async def test_a_request_for_a_conversation_that_does_not_exist_sends_nothing() -> None:
+    h = budgeted()
+    await _request(h, recompact())
+    assert h.commands() == [] and h.components.table.get("c1") is None
+
+
+async def test_a_noop_request_does_not_stall_the_conversation() -> None:
+    from core.domain.accounting import (
+        Completion,
+        ConversationTally,
+        OperatorRequest,
+        on_completion,
+        on_request,
+    )
+    from core.domain.budget import BudgetConfig
+
+    budget = BudgetConfig(context_budget=0.5, model_max_tokens=400, compact_at=0.9, idle_seconds=5)
+    tally = ConversationTally(conversation_id="c1", token_total=190)  # over the trigger only
+    tally, issued = on_request(tally, OperatorRequest(action="restore", request_id="u"), 0.0)
+    assert issued and tally.outstanding is not None
+    noop = Completion(
+        compaction_id=tally.outstanding, status="noop", messages_compressed=0,
+        tokens_removed=0, tokens_added=0,
+    )  # fmt: skip
+    tally, _ = on_completion(tally, noop, budget, 1.0)
+    assert not tally.stalled and tally.request is None
