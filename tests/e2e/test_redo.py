@@ -28,6 +28,8 @@ from tests.support.worker import WorkerProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 HELD = 4.0  # seconds an LLM call is held (under [summarization].timeout_seconds, 5)
+# The killed worker's partitions move once its session times out: 6 s, not 30.
+FAST = {"kafka": {"session_timeout_seconds": 6.0, "heartbeat_interval_seconds": 1.0}}
 
 
 class Gate:
@@ -77,7 +79,7 @@ async def _applied_once(stack: Stack, conversation_id: str, request_id: str) -> 
 async def test_recompact_with_its_worker_killed_during_the_llm_call(stack: Stack) -> None:
     gate = Gate()
     stack.llm.default_action = gate
-    first = stack.worker("first")
+    first = stack.worker("first", config=FAST)
     await first.wait_ready(stack.names.messages)
     conversation = Conversation("redo-1", "lantern")
     await _compacted(stack, first, conversation)
@@ -92,7 +94,7 @@ async def test_recompact_with_its_worker_killed_during_the_llm_call(stack: Stack
     first.kill()
     gate.closed = False
 
-    second = stack.worker("second")  # same app id: the command is delivered again
+    second = stack.worker("second", config=FAST)  # same app id: the command comes again
     await second.wait_ready(stack.names.messages)
     event = await _applied_once(stack, conversation.id, "r-1")
     assert event.action == "recompact"
@@ -118,7 +120,7 @@ async def test_restore_queued_behind_a_compaction_when_its_worker_is_killed(
 ) -> None:
     gate = Gate()
     stack.llm.default_action = gate
-    first = stack.worker("first")
+    first = stack.worker("first", config=FAST)
     await first.wait_ready(stack.names.messages)
     conversation = Conversation("undo-1", "harbour")
     await _compacted(stack, first, conversation)
@@ -150,7 +152,7 @@ async def test_restore_queued_behind_a_compaction_when_its_worker_is_killed(
     first.kill()
     gate.closed = False
 
-    second = stack.worker("second")
+    second = stack.worker("second", config=FAST)
     await second.wait_ready(stack.names.messages)
     await stack.wait_for_clip_events({conversation.id: 3}, timeout=90)  # compaction, restore
     event = await _applied_once(stack, conversation.id, "u-1")
