@@ -21,6 +21,7 @@ conversation-seconds over the budget (summed over conversations; the budget is
 what a reader must never see exceeded).
 
     python -m bench.idle_compaction [--conversations 500] [--idle-seconds 10]
+    python -m bench.idle_compaction --quick
 """
 
 from __future__ import annotations
@@ -161,7 +162,10 @@ def main() -> None:
     parser.add_argument("--compaction-seconds", type=float, default=3.0)
     parser.add_argument("--reconcile-seconds", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="50 conversations for 10 minutes")
     args = parser.parse_args()
+    if args.quick:
+        args.conversations, args.hours = 50, 1 / 6
     plain = BudgetConfig(
         context_budget=0.5,
         model_max_tokens=args.budget_tokens * 2,
