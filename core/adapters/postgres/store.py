@@ -47,6 +47,7 @@ from core.adapters.postgres.connection import (
     configure_connection,
     keep_session,
     reading,
+    refuse_read_only,
 )
 from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.migrate import migrate
@@ -126,6 +127,7 @@ class PostgresStore:
             min_size=min_size,
             max_size=max_size,
             init=configure_connection,
+            setup=refuse_read_only,
             reset=keep_session,
         )
         return cls(
