@@ -60,6 +60,9 @@ from tests.support.pg_control import ControlledPostgres
 ReplicationMode = Literal["async", "sync", "sync-apply"]
 REPLICATION_MODES: tuple[ReplicationMode, ...] = ("async", "sync", "sync-apply")
 
+# A standby's replay that stood still this long, nothing streaming in, is finished.
+_REPLAY_SETTLED = 1.0
+
 _SYNCHRONOUS_COMMIT = {"async": "on", "sync": "on", "sync-apply": "remote_apply"}
 
 
@@ -328,17 +331,26 @@ class ReplicatedPostgres:
     # -- helpers ---------------------------------------------------------------
 
     async def _wait_replayed(self, node: ReplicaNode, timeout: float = 60.0) -> str:
+        """Until ``node`` has replayed all it received, or its replay has stood still
+        for ``_REPLAY_SETTLED`` with nothing streaming in: the received WAL can end in
+        a record torn by the primary's crash, which is never replayed (promotion
+        ends recovery at the last whole record)."""
         deadline = time.monotonic() + timeout
+        last_replayed, still_since = "", time.monotonic()
         while True:
             row = await self._one_row(
                 node,
                 "SELECT pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text, "
-                "coalesce(pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), true)",
+                "coalesce(pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), true), "
+                "NOT EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming')",
             )
-            received, replayed, caught_up = row
-            if caught_up:
+            received, replayed, caught_up, not_streaming = row
+            now = time.monotonic()
+            if replayed != last_replayed:
+                last_replayed, still_since = replayed, now
+            if caught_up or (not_streaming and now - still_since >= _REPLAY_SETTLED):
                 return str(replayed)
-            if time.monotonic() > deadline:
+            if now > deadline:
                 raise AssertionError(f"{node.name} replayed {replayed} of {received}")
             await asyncio.sleep(0.05)
 
