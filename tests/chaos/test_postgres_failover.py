@@ -183,7 +183,7 @@ async def fail_over(
     mid_compaction = False
     try:
         await wait_until(
-            lambda: _in_flight(stack), timeout=20, what="a compaction in flight", interval=0.1
+            lambda: _in_flight(stack), timeout=60, what="a compaction in flight", interval=0.1
         )
         mid_compaction = True
     except AssertionError:
