@@ -60,7 +60,7 @@ from tests.chaos.harness import (
     Outcome,
     wait_until,
 )
-from tests.chaos.invariants import INVARIANTS, check_invariants
+from tests.chaos.invariants import INVARIANTS, check_invariants, clip_archive_copies
 from tests.chaos.kafka_tools import group_progress, read_topic
 from tests.chaos.workload import build_conversations, interleave
 from tests.support.chaos_llm import ChaosLLMServer
@@ -283,10 +283,11 @@ async def settle_with_known_loss(
 
 
 async def phantom_clip_archives(stack: ChaosStack) -> list[str]:
-    """Clip-archive events of compactions PostgreSQL does not have (lost with a gap)."""
+    """Clip-archive events of compactions PostgreSQL does not have (lost with a gap);
+    tombstones (no value) are not events."""
     records = await read_topic(stack.bootstrap, stack.names.clip_archives, PARTITIONS)
     held = await holdings_at_pool(stack.db)
-    ids = {json.loads(r.value or b"{}").get("compaction_id") for r in records}
+    ids = {json.loads(r.value)["compaction_id"] for r in records if r.value is not None}
     return sorted(str(i) for i in ids if i not in held.compactions)
 
 
@@ -399,6 +400,10 @@ async def run_scenario(
         stack.notes["lost_to_async_replication"] = len(lost)
         stack.notes["conversations_off_after_async_loss"] = len(drifted)
     stack.notes["phantom_clip_archives"] = len(await phantom_clip_archives(stack))
+    copies = await clip_archive_copies(stack.context())
+    stack.notes["clip_archive_events"] = copies.events
+    stack.notes["compactions_committed"] = copies.committed
+    stack.notes["duplicate_clip_archive_rate"] = round(copies.rate, 4)
     problems = [text for ok, text in checks if not ok]
     if outcome.recovered_after is None:
         problems.append(

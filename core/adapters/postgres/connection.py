@@ -72,7 +72,8 @@ async def refuse_read_only(conn: asyncpg.Connection) -> None:
     error (a ``ConnectionError``) reads as ``StoreUnavailable``: the caller retries.
     A primary that is stopped or restarted as a standby closes its connections
     itself; this covers the one that stays up, read-only (``docs/operations.md``,
-    "PostgreSQL failover"). Pass as ``setup=`` to any pool handed to ``PostgresStore``.
+    "PostgreSQL: replication, failover"). Pass as ``setup=`` to any pool handed to
+    ``PostgresStore``.
     """
     settings = conn.get_settings()
     for name in ("default_transaction_read_only", "in_hot_standby"):

@@ -44,8 +44,8 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     pg_errors.OperatorInterventionError,  # class 57: shutting down, starting up, terminated
     pg_errors.InsufficientResourcesError,  # class 53: too many connections
     pg_errors.TooManyConnectionsError,
-    # A failover under way (docs/operations.md, "PostgreSQL failover"): every host of
-    # a multi-host DSN answered, none read-write (target_session_attrs=read-write),
+    # A failover under way (docs/operations.md, "PostgreSQL: replication, failover"):
+    # every host of a multi-host DSN answered, none read-write (target_session_attrs),
     pg_errors.TargetServerAttributeNotMatched,
     # or a pooled connection's server became read-only (a fenced or demoted primary;
     # the pool then drops it: connection.refuse_read_only). The worker never writes
