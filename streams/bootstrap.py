@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import faust
 
 from core.adapters.embedding.factory import build_embedder
-from core.adapters.llm.factory import build_model_provider
+from core.adapters.llm.factory import build_fallback_provider, build_model_provider
 from core.adapters.postgres.embedded import (
     POSTGRES_DSN_ENV,
     EmbeddedPostgres,
@@ -181,7 +181,10 @@ async def open_all(settings: Settings) -> Opened:
         raise
     try:
         model = await asyncio.to_thread(
-            build_model_provider, resolved, timeout_seconds=settings.summarization.timeout_seconds
+            build_model_provider,
+            resolved,
+            timeout_seconds=settings.summarization.timeout_seconds,
+            prompt_caching=settings.summarization.prompt_caching,
         )
     except BaseException:
         await _release(store, embedded)
@@ -192,6 +195,8 @@ async def open_all(settings: Settings) -> Opened:
         config=settings.summarization.compaction(),
         model_name=resolved.model,
         budget=settings.budget,
+        fallback=build_fallback_provider() if resolved.kind != "extractive" else None,
+        prices=settings.usage.prices,
     )
     return Opened(settings, store, model, resolved, dsn, embedded, compactor)
 
