@@ -263,6 +263,8 @@ class PipelineCompactor:
         if calls.summarizer is None:
             calls.summarizer, calls.model = summarizer.provider, summarizer.model_name
         usage = calls.usage().priced(self._prices)
+        if summarizer is self._fallback:
+            usage = usage.model_copy(update={"fallback": True})
         planned = replace(planned, plan=planned.plan.model_copy(update={"usage": usage}))
         return self._planned(planned, split, calls, time.perf_counter() - started)
 

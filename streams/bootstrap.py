@@ -65,6 +65,7 @@ from streams.worker.retry import backoff_seconds
 from streams.worker.runtime import Runtime
 from streams.worker.scheduler import CompactionScheduler
 from streams.worker.tally_table import TallyTable, WriteContext
+from streams.worker.tenant_budget import TenantBudgets
 
 log = logging.getLogger("compactor.runtime")
 
@@ -317,9 +318,12 @@ def build_components(
         content=settings.kafka.dead_letter_content,
     )
     relay = OutboxRelay(runtime, publisher, metrics)
+    tenant_budgets = TenantBudgets(
+        {t.id: t.llm_tokens_per_day for t in settings.tenants}, runtime, metrics, clock
+    )
     processor = Processor(
         runtime=runtime, publisher=publisher, relay=relay, metrics=metrics,
-        budget=settings.budget, clock=clock,
+        budget=settings.budget, clock=clock, tenant_budgets=tenant_budgets,
     )  # fmt: skip
     scheduler: CompactionScheduler[Token] = CompactionScheduler(
         ack, max_concurrent=service.max_concurrent_compactions

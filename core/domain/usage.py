@@ -51,6 +51,8 @@ class LlmUsage(BaseModel):
     cache_read_tokens: int = Field(default=0, ge=0)
     cache_write_tokens: int = Field(default=0, ge=0)
     cost_usd: float | None = Field(default=None, ge=0)  # None: no price for the model
+    # The tenant's LLM budget for the day was spent: the fallback summariser wrote it.
+    fallback: bool = False
 
     @property
     def total_tokens(self) -> int:
