@@ -124,6 +124,8 @@ specifics_lists = st.lists(
         score=st.floats(0, 100),
     ),
     max_size=40,
+    # What rank_specifics hands on: each specific once (a repeat raises its score).
+    unique_by=lambda s: (s.kind, s.text, s.message_id),
 )
 
 
