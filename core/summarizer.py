@@ -48,6 +48,8 @@ from core.provider_guard import ProviderGuard
 
 log = logging.getLogger("compactor")
 
+EXTRACTIVE = "extractive"  # the offline summariser's name: not an LLM
+
 
 @dataclass
 class LlmSpend:
@@ -64,9 +66,14 @@ class LlmSpend:
     answers_at_first_failure: int | None = None
 
     def usage(self) -> LlmUsage:
+        summarizer = self.summarizer or EXTRACTIVE
+        if summarizer == EXTRACTIVE:
+            # No LLM: nothing billed, nothing against a tenant's budget (its own
+            # word counts are no provider's tokens).
+            return LlmUsage(summarizer=summarizer, model=self.model or EXTRACTIVE)
         return LlmUsage(
-            summarizer=self.summarizer or "extractive",
-            model=self.model or "extractive",
+            summarizer=summarizer,
+            model=self.model or EXTRACTIVE,
             calls=self.calls,
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
