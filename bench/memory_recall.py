@@ -229,6 +229,17 @@ SYSTEMS = (
     "BM25 raw turns",
     "random batches",
 )
+STRICT = (
+    "turn: memory_read",
+    "turn: memory_read raw",
+    "turn: BM25",
+    "batch: memory_read",
+    "batch: BM25",
+)
+"""Strict recall@5: the answering turn among the first 5 raw turns returned
+(``MemorySearchResult.turns``), or its depth-0 batch among the first 5 hits;
+BM25 over the raw turns, and over the same batches (a batch's document is the
+text of its archived turns)."""
 
 
 @dataclass
@@ -241,13 +252,31 @@ class Score:
     compactions: int = 0
 
 
-async def _memory_found(store: PostgresStore, q: Question, sources: Any) -> tuple[bool, bool]:
+@dataclass
+class Found:
+    lenient: bool  # answering turn among the hits' turns, or the answer in a summary
+    turn: bool  # answering turn among the first 5 raw turns returned
+    batch: bool  # its batch among the first 5 hits
+    empty: bool
+
+
+async def _memory_found(
+    store: PostgresStore, q: Question, sources: Any, batch_of: dict[str, str]
+) -> Found:
     result = await store.memory_read(
         q.text, conversation_id=q.conversation_id, limit=5, sources=sources
     )
     turns = {t.message_id for hit in result.hits for t in hit.turns}
     in_summary = any(q.answer_value.lower() in hit.content.lower() for hit in result.hits)
-    return q.answer_id in turns or in_summary, not result.hits
+    first_turns = [t.message_id for t in getattr(result, "turns", ())]
+    if not first_turns:  # a result without its own turn list: the hits' turns in order
+        first_turns = [t.message_id for hit in result.hits for t in hit.turns]
+    return Found(
+        lenient=q.answer_id in turns or in_summary,
+        turn=q.answer_id in first_turns[:5],
+        batch=batch_of.get(q.answer_id) in {hit.batch_id for hit in result.hits},
+        empty=not result.hits,
+    )
 
 
 async def evaluate(store: PostgresStore, chats: list[Chat], rng: random.Random) -> Score:
@@ -261,10 +290,16 @@ async def evaluate(store: PostgresStore, chats: list[Chat], rng: random.Random) 
             continue
         conversation = chat.questions[0].conversation_id
         rows = await pool.fetch(
-            "SELECT id, content FROM archived_messages WHERE conversation_id = $1", conversation
+            "SELECT id, content, batch_id FROM archived_messages WHERE conversation_id = $1",
+            conversation,
         )
         turns = [(r["id"], r["content"]) for r in rows]
         archived = {i for i, _ in turns}
+        batch_of = {r["id"]: r["batch_id"] for r in rows}
+        batch_text: dict[str, list[str]] = {}
+        for r in rows:
+            batch_text.setdefault(r["batch_id"], []).append(r["content"])
+        batch_docs = [(b, " ".join(texts)) for b, texts in batch_text.items()]
         depth0 = await pool.fetch(
             "SELECT source_message_ids FROM archival_memory WHERE conversation_id = $1 AND depth = 0",
             conversation,
@@ -274,11 +309,18 @@ async def evaluate(store: PostgresStore, chats: list[Chat], rng: random.Random) 
                 continue  # still in the live history: nothing to retrieve
             score.asked += 1
             for system, sources in (("both", "both"), ("summaries", "summaries"), ("raw", "raw")):
-                found, empty = await _memory_found(store, q, sources)
-                score.found[f"memory_read {system}"] += found
+                found = await _memory_found(store, q, sources, batch_of)
+                score.found[f"memory_read {system}"] += found.lenient
                 if system == "both":
-                    score.empty += empty
-            score.found["BM25 raw turns"] += q.answer_id in bm25_top(turns, q.text)
+                    score.empty += found.empty
+                    score.found["turn: memory_read"] += found.turn
+                    score.found["batch: memory_read"] += found.batch
+                if system == "raw":
+                    score.found["turn: memory_read raw"] += found.turn
+            in_bm25 = q.answer_id in bm25_top(turns, q.text)
+            score.found["BM25 raw turns"] += in_bm25
+            score.found["turn: BM25"] += in_bm25
+            score.found["batch: BM25"] += batch_of[q.answer_id] in bm25_top(batch_docs, q.text)
             picked = rng.sample(list(depth0), min(5, len(depth0)))
             score.found["random batches"] += any(
                 q.answer_id in r["source_message_ids"] for r in picked
@@ -331,6 +373,14 @@ async def main_async(args: argparse.Namespace) -> None:
             + " | ".join(cells)
             + f" | {ratio:.2f} | {score.empty} |"
         )
+    print("\n| summariser, chunk_order | " + " | ".join(STRICT) + " | turn ratio | batch ratio |")
+    print("|" + " --- |" * (len(STRICT) + 3))
+    for label, score in results:
+        n = max(score.asked, 1)
+        cells = [f"{score.found[s] / n:.3f}" for s in STRICT]
+        turn = score.found["turn: memory_read"] / max(score.found["turn: BM25"], 1)
+        batch = score.found["batch: memory_read"] / max(score.found["batch: BM25"], 1)
+        print(f"| {label} | " + " | ".join(cells) + f" | {turn:.2f} | {batch:.2f} |")
     for label, score in results:
         print(
             f"{label}: {score.compactions} compactions, {score.batches} batches, "

@@ -1,0 +1,279 @@
+"""Latency of memory_read: one conversation and a whole tenant, alone and concurrent.
+
+Data of the shape the issue replayed (multi-session chats of ~700 archived
+turns, each question's evidence compacted): ``bench.memory_recall``'s
+generator writes the turns, 10 to a depth-0 batch whose summary is the first
+words of each turn (what the extractive summariser keeps). One tenant holds
+``--tenant-turns`` archived turns (conversations of ~700); a second tenant
+holds as many again, so the tables are twice the searched scope. Rows are
+loaded with COPY, then ``memory.rebuild_statistics`` (when the code has it)
+computes the BM25 statistics the archive path maintains.
+
+Measured, full text (no embedder), client side, per ``memory_read`` call:
+
+* one conversation: its questions, 1 and 8 searches in parallel, by size;
+* tenant-wide (``tenant_id``): the same questions, 1 and 8 in parallel.
+
+    .venv/bin/python -m bench.memory_latency [--quick] [--explain]
+
+``--quick`` loads a 20,000-turn tenant instead of 100,000 (about a minute);
+``--explain`` prints EXPLAIN ANALYZE of each list's statement for one
+question (``memory.explained_statements``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from bench.harness import Infra, note, percentile, print_header, quiet_clients, table
+from bench.memory_recall import Question, generate
+from core.adapters.postgres import memory as pg_memory
+from core.adapters.postgres.store import PostgresStore
+
+TURNS_PER_SESSION = 30
+TURNS_PER_BATCH = 10
+
+
+@dataclass
+class Loaded:
+    questions: dict[str, list[Question]]  # conversation -> its questions
+    sizes: dict[str, int]  # conversation -> archived turns
+    tenant_of: dict[str, str]
+
+
+def _summary(texts: list[str]) -> str:
+    return " ".join(" ".join(t.split()[:8]) for t in texts)
+
+
+async def load(pool: asyncpg.Pool, plan: list[tuple[str, str, int]], seed: int) -> Loaded:
+    """Write every (tenant, conversation, turns) of ``plan`` as archived turns and batches."""
+    rng = random.Random(seed)
+    loaded = Loaded({}, {}, {})
+    for tenant, conversation, turns in plan:
+        sessions = max(1, turns // TURNS_PER_SESSION)
+        chat = generate(conversation, sessions, TURNS_PER_SESSION, rng)
+        events = chat.events
+        messages: list[tuple[Any, ...]] = []
+        batches: list[tuple[Any, ...]] = []
+        for start in range(0, len(events), TURNS_PER_BATCH):
+            group = events[start : start + TURNS_PER_BATCH]
+            batch_id = f"{conversation}:b{start // TURNS_PER_BATCH}"
+            compaction = f"{conversation}:c{start // TURNS_PER_BATCH}"
+            batches.append(
+                (
+                    batch_id,
+                    f"batch {start // TURNS_PER_BATCH}",
+                    conversation,
+                    _summary([e.content for e in group]),
+                    0,
+                    group[0].created_at,
+                    group[-1].created_at,
+                    len(group),
+                    [e.message_id for e in group],
+                    compaction,
+                )
+            )
+            for offset, event in enumerate(group):
+                messages.append(
+                    (
+                        conversation,
+                        event.message_id,
+                        batch_id,
+                        compaction,
+                        event.role,
+                        event.content,
+                        event.created_at,
+                        max(1, len(event.content) // 4),
+                        start + offset,
+                        event.created_at + timedelta(days=1),
+                    )
+                )
+        async with pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO conversations (conversation_id, tenant_id) VALUES ($1, $2)",
+                conversation,
+                tenant,
+            )
+            await conn.copy_records_to_table(
+                "archival_memory",
+                records=batches,
+                columns=[
+                    "id",
+                    "label",
+                    "conversation_id",
+                    "content",
+                    "depth",
+                    "start_time",
+                    "end_time",
+                    "message_count",
+                    "source_message_ids",
+                    "compaction_id",
+                ],
+            )
+            await conn.copy_records_to_table(
+                "archived_messages",
+                records=messages,
+                columns=[
+                    "conversation_id",
+                    "id",
+                    "batch_id",
+                    "compaction_id",
+                    "role",
+                    "content",
+                    "created_at",
+                    "token_estimate",
+                    "seq",
+                    "archived_at",
+                ],
+            )
+        loaded.questions[conversation] = chat.questions
+        loaded.sizes[conversation] = len(events)
+        loaded.tenant_of[conversation] = tenant
+    rebuild = getattr(pg_memory, "rebuild_statistics", None)
+    if rebuild is not None:
+        async with pool.acquire() as conn:
+            await rebuild(conn)
+    async with pool.acquire() as conn:
+        await conn.execute("VACUUM ANALYZE")
+    return loaded
+
+
+async def timed_searches(
+    store: PostgresStore,
+    questions: list[Question],
+    *,
+    parallel: int,
+    tenant: str | None,
+    scoped_to_conversation: bool,
+    rounds: int,
+    limit_questions: int = 0,
+) -> list[float]:
+    """Latencies (ms) of every search; ``parallel`` callers each walk the questions."""
+    latencies: list[float] = []
+    questions = questions[:limit_questions] if limit_questions else questions
+
+    async def caller(offset: int) -> None:
+        for i in range(rounds * len(questions)):
+            q = questions[(i + offset) % len(questions)]
+            began = time.perf_counter()
+            await store.memory_read(
+                q.text,
+                conversation_id=q.conversation_id if scoped_to_conversation else None,
+                tenant_id=tenant,
+                limit=5,
+            )
+            latencies.append((time.perf_counter() - began) * 1000)
+
+    await asyncio.gather(*(caller(n * 7) for n in range(parallel)))
+    return latencies
+
+
+def _row(label: str, parallel: int, latencies: list[float]) -> list[Any]:
+    return [
+        label,
+        parallel,
+        len(latencies),
+        f"{percentile(latencies, 50):.1f}",
+        f"{percentile(latencies, 95):.1f}",
+        f"{max(latencies):.1f}",
+    ]
+
+
+async def explain(pool: asyncpg.Pool, question: Question, tenant: str) -> None:
+    statements = getattr(pg_memory, "explained_statements", None)
+    if statements is None:
+        print("(this code has no memory.explained_statements)")
+        return
+    for scope, conversation, tenant_id in (
+        ("conversation", question.conversation_id, None),
+        ("tenant", None, tenant),
+    ):
+        async with pool.acquire() as conn:
+            for name, sql, args in await statements(
+                conn, question.text, conversation_id=conversation, tenant_id=tenant_id
+            ):
+                rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, *args)
+                print(f"\n--- {scope}: {name} ({question.text!r})")
+                print("\n".join(r[0] for r in rows))
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    per_conversation = args.conversation_turns
+    count = max(1, args.tenant_turns // per_conversation)
+    plan = [("big", f"big/conv-{i:03d}", per_conversation) for i in range(count)]
+    plan += [("other", f"other/conv-{i:03d}", per_conversation) for i in range(count)]
+    plan += [("small", "small/conv-100", 120), ("small", "small/conv-350", 360)]
+    with Infra(kafka=False) as infra:
+        dsn = await infra.new_database()
+        store = await PostgresStore.connect(dsn, run_migrations=False, min_size=2, max_size=10)
+        try:
+            began = time.perf_counter()
+            loaded = await load(store.pool, plan, args.seed)
+            total = sum(loaded.sizes.values())
+            note(f"loaded {total} archived turns in {time.perf_counter() - began:.0f} s")
+            await _measure(store, loaded, args)
+            if args.explain:
+                first = loaded.questions["big/conv-000"][0]
+                await explain(store.pool, first, "big")
+        finally:
+            await store.close()
+
+
+async def _measure(store: PostgresStore, loaded: Loaded, args: argparse.Namespace) -> None:
+    rows: list[list[Any]] = []
+    big = [c for c in loaded.questions if loaded.tenant_of[c] == "big"]
+    tenant_turns = sum(loaded.sizes[c] for c in big)
+    # warm-up: one pass of the first conversation's questions
+    await timed_searches(
+        store, loaded.questions[big[0]], parallel=1, tenant=None,
+        scoped_to_conversation=True, rounds=1,
+    )  # fmt: skip
+    for conversation in ("small/conv-100", "small/conv-350", big[0]):
+        questions = loaded.questions[conversation]
+        for parallel in (1, 8):
+            latencies = await timed_searches(
+                store, questions, parallel=parallel, tenant=None,
+                scoped_to_conversation=True, rounds=args.rounds,
+                limit_questions=args.questions,
+            )  # fmt: skip
+            rows.append(
+                _row(f"conversation, {loaded.sizes[conversation]} turns", parallel, latencies)
+            )
+    spread = [q for c in big[:8] for q in loaded.questions[c][:6]]
+    for parallel in (1, 8):
+        latencies = await timed_searches(
+            store, spread, parallel=parallel, tenant="big",
+            scoped_to_conversation=False, rounds=1, limit_questions=args.questions,
+        )  # fmt: skip
+        rows.append(_row(f"tenant-wide, {tenant_turns} turns", parallel, latencies))
+    print()
+    print(table(["scope", "parallel", "searches", "p50 ms", "p95 ms", "max ms"], rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a 20,000-turn tenant")
+    parser.add_argument("--tenant-turns", type=int, default=None)
+    parser.add_argument("--conversation-turns", type=int, default=690)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--questions", type=int, default=0, help="at most N per cell")
+    parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--seed", type=int, default=17)
+    args = parser.parse_args()
+    if args.tenant_turns is None:
+        args.tenant_turns = 20_000 if args.quick else 100_000
+    quiet_clients()
+    print_header("memory_read latency", "bench.memory_latency")
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
