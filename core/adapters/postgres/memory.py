@@ -184,22 +184,25 @@ _TURN_COLUMNS = "a.conversation_id, a.id, a.batch_id, a.role, a.content, a.creat
 def raw_text_sql(kind: tuple[bool, bool]) -> str:
     """BM25 of the turns that match: a term's frequency from the tsvector's
     positions, its weight (IDF) from the kept figures, the length in words.
+    The score is a scalar subquery per row (no per-row sort or aggregate
+    node: the cost of a search is in these rows); the matched terms are
+    listed for the rows returned only.
     $1 match, $2 lexemes, $3 their IDF, $4 average words, $5 limit; scope $6."""
     return f"""
-SELECT {_TURN_COLUMNS}, s.text_score, s.matched
-  FROM archived_messages AS a
- CROSS JOIN LATERAL (
-       SELECT sum(w.idf * t.tf * {BM25_K1 + 1}
-                  / (t.tf + {BM25_K1} * ({1 - BM25_B} + {BM25_B} * a.word_count / $4::float8)))
-              AS text_score,
-              array_agg(w.lexeme ORDER BY w.lexeme) AS matched
-         FROM unnest(a.content_tsv) AS u
-         JOIN unnest($2::text[], $3::float8[]) AS w(lexeme, idf) ON w.lexeme = u.lexeme
-        CROSS JOIN LATERAL (SELECT coalesce(cardinality(u.positions), 1)::float8 AS tf) AS t
-       ) AS s
- WHERE a.content_tsv @@ $1::tsquery AND {_where(kind, "a", 6)}
- ORDER BY s.text_score DESC, a.seq DESC
- LIMIT $5
+SELECT r.conversation_id, r.id, r.batch_id, r.role, r.content, r.created_at, r.seq,
+       r.text_score, {_MATCHED.replace("$4", "$2")}
+  FROM (SELECT {_TURN_COLUMNS}, a.content_tsv,
+               (SELECT sum(w.idf * t.tf * {BM25_K1 + 1} / (t.tf + {BM25_K1}
+                           * ({1 - BM25_B} + {BM25_B} * a.word_count / $4::float8)))
+                  FROM unnest(a.content_tsv) AS u,
+                       unnest($2::text[], $3::float8[]) AS w(lexeme, idf),
+                       LATERAL (SELECT coalesce(cardinality(u.positions), 1)::float8 AS tf) AS t
+                 WHERE w.lexeme = u.lexeme) AS text_score
+          FROM archived_messages AS a
+         WHERE a.content_tsv @@ $1::tsquery AND {_where(kind, "a", 6)}
+         ORDER BY text_score DESC, a.seq DESC
+         LIMIT $5) AS r
+ ORDER BY r.text_score DESC, r.seq DESC
 """
 
 
@@ -463,6 +466,10 @@ def idf(turns: float, holding: float) -> float:
 
 # -- the search ------------------------------------------------------------------------
 
+COMMON_SHARE = 0.05
+"""A query term held by more than this share of the scope's turns is common:
+candidates come from the other (selective) terms first (``Terms.narrow``)."""
+
 
 @dataclass(frozen=True)
 class Terms:
@@ -472,8 +479,14 @@ class Terms:
     words: dict[str, str]
     idf: list[float]
     average_words: float
-    match: str
-    strict: str
+    match: str  # tsquery text: any term (plain), or the websearch query
+    strict: str  # every term
+    narrow: str = ""  # any selective term, when some terms are common (plain mode)
+    common_bound: float = 0.0  # the most the common terms can add to a turn's BM25
+
+
+def _tsquery_any(lexemes: Sequence[str]) -> str:
+    return " | ".join("'" + lexeme.replace("'", "''") + "'" for lexeme in lexemes)
 
 
 async def read_terms(conn: Queryable, text: str, websearch: bool, scope: Scope) -> Terms:
@@ -481,47 +494,59 @@ async def read_terms(conn: Queryable, text: str, websearch: bool, scope: Scope) 
     assert row is not None  # one row from FROM totals, always
     lexemes = list(row["lexemes"])
     turns = float(row["turns"])
+    weights = [idf(turns, holding) for holding in row["df"]]
+    common = [holding > COMMON_SHARE * turns for holding in row["df"]]
+    selective = [lexeme for lexeme, is_common in zip(lexemes, common, strict=True) if not is_common]
+    cut = not websearch and 0 < len(selective) < len(lexemes)
     return Terms(
         lexemes=lexemes,
         words=dict(zip(lexemes, row["words"], strict=True)),
-        idf=[idf(turns, holding) for holding in row["df"]],
+        idf=weights,
         average_words=max(float(row["total_words"]) / turns, 1.0) if turns else 1.0,
         match=row["match"],
         strict=row["strict"],
+        narrow=_tsquery_any(selective) if cut else "",
+        common_bound=sum(
+            w * (BM25_K1 + 1) for w, is_common in zip(weights, common, strict=True) if is_common
+        ),
     )
 
 
-def text_statements(
-    terms: Terms, scope: Scope, limit: int, sources: SearchSources
-) -> list[tuple[MatchList, str, list[Any]]]:
-    """The full-text lists' statements and arguments (none when nothing can match)."""
-    if not terms.match:
-        return []
-    statements: list[tuple[MatchList, str, list[Any]]] = []
-    if sources != "raw":
-        statements.append(
-            (
-                "summary_text",
-                summary_text_sql(scope.kind),
-                [terms.match, terms.strict or terms.match, limit, terms.lexemes, *scope.params],
-            )
-        )
-    if sources != "summaries":
-        statements.append(
-            (
-                "raw_text",
-                raw_text_sql(scope.kind),
-                [
-                    terms.match,
-                    terms.lexemes,
-                    terms.idf,
-                    terms.average_words,
-                    limit,
-                    *scope.params,
-                ],
-            )
-        )
-    return statements
+def summary_text_args(terms: Terms, match: str, scope: Scope, per_half: int) -> list[Any]:
+    return [match, terms.strict or terms.match, per_half, terms.lexemes, *scope.params]
+
+
+def raw_text_args(terms: Terms, match: str, scope: Scope, per_half: int) -> list[Any]:
+    return [match, terms.lexemes, terms.idf, terms.average_words, per_half, *scope.params]
+
+
+async def summary_text_rows(
+    conn: Queryable, terms: Terms, scope: Scope, per_half: int, limit: int
+) -> list[Any]:
+    """Summaries holding a selective term first; all matching ones when those are
+    fewer than ``limit`` (rows with every term rank first either way, and
+    they hold the selective terms)."""
+    sql = summary_text_sql(scope.kind)
+    if terms.narrow:
+        rows = await conn.fetch(sql, *summary_text_args(terms, terms.narrow, scope, per_half))
+        if len(rows) >= limit:
+            return list(rows)
+    return list(await conn.fetch(sql, *summary_text_args(terms, terms.match, scope, per_half)))
+
+
+async def raw_text_rows(
+    conn: Queryable, terms: Terms, scope: Scope, per_half: int, limit: int
+) -> list[Any]:
+    """BM25's best turns, scored only among the turns holding a selective term
+    when that provably changes none of the first ``limit`` (MaxScore): the
+    ``limit``-th score there is at least the most the common terms alone can
+    give a turn. Otherwise every matching turn is scored."""
+    sql = raw_text_sql(scope.kind)
+    if terms.narrow:
+        rows = await conn.fetch(sql, *raw_text_args(terms, terms.narrow, scope, per_half))
+        if len(rows) >= limit and rows[limit - 1]["text_score"] >= terms.common_bound:
+            return list(rows)
+    return list(await conn.fetch(sql, *raw_text_args(terms, terms.match, scope, per_half)))
 
 
 async def explained_statements(
@@ -532,12 +557,31 @@ async def explained_statements(
     tenant_id: str | None = None,
     limit: int = 50,
 ) -> list[tuple[str, str, list[Any]]]:
-    """Every statement a plain full-text search runs, with its arguments (for EXPLAIN)."""
+    """Every statement a plain full-text search may run, with its arguments (for EXPLAIN)."""
     scope = Scope(conversation_id, tenant_id)
     terms = await read_terms(conn, query, False, scope)
-    return [("terms and figures", terms_sql(scope.kind), [query, False, *scope.params])] + [
-        (via, sql, args) for via, sql, args in text_statements(terms, scope, limit, "both")
+    statements: list[tuple[str, str, list[Any]]] = [
+        ("terms and figures", terms_sql(scope.kind), [query, False, *scope.params])
     ]
+    if not terms.match:
+        return statements
+    for match, label in ((terms.narrow, " (selective terms)"), (terms.match, "")):
+        if match:
+            statements.append(
+                (
+                    "summary_text" + label,
+                    summary_text_sql(scope.kind),
+                    summary_text_args(terms, match, scope, limit),
+                )
+            )
+            statements.append(
+                (
+                    "raw_text" + label,
+                    raw_text_sql(scope.kind),
+                    raw_text_args(terms, match, scope, limit),
+                )
+            )
+    return statements
 
 
 async def rebuild_statistics(conn: AnyConnection) -> None:
@@ -568,8 +612,12 @@ async def search(
     query_vector = await _embed_query(embedder, text)
     terms = await read_terms(pool, text, mode == "websearch", scope)
     listed: dict[MatchList, ListRows] = {}
-    for via, sql, args in text_statements(terms, scope, per_half, sources):
-        listed[via] = ListRows(via, await pool.fetch(sql, *args), "text_score", terms.words)
+    if terms.match and sources != "raw":
+        rows = await summary_text_rows(pool, terms, scope, per_half, limit)
+        listed["summary_text"] = ListRows("summary_text", rows, "text_score", terms.words)
+    if terms.match and sources != "summaries":
+        rows = await raw_text_rows(pool, terms, scope, per_half, limit)
+        listed["raw_text"] = ListRows("raw_text", rows, "text_score", terms.words)
     vector_lists: list[tuple[MatchList, str]] = []
     if sources != "raw":
         vector_lists.append(("summary_vector", summary_vector_sql(scope.kind)))
