@@ -39,9 +39,7 @@ async def compact(
     tenant: str | None = None,
 ) -> list[ConversationMessage]:
     """Store ``texts`` as turns of ``conversation`` and compact all of them."""
-    messages = [
-        msg(first + i, text, conversation_id=conversation) for i, text in enumerate(texts)
-    ]
+    messages = [msg(first + i, text, conversation_id=conversation) for i, text in enumerate(texts)]
     for m in messages:
         assert await store.save_message(m, 5, tenant_id=tenant)
     batches = [
@@ -159,7 +157,9 @@ async def test_raw_turns_rank_by_bm25_as_a_reference_computes_it(
         for c in range(3):
             texts = random_turns(rng, 20)
             start = n * 1000 + c * 50
-            await compact(pg_store, conversation, f"{conversation}-{c}", texts, start, tenant=tenant)
+            await compact(
+                pg_store, conversation, f"{conversation}-{c}", texts, start, tenant=tenant
+            )
     in_scope = ["acme-1"] if scope == "conversation" else ["acme-1", "acme-2"]
     rows = await pg_store.pool.fetch(
         "SELECT a.id, a.word_count, u.lexeme, cardinality(u.positions) AS tf "
@@ -273,6 +273,8 @@ async def test_a_question_with_matching_words_never_comes_back_empty(
     for word in vocabulary:
         for sources in ("both", "raw"):
             result = await pg_store.memory_read(
-                f"what about {word}?", conversation_id="conv-a", sources=sources  # type: ignore[arg-type]
+                f"what about {word}?",
+                conversation_id="conv-a",
+                sources=sources,  # type: ignore[arg-type]
             )
             assert result.hits and result.turns, (word, sources)
