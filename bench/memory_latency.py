@@ -12,7 +12,15 @@ computes the BM25 statistics the archive path maintains.
 Measured, full text (no embedder), client side, per ``memory_read`` call:
 
 * one conversation: its questions, 1 and 8 searches in parallel, by size;
-* tenant-wide (``tenant_id``): the same questions, 1 and 8 in parallel.
+* tenant-wide (``tenant_id``): the same questions, 1 and 8 in parallel;
+* the archive path: ``apply_compaction`` of plans that archive 10 turns
+  each (a 10-turn batch), alternately with the BM25 figures kept (as shipped)
+  and without (``term_stats.ADD_CTES`` replaced by a no-op), on the same
+  tables in the same run: the figures' cost on the archive statement;
+* the whole compaction path (``--compaction-path N``):
+  ``bench.compaction_latency.compaction_cpu`` (``Processor.compact`` of N
+  conversations, 16 at a time, real PostgreSQL, LLM test server at 0 ms),
+  run alternately with and without the figures kept, twice each.
 
     .venv/bin/python -m bench.memory_latency [--quick] [--explain]
 
@@ -37,6 +45,9 @@ from bench.harness import Infra, note, percentile, print_header, quiet_clients, 
 from bench.memory_recall import Question, generate
 from core.adapters.postgres import memory as pg_memory
 from core.adapters.postgres.store import PostgresStore
+from core.domain.compaction import CompactionPlan, StoredBatch, SummaryBatch
+from core.domain.messages import ConversationMessage
+from core.ports.storage import IncomingMessage
 
 TURNS_PER_SESSION = 30
 TURNS_PER_BATCH = 10
@@ -220,6 +231,14 @@ async def main_async(args: argparse.Namespace) -> None:
             total = sum(loaded.sizes.values())
             note(f"loaded {total} archived turns in {time.perf_counter() - began:.0f} s")
             await _measure(store, loaded, args)
+            if hasattr(pg_memory, "rebuild_statistics"):
+                rows = await archive_path(store, args.archive_rounds, args.seed)
+                print()
+                print(table(["archive path", "compactions", "median ms"], rows))
+            if args.compaction_path and hasattr(pg_memory, "rebuild_statistics"):
+                rows = await compaction_path(infra, args.compaction_path)
+                print()
+                print(table(["compaction path", "compactions", "best of 2, per s"], rows))
             if args.explain:
                 first = loaded.questions["big/conv-000"][0]
                 await explain(store.pool, first, "big")
@@ -258,6 +277,106 @@ async def _measure(store: PostgresStore, loaded: Loaded, args: argparse.Namespac
     print(table(["scope", "parallel", "searches", "p50 ms", "p95 ms", "max ms"], rows))
 
 
+def _archive_plan(conversation: str, n: int, messages: list[ConversationMessage]) -> CompactionPlan:
+    batch_id = f"{conversation}:ab{n}"
+    clip = ConversationMessage(
+        id=f"{conversation}:clip{n}",
+        conversation_id=conversation,
+        role="system",
+        content=f"summary {n}",
+        created_at=messages[0].created_at,
+    ).as_clip_archive()
+    batch = SummaryBatch(
+        content=_summary([m.content for m in messages]),
+        depth=0,
+        start_time=messages[0].created_at,
+        end_time=messages[-1].created_at,
+        message_count=len(messages),
+        source_message_ids=tuple(m.id for m in messages),
+    )
+    return CompactionPlan(
+        compaction_id=f"{conversation}:ac{n}",
+        conversation_id=conversation,
+        new_batches=(
+            StoredBatch(
+                id=batch_id,
+                label=f"b{n}",
+                conversation_id=conversation,
+                batch=batch,
+                compaction_id=f"{conversation}:ac{n}",
+            ),
+        ),
+        deleted_message_ids=tuple(m.id for m in messages)
+        + ((f"{conversation}:clip{n - 1}",) if n else ()),
+        clip_archive=clip,
+        messages_compressed=len(messages),
+        tokens_estimate_before=1000,
+        tokens_estimate_after=100,
+    )
+
+
+async def archive_path(store: PostgresStore, rounds: int, seed: int) -> list[Any]:
+    """Median ``apply_compaction`` time with and without keeping the figures (same run)."""
+    from core.adapters.postgres import term_stats
+
+    shipped = term_stats.ADD_CTES
+    rng = random.Random(seed)
+    times: dict[str, list[float]] = {"figures kept": [], "figures not kept": []}
+    chat = generate(
+        "arch/conv", max(1, rounds * 20 // TURNS_PER_SESSION + 1), TURNS_PER_SESSION, rng
+    )
+    events = chat.events
+    for n in range(rounds * 2):
+        variant = "figures kept" if n % 2 == 0 else "figures not kept"
+        group = events[n * 10 : n * 10 + 10]
+        messages = [
+            ConversationMessage(
+                id=e.message_id, conversation_id="arch/conv", role=e.role,
+                content=e.content, created_at=e.created_at,
+            )
+            for e in group
+        ]  # fmt: skip
+        await store.save_messages([IncomingMessage(m, 20) for m in messages])
+        plan = _archive_plan("arch/conv", n, messages)
+        term_stats.ADD_CTES = shipped if variant == "figures kept" else "noop AS (SELECT 1)"
+        try:
+            began = time.perf_counter()
+            await store.apply_compaction(plan)
+            times[variant].append((time.perf_counter() - began) * 1000)
+        finally:
+            term_stats.ADD_CTES = shipped
+    kept, plain = (sorted(times[k])[len(times[k]) // 2] for k in times)
+    return [
+        ["apply_compaction, 10 turns, figures kept", len(times["figures kept"]), f"{kept:.2f}"],
+        ["apply_compaction, 10 turns, not kept", len(times["figures not kept"]), f"{plain:.2f}"],
+        ["ratio kept / not kept", "", f"{kept / plain:.2f}"],
+    ]
+
+
+async def compaction_path(infra: Infra, count: int) -> list[Any]:
+    """Compactions per second of the worker's compaction code, with and without
+    the figures kept, alternated in one run (``compaction_cpu``'s own databases)."""
+    from bench.compaction_latency import compaction_cpu
+    from core.adapters.postgres import term_stats
+
+    shipped = term_stats.ADD_CTES
+    options = argparse.Namespace(cpu_compactions=count, cpu_concurrency=16, messages=20)
+    rates: dict[str, list[float]] = {"figures kept": [], "figures not kept": []}
+    for variant in ["figures kept", "figures not kept"] * 2:
+        term_stats.ADD_CTES = shipped if variant == "figures kept" else "noop AS (SELECT 1)"
+        try:
+            done, wall, _ = await compaction_cpu(options, infra)
+        finally:
+            term_stats.ADD_CTES = shipped
+        rates[variant].append(done / wall)
+    kept, plain = (max(rates[k]) for k in rates)
+    return [
+        ["Processor.compact, figures kept", count, f"{kept:.1f}"],
+        ["Processor.compact, not kept", count, f"{plain:.1f}"],
+        ["ratio kept / not kept (throughput)", "", f"{kept / plain:.2f}"],
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 20,000-turn tenant")
@@ -266,6 +385,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--questions", type=int, default=0, help="at most N per cell")
     parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--archive-rounds", type=int, default=100, help="compactions per variant")
+    parser.add_argument("--compaction-path", type=int, default=0, metavar="N")
     parser.add_argument("--seed", type=int, default=17)
     args = parser.parse_args()
     if args.tenant_turns is None:
