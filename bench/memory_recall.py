@@ -187,6 +187,81 @@ def bm25_top(turns: list[tuple[str, str]], query: str, k: int = 5) -> list[str]:
     return [m for _, m in sorted(scored, reverse=True)[:k]]
 
 
+ABLATION = (
+    "lexemes, length = distinct lexemes",
+    "lexemes, length = words",
+    "lexemes, length = words, copies collapsed",
+    "Python tokens, copies collapsed",
+)
+"""Why raw-turn search trailed plain BM25: BM25 in Python over the archived
+turns' own tsvectors (English stems, stop words out), with the document
+length the old SQL used (distinct lexemes) or the words (``word_count``),
+and with turns of the same text counted once (the best-ranked kept)."""
+
+
+def bm25_ranked(
+    docs: list[tuple[str, Counter[str], int]], terms: list[str], texts: dict[str, str] | None
+) -> list[str]:
+    """Message ids by BM25 over (id, term frequencies, length); ``texts``: collapse copies."""
+    n = len(docs) or 1
+    avg = sum(length for _, _, length in docs) / n or 1
+    df = Counter(t for _, tf, _ in docs for t in tf)
+    scored = []
+    for message_id, tf, length in docs:
+        score = sum(
+            math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+            * tf[t]
+            * 2.2
+            / (tf[t] + 1.2 * (0.25 + 0.75 * length / avg))
+            for t in terms
+            if tf[t]
+        )
+        if score > 0:
+            scored.append((score, message_id))
+    ranked = [m for _, m in sorted(scored, reverse=True)]
+    if texts is None:
+        return ranked
+    seen: set[str] = set()
+    kept = []
+    for message_id in ranked:
+        text = " ".join(texts[message_id].lower().split())
+        if text not in seen:
+            seen.add(text)
+            kept.append(message_id)
+    return kept
+
+
+async def ablation(pool: Any, conversation: str, rows: Any, q: Question) -> dict[str, bool]:
+    lexemes = await pool.fetch(
+        "SELECT a.id, u.lexeme, cardinality(u.positions) AS tf FROM archived_messages AS a, "
+        "unnest(a.content_tsv) AS u WHERE a.conversation_id = $1",
+        conversation,
+    )
+    terms = [
+        r["lexeme"]
+        for r in await pool.fetch("SELECT lexeme FROM unnest(to_tsvector('english', $1))", q.text)
+    ]
+    tf: dict[str, Counter[str]] = {r["id"]: Counter() for r in rows}
+    for r in lexemes:
+        tf[r["id"]][r["lexeme"]] = r["tf"]
+    texts = {r["id"]: r["content"] for r in rows}
+    words = {r["id"]: len(re.findall(r"\w+", r["content"])) for r in rows}
+    distinct = [(i, tf[i], len(tf[i])) for i in tf]
+    by_words = [(i, tf[i], words[i]) for i in tf]
+    counted = {
+        i: Counter(w for w in _TOKEN.findall(t.lower()) if w not in _STOP) for i, t in texts.items()
+    }
+    python = [(i, c, sum(c.values())) for i, c in counted.items()]
+    query = [w for w in _TOKEN.findall(q.text.lower()) if w not in _STOP]
+    found = {
+        ABLATION[0]: bm25_ranked(distinct, terms, None),
+        ABLATION[1]: bm25_ranked(by_words, terms, None),
+        ABLATION[2]: bm25_ranked(by_words, terms, texts),
+        ABLATION[3]: bm25_ranked(python, query, texts),
+    }
+    return {name: q.answer_id in ranked[:5] for name, ranked in found.items()}
+
+
 def _settings(chunk_order: str) -> Settings:
     return parse_settings(
         {
@@ -317,6 +392,8 @@ async def evaluate(store: PostgresStore, chats: list[Chat], rng: random.Random) 
                     score.found["batch: memory_read"] += found.batch
                 if system == "raw":
                     score.found["turn: memory_read raw"] += found.turn
+            for name, hit in (await ablation(pool, conversation, rows, q)).items():
+                score.found[name] += hit
             in_bm25 = q.answer_id in bm25_top(turns, q.text)
             score.found["BM25 raw turns"] += in_bm25
             score.found["turn: BM25"] += in_bm25
@@ -381,6 +458,12 @@ async def main_async(args: argparse.Namespace) -> None:
         turn = score.found["turn: memory_read"] / max(score.found["turn: BM25"], 1)
         batch = score.found["batch: memory_read"] / max(score.found["batch: BM25"], 1)
         print(f"| {label} | " + " | ".join(cells) + f" | {turn:.2f} | {batch:.2f} |")
+    print("\n| summariser, chunk_order | BM25 (Python) | " + " | ".join(ABLATION) + " |")
+    print("|" + " --- |" * (len(ABLATION) + 2))
+    for label, score in results:
+        n = max(score.asked, 1)
+        cells = [f"{score.found[s] / n:.3f}" for s in ("turn: BM25", *ABLATION)]
+        print(f"| {label} | " + " | ".join(cells) + " |")
     for label, score in results:
         print(
             f"{label}: {score.compactions} compactions, {score.batches} batches, "
