@@ -21,7 +21,11 @@ Summarisers: the extractive one, and the LLM test server
 (tests/support/llm_server.py) replaying fixed summaries (its deterministic
 responder: the first six words of each message) through the OpenAI SDK.
 
-    .venv/bin/python -m bench.memory_recall [--conversations 4 --sessions 12]
+    .venv/bin/python -m bench.memory_recall [--conversations 4 --sessions 12] [--embedder local]
+
+``--embedder local`` runs the same with all-MiniLM-L6-v2 vectors (hybrid
+search); the paraphrased columns ask every question with its subject in other
+words (``PARAPHRASES``), where keyword search has nothing to go on.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from core.adapters.llm.extractive import ExtractiveProvider
 from core.adapters.llm.openai_compat import OpenAICompatProvider
 from core.adapters.postgres.store import PostgresStore
 from core.compactor import create_compactor
+from core.ports.embedding import Embedder
 from core.ports.model import ModelProvider
 from core.settings import Settings, parse_settings
 from streams.cli.offline import OfflineRun
@@ -55,6 +60,40 @@ SUBJECTS = (
     "photo exhibition|roof inspection|language course|camping trip|server migration|"
     "podcast episode|charity run|family reunion"
 ).split("|")
+# The same subjects in other words (no content word shared with any subject):
+# questions asked this way are where keyword search has nothing to go on.
+PARAPHRASES = {
+    "dentist appointment": "checkup for my teeth",
+    "gym membership": "fitness centre subscription",
+    "car insurance": "policy covering my vehicle",
+    "garden shed": "little hut in the backyard",
+    "piano lesson": "music tuition at the keyboard",
+    "tax return": "annual filing with the revenue office",
+    "kitchen renovation": "remodelling of the cooking area",
+    "wedding venue": "place where we get married",
+    "team offsite": "away day with colleagues",
+    "school trip": "excursion with the pupils",
+    "book club": "reading circle",
+    "laptop repair": "fixing my notebook computer",
+    "passport renewal": "getting a new travel document",
+    "birthday dinner": "evening meal for my special day",
+    "bike service": "bicycle maintenance",
+    "flat viewing": "look round the apartment",
+    "conference talk": "presentation at the summit",
+    "vet visit": "checkup at the animal doctor",
+    "yoga class": "stretching and breathing session",
+    "boat rental": "hiring a vessel",
+    "choir concert": "singing performance",
+    "climbing course": "bouldering training",
+    "photo exhibition": "picture show at the gallery",
+    "roof inspection": "survey of the top of the house",
+    "language course": "lessons in a foreign tongue",
+    "camping trip": "holiday in a tent",
+    "server migration": "moving the machines to the new data centre",
+    "podcast episode": "audio show recording",
+    "charity run": "fundraising race",
+    "family reunion": "gathering with relatives",
+}
 NAMES = "Margarethe Oskar Ingrid Tobias Leontine Ferdinand Anouk Casimir Rosalind Evander".split()
 CITIES = "Lisbon Porto Bergen Utrecht Ghent Trieste Lyon Krakow Tallinn Seville".split()
 OPTIONS = "mornings|weekends|the window seat|vegetarian food|email reminders|the blue one".split(
@@ -84,6 +123,14 @@ class Question:
     text: str
     answer_id: str
     answer_value: str
+
+    @property
+    def paraphrased(self) -> str:
+        """The question with its subject in other words (``PARAPHRASES``)."""
+        for subject, other in PARAPHRASES.items():
+            if subject in self.text:
+                return self.text.replace(subject, other)
+        return self.text
 
 
 @dataclass
@@ -279,11 +326,30 @@ def _settings(chunk_order: str) -> Settings:
     )
 
 
+class CachedEmbedder:
+    """The runs archive the same turns: each distinct text is embedded once."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self._vectors: dict[str, list[float]] = {}
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        todo = sorted({t for t in texts if t not in self._vectors})
+        for text, vector in zip(todo, await self.inner.embed(todo), strict=True):
+            self._vectors[text] = vector
+        return [self._vectors[t] for t in texts]
+
+
 async def replay(
-    dsn: str, model: ModelProvider, chats: list[Chat], chunk_order: str
+    dsn: str,
+    model: ModelProvider,
+    chats: list[Chat],
+    chunk_order: str,
+    embedder: Embedder | None = None,
 ) -> PostgresStore:
     settings = _settings(chunk_order)
-    store = await PostgresStore.connect(dsn, run_migrations=False)
+    store = await PostgresStore.connect(dsn, run_migrations=False, embedder=embedder)
     compactor = create_compactor(
         model=model,
         memory_store=store,
@@ -310,6 +376,9 @@ STRICT = (
     "turn: BM25",
     "batch: memory_read",
     "batch: BM25",
+    "paraphrased turn: memory_read",
+    "paraphrased turn: BM25",
+    "paraphrased batch: memory_read",
 )
 """Strict recall@5: the answering turn among the first 5 raw turns returned
 (``MemorySearchResult.turns``), or its depth-0 batch among the first 5 hits;
@@ -392,6 +461,11 @@ async def evaluate(store: PostgresStore, chats: list[Chat], rng: random.Random) 
                     score.found["batch: memory_read"] += found.batch
                 if system == "raw":
                     score.found["turn: memory_read raw"] += found.turn
+            other = Question(q.conversation_id, q.paraphrased, q.answer_id, q.answer_value)
+            found = await _memory_found(store, other, "both", batch_of)
+            score.found["paraphrased turn: memory_read"] += found.turn
+            score.found["paraphrased batch: memory_read"] += found.batch
+            score.found["paraphrased turn: BM25"] += q.answer_id in bm25_top(turns, other.text)
             for name, hit in (await ablation(pool, conversation, rows, q)).items():
                 score.found[name] += hit
             in_bm25 = q.answer_id in bm25_top(turns, q.text)
@@ -405,8 +479,14 @@ async def evaluate(store: PostgresStore, chats: list[Chat], rng: random.Random) 
     return score
 
 
-async def run_one(infra: Infra, model: ModelProvider, chats: list[Chat], order: str) -> Score:
-    store = await replay(await infra.new_database(), model, chats, order)
+async def run_one(
+    infra: Infra,
+    model: ModelProvider,
+    chats: list[Chat],
+    order: str,
+    embedder: Embedder | None = None,
+) -> Score:
+    store = await replay(await infra.new_database(), model, chats, order, embedder)
     try:
         return await evaluate(store, chats, random.Random(7))
     finally:
@@ -432,8 +512,14 @@ async def main_async(args: argparse.Namespace) -> None:
                 ("LLM test server, importance", llm, "importance"),
                 ("LLM test server, chronological", llm, "chronological"),
             ]
+            embedder = None
+            if args.embedder == "local":
+                from core.adapters.embedding.minilm import MiniLMEmbedder
+
+                embedder = CachedEmbedder(MiniLMEmbedder())
             for label, model, order in runs:
-                results.append((label, await run_one(infra, model, chats, order)))
+                results.append((label, await run_one(infra, model, chats, order, embedder)))
+    print(f"\nembedder: {embedder.model if embedder else 'none (full text only)'}")
     header = (
         "| summariser, chunk_order | questions | "
         + " | ".join(SYSTEMS)
@@ -477,6 +563,12 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=12)
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--seed", type=int, default=20260301)
+    parser.add_argument(
+        "--embedder",
+        choices=("none", "local"),
+        default="none",
+        help="local: all-MiniLM-L6-v2 with numpy (hybrid search), embedded once per text",
+    )
     args = parser.parse_args()
     quiet_clients()
     print_header("memory_read recall@5", "bench.memory_recall")
