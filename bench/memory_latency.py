@@ -20,13 +20,15 @@ Measured, full text (no embedder), client side, per ``memory_read`` call:
 * the whole compaction path (``--compaction-path N``):
   ``bench.compaction_latency.compaction_cpu`` (``Processor.compact`` of N
   conversations, 16 at a time, real PostgreSQL, LLM test server at 0 ms),
-  run alternately with and without the figures kept, twice each.
+  run alternately with and without the figures kept, three times each (best of 3).
 
-    .venv/bin/python -m bench.memory_latency [--quick] [--explain]
+    .venv/bin/python -m bench.memory_latency [--quick] [--explain] [--compaction-path N]
+        [--embedding-cost]
 
 ``--quick`` loads a 20,000-turn tenant instead of 100,000 (about a minute);
 ``--explain`` prints EXPLAIN ANALYZE of each list's statement for one
-question (``memory.explained_statements``).
+question (``memory.explained_statements``); ``--embedding-cost`` times the
+local embedder on a compaction's turns and on a query.
 """
 
 from __future__ import annotations
@@ -235,10 +237,14 @@ async def main_async(args: argparse.Namespace) -> None:
                 rows = await archive_path(store, args.archive_rounds, args.seed)
                 print()
                 print(table(["archive path", "compactions", "median ms"], rows))
+            if args.embedding_cost:
+                rows = await embedding_cost(args.seed)
+                print()
+                print(table(["local embedder (numpy MiniLM)", "calls", "ms per call"], rows))
             if args.compaction_path and hasattr(pg_memory, "rebuild_statistics"):
                 rows = await compaction_path(infra, args.compaction_path)
                 print()
-                print(table(["compaction path", "compactions", "best of 2, per s"], rows))
+                print(table(["compaction path", "compactions", "best of 3, per s"], rows))
             if args.explain:
                 first = loaded.questions["big/conv-000"][0]
                 await explain(store.pool, first, "big")
@@ -362,7 +368,7 @@ async def compaction_path(infra: Infra, count: int) -> list[Any]:
     shipped = term_stats.ADD_CTES
     options = argparse.Namespace(cpu_compactions=count, cpu_concurrency=16, messages=20)
     rates: dict[str, list[float]] = {"figures kept": [], "figures not kept": []}
-    for variant in ["figures kept", "figures not kept"] * 2:
+    for variant in ["figures kept", "figures not kept"] * 3:
         term_stats.ADD_CTES = shipped if variant == "figures kept" else "noop AS (SELECT 1)"
         try:
             done, wall, _ = await compaction_cpu(options, infra)
@@ -377,6 +383,31 @@ async def compaction_path(infra: Infra, count: int) -> list[Any]:
     ]
 
 
+async def embedding_cost(seed: int) -> list[Any]:
+    """What the local embedder (all-MiniLM-L6-v2, numpy) costs: a compaction's 10
+    turns at once, and one query, wall milliseconds in this process."""
+    from core.adapters.embedding.minilm import MiniLMEmbedder
+
+    embedder = MiniLMEmbedder()
+    chat = generate("embed/conv", 10, TURNS_PER_SESSION, random.Random(seed))
+    texts = [e.content for e in chat.events]
+    await embedder.embed(texts[:1])  # load the model
+    groups = [texts[i : i + 10] for i in range(0, 200, 10)]
+    began = time.perf_counter()
+    for group in groups:
+        await embedder.embed(group)
+    per_group = (time.perf_counter() - began) * 1000 / len(groups)
+    questions = [q.text for q in chat.questions][:20]
+    began = time.perf_counter()
+    for question in questions:
+        await embedder.embed([question])
+    per_query = (time.perf_counter() - began) * 1000 / len(questions)
+    return [
+        ["10 turns (one compaction's)", len(groups), f"{per_group:.1f}"],
+        ["one query", len(questions), f"{per_query:.1f}"],
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 20,000-turn tenant")
@@ -387,6 +418,7 @@ def main() -> None:
     parser.add_argument("--explain", action="store_true")
     parser.add_argument("--archive-rounds", type=int, default=100, help="compactions per variant")
     parser.add_argument("--compaction-path", type=int, default=0, metavar="N")
+    parser.add_argument("--embedding-cost", action="store_true")
     parser.add_argument("--seed", type=int, default=17)
     args = parser.parse_args()
     if args.tenant_turns is None:
