@@ -314,7 +314,7 @@ def incoming_of(event: MessageEvent) -> IncomingMessage:
     message = event.to_message()
     tokens = event.token_count
     return IncomingMessage(
-        message, tokens if tokens is not None else estimate_message_tokens(message), None
+        message, tokens if tokens is not None else estimate_message_tokens(message)
     )
 
 

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from core.domain.budget import BudgetConfig
 from core.domain.compaction import CompactionConfig, CompactionTuning
 from core.domain.scoring import ImportanceScoringConfig
+from core.domain.tenancy import TENANT_ID_PATTERN, is_tenant_id
+from core.domain.usage import DEFAULT_PRICES, ModelPrice
 
 ProviderKind = Literal["auto", "anthropic", "openai", "extractive"]
 ResolvedKind = Literal["anthropic", "openai", "extractive"]
@@ -50,6 +52,9 @@ class SummarizationSettings(CompactionTuning, ImportanceScoringConfig):
     model: str | None = None
     base_url: str | None = None
     api_key_env: str | None = None
+    # Anthropic: mark the stable prefix (system prompt + directive) cacheable
+    # (cache_control); cache reads are billed at a tenth of the input price.
+    prompt_caching: bool = True
 
     def scoring(self) -> ImportanceScoringConfig:
         fields = ImportanceScoringConfig.model_fields
@@ -136,7 +141,7 @@ class KafkaSettings(_Section):
 
 
 MIN_TOKEN_CHARS = 16
-TENANT_PATTERN = r"^[A-Za-z0-9._:@-]{1,256}$"
+TENANT_PATTERN = TENANT_ID_PATTERN
 
 
 def check_token(token: SecretStr) -> None:
@@ -231,6 +236,9 @@ class ServiceSettings(_Section):
     # Requests per second per token (token bucket; 0 = no limit) and the burst.
     rate_limit_per_second: float = Field(default=50.0, ge=0)
     rate_limit_burst: int = Field(default=200, ge=1)
+    # Failed authentications per client address: refill rate and burst (0 = no limit).
+    auth_failures_per_second: float = Field(default=0.5, ge=0)
+    auth_failures_burst: int = Field(default=20, ge=1)
     # History and batch views: messages per page by default, and at most.
     page_default_limit: int = Field(default=200, ge=1, le=100_000)
     page_max_limit: int = Field(default=1000, ge=1, le=100_000)
@@ -244,6 +252,61 @@ class ServiceSettings(_Section):
         return value
 
 
+MIN_SIGNING_KEY_CHARS = 32
+
+
+class TenancySettings(_Section):
+    """``[tenancy]``: what a message event must show about its tenant.
+
+    A conversation is (tenant, id) whatever these say (``core.domain.tenancy``).
+    With several producing services on one messages topic, ``signing_keys``
+    gives each tenant secret keys (several during a rotation) and its events
+    must be signed with one of them (``core.domain.signatures``); an event
+    that is not is dead-lettered ``bad_signature``."""
+
+    # Dead-letter a message without tenant_id (missing_tenant).
+    require_tenant: bool = False
+    # Dead-letter a message whose tenant has no signing key (and so any unsigned one).
+    require_signature: bool = False
+    # tenant -> its HMAC keys, at least 32 characters each.
+    signing_keys: dict[str, tuple[SecretStr, ...]] = Field(default_factory=dict)
+
+    @field_validator("signing_keys")
+    @classmethod
+    def _keys(cls, value: dict[str, tuple[SecretStr, ...]]) -> dict[str, tuple[SecretStr, ...]]:
+        for tenant, keys in value.items():
+            if not is_tenant_id(tenant):
+                raise ValueError(f"{tenant[:80]!r} is not a tenant id (letters, digits, ._:@-)")
+            if not keys:
+                raise ValueError(f"tenant {tenant!r} has an empty list of keys")
+            for key in keys:
+                if len(key.get_secret_value()) < MIN_SIGNING_KEY_CHARS:
+                    raise ValueError(
+                        f"a signing key of tenant {tenant!r} is shorter than "
+                        f"{MIN_SIGNING_KEY_CHARS} characters"
+                    )
+        return value
+
+
+class UsageSettings(_Section):
+    """``[usage]``: what a compaction's LLM calls are estimated to cost."""
+
+    # model -> USD per million tokens: {input, output, cache_read, cache_write}.
+    # Replaces the built-in table (the default models' list prices) when set.
+    prices: dict[str, ModelPrice] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
+
+
+class TenantSettings(_Section):
+    """One ``[[tenants]]`` entry: settings of one tenant. More per-tenant settings
+    (a fair-share weight, ...) join this table as keys of their own."""
+
+    id: str = Field(pattern=TENANT_ID_PATTERN)
+    # LLM tokens (input + output + cache reads and writes) the tenant's compactions
+    # may use per UTC day; once spent, its compactions use the extractive
+    # summariser until the next day. Unset: no limit.
+    llm_tokens_per_day: int | None = Field(default=None, ge=0)
+
+
 class Settings(_Section):
     summarization: SummarizationSettings = SummarizationSettings()
     budget: BudgetConfig = BudgetConfig()
@@ -252,6 +315,22 @@ class Settings(_Section):
     archive: ArchiveSettings = ArchiveSettings()
     kafka: KafkaSettings = KafkaSettings()
     service: ServiceSettings = ServiceSettings()
+    tenancy: TenancySettings = TenancySettings()
+    usage: UsageSettings = UsageSettings()
+    tenants: tuple[TenantSettings, ...] = ()
+
+    @field_validator("tenants")
+    @classmethod
+    def _one_entry_per_tenant(cls, value: tuple[TenantSettings, ...]) -> tuple[TenantSettings, ...]:
+        ids = [tenant.id for tenant in value]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"tenant {twice[0]!r} has more than one [[tenants]] entry")
+        return value
+
+    def tenant(self, tenant_id: str | None) -> TenantSettings | None:
+        """The ``[[tenants]]`` entry of ``tenant_id``, if it has one."""
+        return next((t for t in self.tenants if t.id == tenant_id), None)
 
 
 _SECRET_WORDS = ("token", "password", "secret", "dsn", "key")
@@ -298,6 +377,10 @@ ENV_PREFIX = "COMPACTOR_"
 ENV_NESTED_DELIMITER = "__"
 
 
+#: ``[[tenants]]`` from the environment: the whole list, as JSON.
+TENANTS_ENV = "COMPACTOR_TENANTS"
+
+
 def env_name(section: str, key: str) -> str:
     """The environment variable of ``[section].key``."""
     return f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}{key.upper()}"
@@ -322,6 +405,9 @@ def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, str], tuple[str
     (``COMPACTOR_CONFIG`` and ``COMPACTOR_API_TOKENS`` have no ``__``: not settings keys.)"""
     found: dict[tuple[str, str], tuple[str, Any]] = {}
     for variable in sorted(environ):
+        if variable == TENANTS_ENV:  # [[tenants]], a list of tables: JSON
+            found[("tenants", "")] = (variable, env_value(environ[variable]))
+            continue
         if not variable.startswith(ENV_PREFIX) or ENV_NESTED_DELIMITER not in variable:
             continue
         section, _, key = variable.removeprefix(ENV_PREFIX).lower().partition(ENV_NESTED_DELIMITER)
@@ -350,6 +436,9 @@ def _layered(
         return data
     merged = dict(data)
     for (section, key), (_, value) in overrides.items():
+        if not key:  # a whole list of tables ([[tenants]])
+            merged[section] = value
+            continue
         table = merged.get(section)
         # A section that is not a table in the file is reported by validation as is.
         if table is None or isinstance(table, Mapping):

@@ -7,18 +7,47 @@ it does not understand instead of misreading it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from core.domain.messages import ConversationMessage, Role, Text, ToolCall
+from core.domain.specifics import Specific
+from core.domain.tenancy import TENANT_ID_PATTERN, ConversationRef, conversation_key
+from core.domain.usage import LlmUsage
 
 MAX_ID_LENGTH = 256
 DEFAULT_MAX_CONTENT_CHARS = 1_000_000
 
+TenantId = Annotated[str, Field(pattern=TENANT_ID_PATTERN)]
+"""Letters, digits and ``._:@-`` (1 to 256): never ``/``, which separates the
+tenant from the conversation id in a conversation key."""
 
-class MessageEvent(BaseModel):
-    """One chat message, keyed on Kafka by ``conversation_id``."""
+
+class _Identified(Protocol):
+    @property
+    def conversation_id(self) -> str: ...
+
+    @property
+    def tenant_id(self) -> str | None: ...
+
+
+class Scoped:
+    """An event about one conversation: (``tenant_id``, ``conversation_id``) is its
+    identity (``core.domain.tenancy``). The Kafka key is ``conversation_id`` alone,
+    so every co-partitioned topic routes a conversation to the same partition."""
+
+    @property
+    def conversation_key(self: _Identified) -> str:
+        """The key the store, the table and the locks know the conversation by."""
+        return conversation_key(self.tenant_id, self.conversation_id)
+
+
+class MessageEvent(Scoped, BaseModel):
+    """One chat message, keyed on Kafka by ``conversation_id``.
+
+    The conversation is (``tenant_id``, ``conversation_id``): two tenants using the
+    same id have two conversations, and neither can reach the other's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -35,17 +64,18 @@ class MessageEvent(BaseModel):
     token_count: int | None = Field(
         default=None, ge=0, description="Provider-reported token count; preferred over the estimate"
     )
-    tenant_id: str | None = Field(
+    tenant_id: TenantId | None = Field(
         default=None,
-        pattern=r"^[A-Za-z0-9._:@-]{1,256}$",
-        description="The conversation's tenant. The first message stored fixes it; a later "
-        "message claiming another (or none when it has one) is dead-lettered (tenant_mismatch)",
+        description="The conversation's tenant: part of its identity, so the same "
+        "conversation_id under two tenants is two conversations. With [tenancy] signing keys "
+        "the record must carry the tenant's signature (dead-lettered bad_signature otherwise)",
     )
 
     def to_message(self) -> ConversationMessage:
+        """The message as the store keeps it: under its conversation key."""
         return ConversationMessage(
             id=self.message_id,
-            conversation_id=self.conversation_id,
+            conversation_id=self.conversation_key,
             role=self.role,
             content=self.content,
             tool_calls=self.tool_calls or None,
@@ -54,7 +84,7 @@ class MessageEvent(BaseModel):
         )
 
 
-class CompactionCommand(BaseModel):
+class CompactionCommand(Scoped, BaseModel):
     """Ask the processor to compact one conversation.
 
     ``compaction_id`` derives from the conversation and its generation, so a
@@ -68,13 +98,14 @@ class CompactionCommand(BaseModel):
     schema_version: Literal[1] = 1
     compaction_id: str
     conversation_id: str
+    tenant_id: TenantId | None = None
     generation: int = Field(ge=0)
     up_to_seq: int | None = None
     issued_at: AwareDatetime
     reason: Literal["over_budget", "reconcile"] = "over_budget"
 
 
-class CompactionCompleted(BaseModel):
+class CompactionCompleted(Scoped, BaseModel):
     """The processor's answer, consumed by the accounting agent (internal)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -83,6 +114,7 @@ class CompactionCompleted(BaseModel):
     schema_version: Literal[1] = 1
     compaction_id: str
     conversation_id: str
+    tenant_id: TenantId | None = None
     generation: int = Field(ge=0)
     status: Literal["compacted", "noop"]
     messages_compressed: int = Field(ge=0)
@@ -93,7 +125,7 @@ class CompactionCompleted(BaseModel):
     completed_at: AwareDatetime
 
 
-class ReconcileRequest(BaseModel):
+class ReconcileRequest(Scoped, BaseModel):
     """Sent by the reconciliation timer so that all table changes happen in the agent."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -101,10 +133,11 @@ class ReconcileRequest(BaseModel):
     type: Literal["reconcile"] = "reconcile"
     schema_version: Literal[1] = 1
     conversation_id: str
+    tenant_id: TenantId | None = None
     requested_at: AwareDatetime
 
 
-class EraseRequest(BaseModel):
+class EraseRequest(Scoped, BaseModel):
     """Erase one conversation everywhere (``compactor erase``), on the erase-requests
     topic only (``{prefix}erase-requests``; the control topic no longer erases):
     every table row, its table entry, a tombstone on the clip-archive topic, an
@@ -119,13 +152,14 @@ class EraseRequest(BaseModel):
     schema_version: Literal[2] = 2
     request_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
     conversation_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    tenant_id: TenantId | None = None
     requester: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
     reason: str = Field(min_length=1, max_length=1000, description="Why; never content")
     requested_at: AwareDatetime
     messages_end_offsets: dict[int, int] = Field(default_factory=dict)
 
 
-class EraseCompleted(BaseModel):
+class EraseCompleted(Scoped, BaseModel):
     """Published on ``{prefix}erase-completions`` once an erase is applied (again for a
     redelivered request, with the first application's counts). Ids and counts only."""
 
@@ -135,6 +169,7 @@ class EraseCompleted(BaseModel):
     schema_version: Literal[1] = 1
     request_id: str
     conversation_id: str
+    tenant_id: TenantId | None = None
     requester: str
     counts: dict[str, int]  # rows removed per table
     epoch: int = Field(ge=1)  # erases of this conversation id so far
@@ -159,10 +194,21 @@ class BatchInfo(BaseModel):
     end_time: AwareDatetime
     message_count: int
     superseded_by: str | None = None
+    specifics: tuple[Specific, ...] = Field(
+        default=(),
+        description="The batch's specifics ledger: the specifics of its source turns that its "
+        "summary dropped, most important first, each with the id of the message that stated it "
+        "(`expand` fetches the turn); the clip-archive shows them in the batch's Specifics section",
+    )
 
 
-class ClipArchiveEvent(BaseModel):
+class ClipArchiveEvent(Scoped, BaseModel):
     """Published once per compaction (at least once: de-duplicate by ``compaction_id``).
+
+    Its record key is the conversation key (``core.domain.tenancy``: ``tenant/id``,
+    or the id for a conversation without a tenant), so the log-compacted topic
+    keeps one latest event per conversation, and two tenants' conversations with
+    the same id never replace (or, by an erase's tombstone, delete) each other's.
 
     ``clip_archive`` plus the messages named in ``kept_message_ids`` (and any
     that arrived later) is what the model should see now.
@@ -173,6 +219,7 @@ class ClipArchiveEvent(BaseModel):
     schema_version: Literal[1] = 1
     compaction_id: str
     conversation_id: str
+    tenant_id: TenantId | None = None
     generation: int = Field(ge=0)
     clip_archive: ConversationMessage
     kept_message_ids: tuple[str, ...]
@@ -181,6 +228,21 @@ class ClipArchiveEvent(BaseModel):
     tokens_before: int
     tokens_after: int
     created_at: AwareDatetime
+    usage: LlmUsage | None = Field(
+        default=None,
+        description="What the compaction's LLM calls cost: calls, input/output/cache tokens, the "
+        "summariser and model (extractive when the tenant's LLM budget for the day was spent: "
+        "fallback true), the estimated cost in USD from [usage].prices (null: no price)",
+    )
+
+
+def public_message(message: ConversationMessage) -> ConversationMessage:
+    """``message`` as events and views show it: under the producer's conversation id
+    (its tenant is the event's or the body's ``tenant_id``), not the store's key."""
+    ref = ConversationRef.of_key(message.conversation_id)
+    if ref.conversation_id == message.conversation_id:
+        return message
+    return message.model_copy(update={"conversation_id": ref.conversation_id})
 
 
 class DeadLetterHeaders(BaseModel):

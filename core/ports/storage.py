@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from typing import Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
 from core.domain.messages import ConversationMessage
+from core.domain.usage import UsageDay
 
 
 class StoreError(Exception):
@@ -51,13 +52,8 @@ class HistoryConflictError(StoreConflict):
 
 
 class TenantConflictError(StoreConflict):
-    """A message claims a tenant other than its conversation's. Nothing was written."""
-
-
-class TenantUnassignedError(StoreConflict):
-    """A message claims a tenant for a conversation stored before tenants existed
-    (messages, no ``conversations`` row): only an operator assigns one
-    (``assign_tenant``). Nothing was written."""
+    """A conversation cannot move to that tenant (it has one already, or the tenant
+    has a conversation with that id). Nothing was written."""
 
 
 ApplyOutcome = Literal["applied", "already_applied"]
@@ -106,22 +102,23 @@ class OutboxRow(BaseModel):
     topic: str
     key: str
     payload: str
+    published: bool = False  # the broker acknowledged it once already
 
 
 @dataclass(frozen=True)
 class IncomingMessage:
-    """A message to store, with its token count, the tenant it claims, and where it
-    was read (the messages topic's partition and offset; None outside Kafka),
-    which the store checks against the conversation's erase mark."""
+    """A message to store, with its token count and where it was read (the messages
+    topic's partition and offset; None outside Kafka), which the store checks
+    against the conversation's erase mark. Its ``conversation_id`` is the
+    conversation key (``core.domain.tenancy``), which names its tenant."""
 
     message: ConversationMessage
     tokens: int
-    tenant_id: str | None = None
     partition: int | None = None
     offset: int | None = None
 
 
-SaveStatus = Literal["inserted", "duplicate", "tenant_conflict", "erased", "tenant_unassigned"]
+SaveStatus = Literal["inserted", "duplicate", "erased"]
 """``erased``: the conversation was erased and this message is covered by the
 erase (read at or below the erase's offset mark, or created at or before its
 cutoff); nothing of it is written."""
@@ -341,28 +338,22 @@ class MessageStore(Protocol):
         message: ConversationMessage,
         token_estimate: int,
         *,
-        tenant_id: str | None = None,
         partition: int | None = None,
         offset: int | None = None,
     ) -> bool:
         """Insert once; ``False`` when that message id was already stored, or when an
         erase of the conversation covers it (see ``SaveStatus`` ``erased``).
 
-        The first message of a conversation fixes its tenant (``tenant_id``, or
-        none); a later one with a different ``tenant_id`` raises
-        ``TenantConflictError`` and writes nothing.
+        ``message.conversation_id`` is the conversation key: its tenant (the
+        key's, ``core.domain.tenancy``) is recorded with the conversation's
+        first message, for the row-level security of reads.
         """
         ...
 
     async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
         """``save_message`` for a group, in the group's order, in as few round trips
-        as the store can: the accounting agent's hot path. A message whose
-        conversation belongs to another tenant is ``tenant_conflict`` and is not
-        written; one claiming a tenant for a conversation stored before tenants
-        existed (data, no tenant assignment) is ``tenant_unassigned`` and is not
-        written either (one claiming none is stored; the conversation stays
-        unassigned); the others are. Within the group, the first claim of a new
-        conversation fixes its tenant; a repeated id is a ``duplicate``."""
+        as the store can: the accounting agent's hot path. A repeated id is a
+        ``duplicate``; a message an erase covers is ``erased`` (not written)."""
         ...
 
     async def load_history(
@@ -464,7 +455,7 @@ class OutboxStore(Protocol):
         ...
 
     async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
-        """Every row of one compaction, published or not, in order."""
+        """Every row of one compaction, published or not (``published`` says), in order."""
         ...
 
     async def mark_published(self, ids: Sequence[int]) -> None:
@@ -505,13 +496,6 @@ class TallySource(Protocol):
 class PrivacyStore(Protocol):
     """Tenants and erasure."""
 
-    async def conversation_tenant(
-        self, conversation_id: str, *, scope: ReadScope | None = None
-    ) -> str | None:
-        """The conversation's tenant; None when it has none, is unknown, or is
-        outside ``scope``."""
-        ...
-
     async def erase_conversation(self, conversation_id: str, erasure: Erasure) -> EraseOutcome:
         """Remove every row of the conversation from every table, in one transaction
         under the conversation's lock, and in the same transaction record the
@@ -523,20 +507,36 @@ class PrivacyStore(Protocol):
         """The audit entries of a conversation's erases, oldest first."""
         ...
 
-    async def assign_tenant(self, conversation_id: str, tenant_id: str | None) -> bool:
-        """Fix the tenant (or, with None, the lack of one) of a conversation that has
-        none assigned yet, under its lock: ``True`` when assigned now, ``False`` when
-        it already was this one. Raises ``TenantConflictError`` (and writes nothing)
-        when it has another."""
-        ...
-
-    async def unassigned_conversations(self, limit: int = 1000) -> list[str]:
-        """Conversations with stored data but no tenant assignment (stored before
-        tenants existed), sorted; at most ``limit``."""
+    async def move_to_tenant(self, conversation_id: str, tenant_id: str) -> bool:
+        """Move the conversation without a tenant ``conversation_id`` (a producer's
+        id) into ``tenant_id``: every row, its erase mark and audit, re-keyed in
+        one transaction under both keys' locks. ``True`` when moved now, ``False``
+        when it was moved before (nothing left without a tenant, the tenant's
+        conversation there). Raises ``TenantConflictError`` (and writes nothing)
+        when both have rows: two histories are never merged."""
         ...
 
 
-class WorkerStore(MessageStore, MemoryStore, OutboxStore, TallySource, PrivacyStore, Protocol):
+class UsageStore(Protocol):
+    """What compactions cost (their LLM spend, recorded with each compaction)."""
+
+    async def tenant_llm_tokens(self, tenant_id: str, since: datetime) -> int:
+        """LLM tokens (input, output, cache reads and writes) of the tenant's
+        compactions since ``since``, the extractive summariser's not counted:
+        what its ``llm_tokens_per_day`` is compared with."""
+        ...
+
+    async def usage_by_day(
+        self, *, scope: ReadScope, tenant_id: str | None = None, since: date | None = None
+    ) -> list[UsageDay]:
+        """Compactions and their spend summed by tenant and UTC day (from ``since``),
+        oldest day first; only what ``scope`` sees. ``tenant_id``: that tenant's only."""
+        ...
+
+
+class WorkerStore(
+    MessageStore, MemoryStore, OutboxStore, TallySource, PrivacyStore, UsageStore, Protocol
+):
     """Everything the streaming worker asks of storage."""
 
     async def close(self) -> None: ...

@@ -39,6 +39,7 @@ from streams.cli.store_commands import (
 )
 from streams.cli.tail import TailError
 from streams.cli.tenant_commands import add_tenant_commands, cmd_tenants
+from streams.cli.usage_commands import add_usage_command, cmd_usage
 from streams.kafka.admin import TopicMismatchError
 from streams.logs import configure as configure_logging
 from streams.stack_state import DEFAULT_STATE_DIR, DEV_STATE_DIR_ENV
@@ -53,6 +54,7 @@ COMMANDS: dict[str, Handler] = {
     "history": cmd_history,
     "memory-read": cmd_memory_read,
     "tenants": cmd_tenants,
+    "usage": cmd_usage,
     "expand": cmd_expand,
     "worker": cmd_worker,
     "replay": cmd_replay,
@@ -79,9 +81,12 @@ def _add_store_commands(sub: _Subparsers) -> None:
     compact.add_argument("file")
     history = sub.add_parser("history", help="print a conversation as the model sees it now")
     history.add_argument("conversation_id")
+    _add_tenant_option(history)
     memory = sub.add_parser("memory-read", help="search archived summaries and raw turns")
     memory.add_argument("query")
-    memory.add_argument("--conversation-id", help="search this conversation")
+    memory.add_argument(
+        "--conversation-id", help="search this conversation (with --tenant-id: that tenant's)"
+    )
     memory.add_argument("--tenant-id", help="search this tenant's conversations")
     memory.add_argument(
         "--all", action="store_true", help="search every conversation of every tenant"
@@ -100,6 +105,16 @@ def _add_store_commands(sub: _Subparsers) -> None:
     expand = sub.add_parser("expand", help="a batch with all its raw turns in order")
     expand.add_argument("conversation_id")
     expand.add_argument("batch_id")
+    _add_tenant_option(expand)
+
+
+def _add_tenant_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tenant-id",
+        default=None,
+        help="the conversation's tenant (a conversation is its tenant and its id; "
+        "default: a conversation without a tenant)",
+    )
 
 
 def _add_demo(sub: _Subparsers) -> None:
@@ -131,6 +146,7 @@ def _add_kafka_commands(sub: _Subparsers) -> None:
         "erase", help="erase a conversation everywhere (via the erase-requests topic; audited)"
     )
     erase.add_argument("conversation_id")
+    _add_tenant_option(erase)
     erase.add_argument("--reason", required=True, help="why (audited; never message content)")
     erase.add_argument("--requester", default=None, help="who asks (default: the OS user)")
     erase.add_argument(
@@ -196,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     # In the order `compactor --help` lists them.
     _add_store_commands(sub)
     add_tenant_commands(sub)
+    add_usage_command(sub)
     _add_demo(sub)
     _add_kafka_commands(sub)
     _add_schemas(sub)

@@ -1,9 +1,10 @@
 """``compactor erase``: ask the workers to erase a conversation, and optionally wait.
 
 The request is an ``EraseRequest`` on the erase-requests topic (the only topic
-whose records erase; only operators may write it, docs/security.md), keyed by
-the conversation id, so the worker that owns the conversation's partition (the
-accounting component, the table's only writer) applies it: every row in
+whose records erase; only operators may write it, docs/security.md), naming
+the conversation by its tenant and id, keyed by the id, so the worker that
+owns the conversation's partition (the accounting component, the table's
+only writer) applies it: every row in
 PostgreSQL, an erase mark that keeps the conversation erased, an audit entry,
 the table entry (a tombstone in the changelog), a tombstone on the
 clip-archive topic, then an ``EraseCompleted`` on the erase-completions topic.
@@ -52,6 +53,7 @@ def default_requester() -> str:
 def erase_request(
     conversation_id: str,
     *,
+    tenant_id: str | None = None,
     reason: str,
     requester: str | None = None,
     end_offsets: Mapping[int, int] | None = None,
@@ -66,13 +68,16 @@ def erase_request(
         return EraseRequest(
             request_id=request_id or str(uuid.uuid4()),
             conversation_id=conversation_id,
+            tenant_id=tenant_id,
             requester=requester or default_requester(),
             reason=reason.strip(),
             requested_at=now or datetime.now(UTC),
             messages_end_offsets=dict(end_offsets or {}),
         )
     except ValidationError as error:
-        raise EraseError(f"invalid erase request: {error.errors()[0]['msg']}") from None
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise EraseError(f"invalid erase request: {where}: {first['msg']}") from None
 
 
 async def _assigned(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
@@ -86,6 +91,7 @@ async def _assigned(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartiti
 async def send_erase(
     conversation_id: str,
     *,
+    tenant_id: str | None = None,
     bootstrap: str,
     topic: str,
     messages_topic: str,
@@ -120,6 +126,7 @@ async def send_erase(
                 consumer.seek(tp, offset)
         request = erase_request(
             conversation_id,
+            tenant_id=tenant_id,
             reason=reason,
             requester=requester,
             end_offsets={tp.partition: offset for tp, offset in ends.items()},

@@ -32,7 +32,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     return run_worker(settings, loglevel=args.loglevel)
 
 
-async def _kafka(settings: Settings) -> tuple[str, KafkaSecurity]:
+async def kafka_checked(settings: Settings) -> tuple[str, KafkaSecurity]:
     """The broker to use and how, checked first (TLS handshake and SASL login included):
     aiokafka would retry for a while, then say less."""
     bootstrap = configured_bootstrap(settings)
@@ -68,7 +68,7 @@ async def _ensure_topics(
 async def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     """Create missing topics; report (or with --apply-configs, fix) existing topics
     whose cleanup policy or retention differ from the settings."""
-    bootstrap, security = await _kafka(settings)
+    bootstrap, security = await kafka_checked(settings)
     counts = await _ensure_topics(settings, bootstrap, security)
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
     roles = names.described()
@@ -115,7 +115,7 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     topics = TopicNames.with_prefix(settings.kafka.topic_prefix)
     if not transcript.events:
         raise CommandError(f"{path}: no valid message events, nothing published")
-    bootstrap, security = await _kafka(settings)
+    bootstrap, security = await kafka_checked(settings)
     await _ensure_topics(settings, bootstrap, security)
     progress = Progress(len(transcript.events), sys.stderr)
     result = await publish(
@@ -125,6 +125,10 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         rate=args.rate,
         progress=progress,
         security=security,
+        signing_keys={
+            tenant: keys[0].get_secret_value().encode()
+            for tenant, keys in settings.tenancy.signing_keys.items()
+        },
     )
     skipped = f", skipped {len(transcript.bad)} invalid line(s)" if transcript.bad else ""
     print(
@@ -137,7 +141,7 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
 async def cmd_tail(settings: Settings, args: argparse.Namespace) -> int:
     if args.max is not None and args.max < 1:
         raise ConfigError(f"--max must be at least 1, got {args.max}")
-    bootstrap, security = await _kafka(settings)
+    bootstrap, security = await kafka_checked(settings)
     topic = TopicNames.with_prefix(settings.kafka.topic_prefix).clip_archives
     result = await tail(
         bootstrap=bootstrap,
@@ -166,7 +170,7 @@ async def cmd_erase(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
-    bootstrap, security = await _kafka(settings)
+    bootstrap, security = await kafka_checked(settings)
     # Never let the broker auto-create the erase topic with another partition count:
     # the request would reach a worker that does not own the conversation.
     await _ensure_topics(settings, bootstrap, security)
@@ -174,6 +178,7 @@ async def cmd_erase(settings: Settings, args: argparse.Namespace) -> int:
     try:
         request, completed = await send_erase(
             args.conversation_id,
+            tenant_id=args.tenant_id,
             bootstrap=bootstrap,
             topic=names.erasures,
             messages_topic=names.messages,
@@ -187,8 +192,9 @@ async def cmd_erase(settings: Settings, args: argparse.Namespace) -> int:
     except EraseTimeout as error:
         print(f"compactor: {error}; the request stays queued for the worker", file=sys.stderr)
         return EXIT_TIMEOUT
+    tenant = "" if args.tenant_id is None else f" of tenant {args.tenant_id!r}"
     print(
-        f"erase of {args.conversation_id!r} requested on {names.erasures} "
+        f"erase of {args.conversation_id!r}{tenant} requested on {names.erasures} "
         f"(request {request.request_id}, by {request.requester})"
     )
     if completed is not None:

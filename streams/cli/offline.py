@@ -87,10 +87,10 @@ class OfflineRun:
                 outcome = await self.components.processor.compact(command)
                 if outcome.status == "failed":
                     raise OfflineCompactionError(
-                        f"compaction of {command.conversation_id} failed: {outcome.reason}"
+                        f"compaction of {command.conversation_key} failed: {outcome.reason}"
                     )
                 if outcome.status == "compacted":
-                    self.on_compaction(command.conversation_id, outcome)
+                    self.on_compaction(command.conversation_key, outcome)
             elif role == "control":
                 await self._deliver(names.control, key, value or b"")
             elif role == "dead_letters":
@@ -98,8 +98,8 @@ class OfflineRun:
 
 
 def conversations_in(events: Sequence[MessageEvent]) -> dict[str, list[MessageEvent]]:
-    """Events by conversation, each in its original order."""
+    """Events by conversation key ((tenant, id)), each in its original order."""
     grouped: dict[str, list[MessageEvent]] = {}
     for event in events:
-        grouped.setdefault(event.conversation_id, []).append(event)
+        grouped.setdefault(event.conversation_key, []).append(event)
     return grouped

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
+from core.domain.signatures import SIGNATURE_HEADER, signature
 from streams.events import MessageEvent
 from streams.kafka.security import PLAINTEXT, KafkaSecurity
 
@@ -137,13 +138,17 @@ async def publish(
     rate: float | None = None,
     progress: Progress | None = None,
     security: KafkaSecurity = PLAINTEXT,
+    signing_keys: Mapping[str, bytes] | None = None,
 ) -> PublishResult:
     """Publish ``events`` in order, keyed by conversation id, and wait for every ack.
 
     ``acks=all`` with idempotence: a retried send after a lost ack never
     duplicates or reorders a conversation's messages. ``rate`` spaces sends
-    evenly (messages per second) to imitate live traffic.
+    evenly (messages per second) to imitate live traffic. An event of a
+    tenant in ``signing_keys`` is signed with its key (``[tenancy]``; the
+    first key of each tenant in the configuration).
     """
+    keys = dict(signing_keys or {})
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         acks="all",
@@ -162,10 +167,15 @@ async def publish(
                 delay = started + index / rate - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
+            value = event.model_dump_json().encode()
+            key = keys.get(event.tenant_id) if event.tenant_id is not None else None
             future = await producer.send(
                 topic,
-                value=event.model_dump_json().encode(),
+                value=value,
                 key=event.conversation_id.encode(),
+                headers=None
+                if key is None
+                else [(SIGNATURE_HEADER, signature(key, value).encode())],
             )
             if progress is not None:
                 future.add_done_callback(_advance(progress))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from core.domain.clip_archive import is_clip_archive, parse_clip_archive
 from core.domain.messages import ConversationMessage
+from core.domain.tenancy import ConversationRef, conversation_key
 from core.domain.tokens import estimate_history_tokens
 from core.ports.storage import MatchReason, MemorySearchResult, MessageStore
 from core.settings import Settings
@@ -93,11 +94,26 @@ async def _print_compacted(store: MessageStore, conversation_id: str) -> None:
         )
 
 
+def addressed_key(args: argparse.Namespace) -> str:
+    """The conversation key a command's ``conversation_id`` and ``--tenant-id`` name."""
+    try:
+        return conversation_key(args.tenant_id, args.conversation_id)
+    except ValueError as error:
+        raise CommandError(f"--tenant-id: {error}") from None
+
+
+def described(key: str) -> str:
+    ref = ConversationRef.of_key(key)
+    where = "" if ref.tenant_id is None else f" of tenant {ref.tenant_id!r}"
+    return f"{ref.conversation_id!r}{where}"
+
+
 async def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
+    key = addressed_key(args)
     async with open_runtime(settings) as runtime:
-        history = await runtime.store.load_history(args.conversation_id)
+        history = await runtime.store.load_history(key)
     if not history:
-        print(f"no messages for conversation {args.conversation_id!r}", file=sys.stderr)
+        print(f"no messages for conversation {described(key)}", file=sys.stderr)
         return 1
     print(render_history(history))
     return 0
@@ -114,10 +130,11 @@ async def cmd_memory_read(settings: Settings, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    key = None if args.conversation_id is None else addressed_key(args)
     async with open_runtime(settings) as runtime:
         result = await runtime.store.memory_read(
             args.query,
-            conversation_id=args.conversation_id,
+            conversation_id=key,
             limit=args.limit,
             sources=args.sources,
             mode=args.mode,
@@ -149,14 +166,16 @@ def render_search(result: MemorySearchResult) -> str:
     for turn in result.turns:
         copies = f", {turn.duplicates} more with the same text" if turn.duplicates else ""
         lines.append(
-            f"  [{turn.created_at:%Y-%m-%d %H:%M}] {turn.role} {turn.conversation_id} "
+            f"  [{turn.created_at:%Y-%m-%d %H:%M}] {turn.role} "
+            f"{described(turn.conversation_id or '')} "
             f"{turn.message_id} (batch {turn.batch_id}{copies})"
         )
         lines.append(f"    {turn.text}")
         lines.append(f"    why: {_why(turn.matches)}")
     for hit in result.hits:
         lines.append(
-            f"\n{hit.batch_id}  {hit.label}  score={hit.score:.4f}  depth={hit.depth}  "
+            f"\n{described(hit.conversation_id)}  "
+            f"{hit.batch_id}  {hit.label}  score={hit.score:.4f}  depth={hit.depth}  "
             f"messages={hit.message_count}  {hit.start_time:%Y-%m-%d %H:%M} → "
             f"{hit.end_time:%Y-%m-%d %H:%M}"
         )
@@ -171,10 +190,11 @@ def render_search(result: MemorySearchResult) -> str:
 
 
 async def cmd_expand(settings: Settings, args: argparse.Namespace) -> int:
+    key = addressed_key(args)
     async with open_runtime(settings) as runtime:
-        expanded = await runtime.store.expand_batch(args.conversation_id, args.batch_id)
+        expanded = await runtime.store.expand_batch(key, args.batch_id)
     if expanded is None:
-        print(f"no batch {args.batch_id!r} in {args.conversation_id!r}", file=sys.stderr)
+        print(f"no batch {args.batch_id!r} in {described(key)}", file=sys.stderr)
         return 1
     batch = expanded.batch.batch
     print(

@@ -30,7 +30,7 @@ def summarise(event: ClipArchiveEvent) -> str:
     depth = f"depth {depths[0]}" if len(depths) == 1 else f"depths {depths[0]}-{depths[-1]}"
     batches = f"{len(event.batches)} batches ({depth})" if event.batches else "0 batches"
     return (
-        f"{event.created_at:%Y-%m-%d %H:%M:%S} {event.conversation_id} "
+        f"{event.created_at:%Y-%m-%d %H:%M:%S} {event.conversation_key} "
         f"compaction {event.compaction_id} (gen {event.generation}): "
         f"{len(event.compressed_message_ids)} messages compressed, "
         f"tokens {event.tokens_before} → {event.tokens_after}, {batches}, "

@@ -1,80 +1,103 @@
-"""``compactor tenants``: assign a tenant to a conversation stored before tenants existed.
+"""``compactor tenants assign``: move a conversation without a tenant into one.
 
-Conversations stored before migration 0005 have no ``conversations`` row. A
-message claiming a tenant for one is dead-lettered (``tenant_unassigned``)
-instead of adopting the whole history into whatever tenant it names; an
-operator, who knows whose it is, assigns it here:
+A conversation is its tenant and its id (``core.domain.tenancy``): a message
+naming a tenant belongs to that tenant's conversation, never to one of the
+same id without a tenant, so no message can adopt a history. Conversations
+stored before tenants existed are conversations without a tenant (migration
+0010). When their producers start naming a tenant, an operator moves each
+history into it, so the next message continues it:
 
-    compactor tenants list-unassigned
     compactor tenants assign CONVERSATION_ID TENANT
-    compactor tenants assign CONVERSATION_ID --none
 
-An assignment is final: a conversation never changes tenant, so assigning
-another tenant to one that has one fails (exit 1), and assigning the same
-again changes nothing.
+The move re-keys every row in one transaction; it is refused when the tenant
+has a conversation of that id already (two histories are never merged), and
+changes nothing when it was moved before. The owning worker is then asked
+(a reconcile request per key on the control topic) to drop the old key's
+table entry and count the moved conversation from the store.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+from datetime import UTC, datetime
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from core.domain.tenancy import is_tenant_id
 from core.ports.storage import TenantConflictError
-from core.settings import Settings
+from core.settings import ConfigError, Settings
 from streams.bootstrap import open_runtime
 from streams.cli.errors import CommandError
-from streams.events import MAX_ID_LENGTH
-
-# MessageEvent.tenant_id's pattern: an assigned tenant is one a message can name.
-TENANT_PATTERN = re.compile(r"[A-Za-z0-9._:@-]{1,256}")
+from streams.cli.kafka_commands import kafka_checked
+from streams.events import MAX_ID_LENGTH, ReconcileRequest
+from streams.topics import TopicNames
 
 
 def add_tenant_commands(sub: Any) -> None:
     tenants = sub.add_parser(
-        "tenants", help="assign tenants to conversations stored before tenants existed"
+        "tenants", help="move conversations stored without a tenant into their tenant"
     )
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True)
     assign = tenants_sub.add_parser(
-        "assign", help="fix a conversation's tenant (final: a conversation never changes tenant)"
+        "assign",
+        help="move a conversation without a tenant into TENANT (its rows, re-keyed, "
+        "in one transaction)",
     )
     assign.add_argument("conversation_id")
-    which = assign.add_mutually_exclusive_group(required=True)
-    which.add_argument("tenant_id", nargs="?", default=None, help="the tenant")
-    which.add_argument("--none", action="store_true", help="the conversation has no tenant")
-    unassigned = tenants_sub.add_parser(
-        "list-unassigned", help="conversations with stored data and no tenant assignment"
-    )
-    unassigned.add_argument("--limit", type=int, default=1000)
+    assign.add_argument("tenant_id", help="the tenant")
 
 
 async def cmd_tenants(settings: Settings, args: argparse.Namespace) -> int:
-    if args.tenants_command == "assign":
-        return await _assign(settings, args.conversation_id, None if args.none else args.tenant_id)
-    async with open_runtime(settings) as runtime:
-        found = await runtime.store.unassigned_conversations(args.limit)
-    for conversation_id in found:
-        print(conversation_id)
-    if len(found) == args.limit:
-        print(f"(the first {args.limit}; --limit for more)")
-    return 0
-
-
-async def _assign(settings: Settings, conversation_id: str, tenant_id: str | None) -> int:
+    conversation_id, tenant_id = args.conversation_id, args.tenant_id
     if not 1 <= len(conversation_id) <= MAX_ID_LENGTH or "\x00" in conversation_id:
         raise CommandError(f"not a conversation id: {conversation_id[:80]!r}")
-    if tenant_id is not None and TENANT_PATTERN.fullmatch(tenant_id) is None:
+    if not is_tenant_id(tenant_id):
         raise CommandError(
             f"not a tenant id: {tenant_id[:80]!r} (letters, digits, ._:@-, up to 256)"
         )
     async with open_runtime(settings) as runtime:
         try:
-            assigned = await runtime.store.assign_tenant(conversation_id, tenant_id)
+            moved = await runtime.store.move_to_tenant(conversation_id, tenant_id)
         except TenantConflictError as error:
             raise CommandError(str(error)) from None
-    shown = "no tenant" if tenant_id is None else f"tenant {tenant_id!r}"
-    if assigned:
-        print(f"conversation {conversation_id!r} assigned to {shown}")
-    else:
-        print(f"conversation {conversation_id!r} already had {shown}: nothing changed")
+    if not moved:
+        print(f"conversation {conversation_id!r} is in tenant {tenant_id!r} already")
+        return 0
+    print(f"conversation {conversation_id!r} moved into tenant {tenant_id!r}")
+    await _nudge_worker(settings, conversation_id, tenant_id)
     return 0
+
+
+async def _nudge_worker(settings: Settings, conversation_id: str, tenant_id: str) -> None:
+    """Ask the owning worker to look again at both keys (best effort: without it,
+    the old key's table entry lingers until it is reconciled, and the moved
+    conversation is counted from the store at its next message)."""
+    try:
+        bootstrap, security = await kafka_checked(settings)
+    except (ConfigError, CommandError) as error:
+        print(f"(the workers were not told: {error})")
+        return
+    topic = TopicNames.with_prefix(settings.kafka.topic_prefix).control
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        client_id="compactor-tenants",
+        **security.client_kwargs(),
+    )
+    try:
+        await producer.start()
+        for tenant in (None, tenant_id):
+            request = ReconcileRequest(
+                conversation_id=conversation_id,
+                tenant_id=tenant,
+                requested_at=datetime.now(UTC),
+            )
+            await producer.send_and_wait(
+                topic, request.model_dump_json().encode(), key=conversation_id.encode()
+            )
+    except KafkaError as error:
+        print(f"(the workers were not told: {error})")
+    finally:
+        await producer.stop()

@@ -90,13 +90,17 @@ def read_fields(request: web.Request, principal: Principal | None, status: int) 
         who = NO_TOKEN if presented is None else token_id(presented)
     conversation = request.match_info.get("conversation_id") or request.query.get("conversation_id")
     scope = None if principal is None else "all" if principal.tenant is None else "tenant"
+    tenant = None if principal is None else principal.tenant
     return {
         "token_id": who,
-        "tenant": None if principal is None else principal.tenant,
+        "tenant": tenant,
         "scope": scope,
         "method": request.method,
         "route": _route(request),
         "conversation_id": _short(conversation),
+        # The conversation's tenant (a conversation is its tenant and its id): a
+        # tenant token's own, else the tenant_id the request named.
+        "conversation_tenant": _short(tenant or request.query.get("tenant_id")),
         "status": status,
     }
 

@@ -12,10 +12,12 @@ older than ``MAX_SKEW_SECONDS``, and never forwards such a request again.
 
 The internal key is ``[service].internal_token``, else derived from the
 PostgreSQL DSN (which every worker of a deployment shares) when it carries a
-password. Without either, nothing is secret to sign with: forwarding then
-keeps Faust's behaviour (the caller's token goes along and the owner
-authenticates it again), and the worker logs a WARNING at start when tokens
-are configured. See docs/security.md.
+password. Without either, nothing is secret to sign with, and a caller's
+token never goes to whatever address a consumer-group member advertised: a
+request that carries one and would need forwarding is answered 503, naming
+``[service].internal_token`` (the worker logs a WARNING at start when tokens
+are configured). Without tokens (loopback only, no credential to leak)
+requests are forwarded as Faust does. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ SIGNATURE_HEADER = "X-Compactor-Forwarded-Signature"
 # The only path a worker forwards (app.topic_route of the Conversation view).
 FORWARDABLE = re.compile(r"^/conversations/[^/]+$")
 MAX_SKEW_SECONDS = 30.0
+NO_INTERNAL_KEY = (
+    "this conversation is served by another worker, and requests are only forwarded "
+    "with a signed principal: set [service].internal_token (the same on every worker)"
+)
 # Headers never passed on: the caller's credential, and what aiohttp sets itself.
 _STRIPPED = frozenset(
     {"authorization", "host", "content-length", "transfer-encoding", "connection"}
@@ -150,8 +156,8 @@ async def signed_route_req(self: Any, dest_url: URL, web_driver: Any, request: A
         raise ServiceUnavailable()
     headers = {k: v for k, v in incoming.headers.items() if k.lower() not in _STRIPPED}
     if forwarding.key is None:
-        if "Authorization" in incoming.headers:  # Faust's own behaviour (see the module)
-            headers["Authorization"] = incoming.headers["Authorization"]
+        if "Authorization" in incoming.headers:  # never sent on (see the module)
+            return web_driver.json({"error": NO_INTERNAL_KEY}, status=503)
     else:
         found = incoming.get(PRINCIPAL)
         principal = found if isinstance(found, Principal) else Principal("", frozenset({"read"}))

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -37,9 +37,11 @@ from core.domain.accounting import ConversationTally
 from core.domain.budget import BudgetConfig, over_budget
 from core.domain.clip_archive import is_clip_archive
 from core.domain.messages import ConversationMessage
+from core.domain.tenancy import ConversationRef, conversation_key, is_tenant_id
 from core.domain.tokens import estimate_history_tokens
 from core.ports.storage import (
     ExpandedBatch,
+    MemorySearchResult,
     QueryMode,
     ReadScope,
     SearchSources,
@@ -47,7 +49,7 @@ from core.ports.storage import (
     WorkerStore,
 )
 from core.settings import ResolvedModel, Scope, ServiceSettings, Settings
-from streams.events import MAX_ID_LENGTH
+from streams.events import MAX_ID_LENGTH, public_message
 from streams.http import pages
 from streams.http.audit import audit_reads
 from streams.http.auth import (
@@ -71,6 +73,7 @@ from streams.http.forwarding import (
 )
 from streams.http.limits import RateLimiter
 from streams.http.probes import PROBE_PATHS, register_probes
+from streams.http.usage import USAGE_PATH, register_usage
 from streams.worker.components import Components
 
 log = logging.getLogger("compactor.auth")
@@ -94,7 +97,7 @@ class ViewRuntime(Protocol):
 
 def conversation_body(tally: ConversationTally, budget: BudgetConfig) -> dict[str, Any]:
     return {
-        "conversation_id": tally.conversation_id,
+        **identity(tally.conversation_id),
         "token_total": tally.token_total,
         "message_count": tally.message_count,
         "budget_tokens": budget.budget_tokens,
@@ -105,15 +108,22 @@ def conversation_body(tally: ConversationTally, budget: BudgetConfig) -> dict[st
     }
 
 
-def history_body(conversation_id: str, history: Sequence[ConversationMessage]) -> dict[str, Any]:
-    first = history[0] if history else None
+def identity(conversation_key: str) -> dict[str, str | None]:
+    """How a body names a conversation: the producer's id and its tenant."""
+    ref = ConversationRef.of_key(conversation_key)
+    return {"conversation_id": ref.conversation_id, "tenant_id": ref.tenant_id}
+
+
+def history_body(conversation_key: str, history: Sequence[ConversationMessage]) -> dict[str, Any]:
+    shown = [public_message(m) for m in history]
+    first = shown[0] if shown else None
     return {
-        "conversation_id": conversation_id,
+        **identity(conversation_key),
         "token_estimate": estimate_history_tokens(history),
         "clip_archive": first.model_dump(mode="json")
         if first is not None and is_clip_archive(first)
         else None,
-        "messages": [m.model_dump(mode="json", exclude_none=True) for m in history],
+        "messages": [m.model_dump(mode="json", exclude_none=True) for m in shown],
     }
 
 
@@ -136,20 +146,32 @@ def batch_body(expanded: ExpandedBatch) -> dict[str, Any]:
     return {
         "batch_id": stored.id,
         "label": stored.label,
-        "conversation_id": stored.conversation_id,
+        **identity(stored.conversation_id),
         "depth": stored.batch.depth,
         "start_time": stored.batch.start_time.isoformat(),
         "end_time": stored.batch.end_time.isoformat(),
         "message_count": stored.batch.message_count,
         "superseded_by": stored.superseded_by,
         "summary": stored.batch.content,
-        "turns": [m.model_dump(mode="json", exclude_none=True) for m in expanded.turns],
+        "turns": [
+            public_message(m).model_dump(mode="json", exclude_none=True) for m in expanded.turns
+        ],
         "turns_missing": expanded.turns_missing,
     }
 
 
-def unknown(conversation_id: str) -> dict[str, str]:
-    return {"error": f"unknown conversation {conversation_id!r}"}
+def unknown(conversation_key: str) -> dict[str, str]:
+    ref = ConversationRef.of_key(conversation_key)
+    where = "" if ref.tenant_id is None else f" of tenant {ref.tenant_id!r}"
+    return {"error": f"unknown conversation {ref.conversation_id!r}{where}"}
+
+
+def search_body(result: MemorySearchResult) -> dict[str, Any]:
+    """The search result, each hit naming its conversation by id and tenant."""
+    body = result.model_dump(mode="json")
+    for hit in body["hits"]:
+        hit.update(identity(hit["conversation_id"]))
+    return body
 
 
 FORBIDDEN = {"error": "forbidden: this token cannot read that"}
@@ -174,7 +196,7 @@ def bad_text(name: str, value: str, limit: int) -> str | None:
 @dataclass(frozen=True)
 class SearchRequest:
     query: str
-    conversation_id: str | None
+    conversation_key: str | None  # one conversation (its tenant's, when tenant_id is set)
     tenant_id: str | None
     limit: int
     sources: SearchSources
@@ -183,6 +205,21 @@ class SearchRequest:
 
 class Forbidden(Exception):
     """The caller's token may not read what it asked for (403)."""
+
+
+def requested_tenant(query: Mapping[str, str], principal: Principal) -> str | None:
+    """The tenant a request is about: a tenant-bound token's own (``tenant_id``, if
+    given, must be it: Forbidden otherwise), or ``tenant_id`` (None: conversations
+    without a tenant, or every tenant where a view allows). ValueError names a
+    malformed one."""
+    asked = query.get("tenant_id")
+    if asked is not None and not is_tenant_id(asked):
+        raise ValueError("tenant_id must be 1 to 256 letters, digits or ._:@-")
+    if principal.tenant is None:
+        return asked
+    if not principal.tenant or asked not in (None, principal.tenant):
+        raise Forbidden
+    return principal.tenant
 
 
 def search_request(
@@ -196,24 +233,20 @@ def search_request(
         problem = f"limit must be a whole number from 1 to {service.max_search_limit}"
     if problem is None and not 1 <= int(raw_limit) <= service.max_search_limit:
         problem = f"limit must be a whole number from 1 to {service.max_search_limit}"
-    scopes = {name: query.get(name) for name in ("conversation_id", "tenant_id")}
-    for name, value in scopes.items():
-        if problem is None and value is not None:
-            problem = bad_text(name, value, MAX_ID_LENGTH)
+    conversation_id = query.get("conversation_id")
+    if problem is None and conversation_id is not None:
+        problem = bad_text("conversation_id", conversation_id, MAX_ID_LENGTH)
     if problem is not None:
         raise ValueError(problem)
     sources, mode = search_options(query)
-    tenant = scopes["tenant_id"]
-    if principal.tenant is not None:
-        if tenant not in (None, principal.tenant):
-            raise Forbidden
-        tenant = principal.tenant
-    if tenant is None and scopes["conversation_id"] is None and not service.allow_global_search:
+    tenant = requested_tenant(query, principal)
+    if tenant is None and conversation_id is None and not service.allow_global_search:
         raise ValueError(
             "memory search needs conversation_id or tenant_id (a search across every "
             "conversation needs [service].allow_global_search = true)"
         )
-    return SearchRequest(text, scopes["conversation_id"], tenant, int(raw_limit), sources, mode)
+    key = None if conversation_id is None else conversation_key(tenant, conversation_id)
+    return SearchRequest(text, key, tenant, int(raw_limit), sources, mode)
 
 
 def principal_of(request: Request) -> Principal:
@@ -231,14 +264,6 @@ def read_scope(principal: Principal) -> ReadScope:
     return ReadScope.of_tenant(principal.tenant)
 
 
-async def may_read(store: WorkerStore, principal: Principal, conversation_id: str) -> bool:
-    """Whether the caller may read the conversation (a tenant-bound token: its own only)."""
-    if principal.tenant is None:
-        return True
-    tenant = await store.conversation_tenant(conversation_id, scope=read_scope(principal))
-    return principal.may_read(tenant)
-
-
 def _refusal(status: int, body: Mapping[str, str]) -> web.Response:
     headers = {"WWW-Authenticate": 'Bearer realm="compactor"'} if status == 401 else None
     return web.json_response(dict(body), status=status, headers=headers)
@@ -246,7 +271,11 @@ def _refusal(status: int, body: Mapping[str, str]) -> web.Response:
 
 def _tenant_views(path: str) -> bool:
     """The views that check a conversation's tenant themselves."""
-    return path == "/memory/search" or path.startswith("/conversations/")
+    return (
+        path == "/memory/search"
+        or path.startswith("/conversations/")
+        or USAGE_PATH.match(path) is not None
+    )
 
 
 def required_scope(method: str, path: str) -> Scope:
@@ -255,14 +284,18 @@ def required_scope(method: str, path: str) -> Scope:
         return "metrics"
     if path == "/memory/search":
         return "search"
+    if USAGE_PATH.match(path):
+        return "read"  # the view lets only the admin scope or the tenant's own token in
     if path.startswith("/conversations/"):
         return "erase" if method == "DELETE" else "read"
     return "admin"  # Faust's own views (/table, /router, /, …) and anything else
 
 
-def _too_many(limiter: RateLimiter, wait: float) -> web.Response:
+def _too_many(
+    limiter: RateLimiter, wait: float, why: str = "too many requests for this token"
+) -> web.Response:
     return web.json_response(
-        {"error": "too many requests for this token"},
+        {"error": why},
         status=429,
         headers={"Retry-After": limiter.retry_after(wait)},
     )
@@ -286,9 +319,12 @@ def guard(
     policy: AuthPolicy | PolicyRef,
     limiter: RateLimiter | None = None,
     forwarding: Forwarding | None = None,
+    failures: RateLimiter | None = None,
 ) -> Middleware:
+    """``failures``: failed authentications per client address (see ``limits``)."""
     ref = policy if isinstance(policy, PolicyRef) else PolicyRef(policy)
     limits = limiter if limiter is not None else RateLimiter(0, 1)
+    failed = failures if failures is not None else RateLimiter(0, 1)
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -313,11 +349,15 @@ def guard(
                 return _refusal(401, UNAUTHORIZED)
             request[FORWARDED] = True
         else:
+            client = request.remote or "unknown"
+            if (wait := failed.blocked(client)) is not None:
+                return _too_many(failed, wait, "too many failed authentications from here")
             if request.path in OPEN_PATHS:
                 principal = current.operations_principal(header)
             else:
                 principal = current.authenticate(header)
             if principal is None:
+                failed.acquire(client)
                 return _refusal(401, UNAUTHORIZED)
             if (
                 principal.token_id != "anonymous"
@@ -351,21 +391,25 @@ def register_views(
     forwarding = Forwarding(internal_key(service, dsn), client_ssl_context(service))
     if forwarding.key is None and policy.enabled:
         log.warning(
-            "forwarded requests carry the caller's token to the owning worker: set "
-            "[service].internal_token so that they carry a signed principal instead "
-            "(docs/security.md)"
+            "no internal key: a request for a conversation another worker serves is "
+            "answered 503 instead of being forwarded (a caller's token is never sent on); "
+            "set [service].internal_token, the same on every worker (docs/security.md)"
         )
     install(app, forwarding)
     limiter = RateLimiter(service.rate_limit_per_second, service.rate_limit_burst)
+    failures = RateLimiter(
+        service.auth_failures_per_second, service.auth_failures_burst, max_keys=10_000
+    )
     web_app = cast(web.Application, app.web.web_app)  # type: ignore[attr-defined]
     # Outermost, so it logs every answer, the guard's refusals included.
     web_app.middlewares.append(audit_reads(lambda request: request.get(PRINCIPAL)))
-    web_app.middlewares.append(guard(ref, limiter, forwarding))
+    web_app.middlewares.append(guard(ref, limiter, forwarding, failures))
     web_app.middlewares.append(store_outage_is_503)
     register_operations(app, components, runtime)
     register_probes(app, components, runtime)
     register_conversations(app, settings, components, runtime)
     register_memory(app, settings, runtime)
+    register_usage(app, runtime)
 
     def reload() -> bool:
         return ref.reload(configured_service, check=check_exposure)
@@ -430,80 +474,78 @@ def register_conversations(
         value_serializer="raw",
     )
 
-    def refused(view: View, request: Request, *ids: str) -> Awaitable[Response | None]:
-        return refused_read(runtime, view, request, *ids)
-
     @app.page("/conversations/{conversation_id}")
     class Conversation(View):
         @app.topic_route(topic=messages_topic, match_info="conversation_id")  # type: ignore[arg-type]
         async def get(self, request: Request, conversation_id: str) -> Response:
             # Runs on the owner (after forwarding): its guard authenticated the
-            # same token, and the tenant check below is the owner's.
-            if (refusal := await refused(self, request, conversation_id)) is not None:
-                return refusal
-            tally = tallies.get(conversation_id)
+            # caller again, and the key below is built from that principal.
+            if not isinstance(key := addressed(self, request, conversation_id), str):
+                return key
+            tally = tallies.get(key)
             if tally is None:
-                return self.json(unknown(conversation_id), status=404)
+                return self.json(unknown(key), status=404)
             return self.json(conversation_body(tally, budget))
 
     register_pages(app, settings, runtime)
 
 
-async def refused_read(
-    runtime: ViewRuntime, view: View, request: Request, *ids: str
-) -> Response | None:
-    """400 for a bad path id, 403 for a conversation the token may not read."""
+def addressed(view: View, request: Request, *ids: str) -> Response | str:
+    """The conversation key a view's path (and ``tenant_id``) names for the caller,
+    or the refusal: 400 for a bad path id or tenant id, 403 for a tenant the
+    token is not bound to. A tenant-bound token names its own tenant's
+    conversations only, so it cannot even address another's."""
     for value in ids:
         problem = bad_text("path parameter", value, MAX_ID_LENGTH)
         if problem is not None:
             return view.json({"error": problem}, status=400)
-    store = runtime.store
-    if not await may_read(store, principal_of(request), ids[0]):
+    try:
+        tenant = requested_tenant(request.query, principal_of(request))
+    except ValueError as error:
+        return view.json({"error": str(error)}, status=400)
+    except Forbidden:
         return view.json(FORBIDDEN, status=403)
-    return None
+    return conversation_key(tenant, ids[0])
 
 
 def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> None:
     """The views that return a page (``limit`` + ``cursor``, ``streams.http.pages``)."""
 
-    def refused(view: View, request: Request, *ids: str) -> Awaitable[Response | None]:
-        return refused_read(runtime, view, request, *ids)
-
     @app.page("/conversations/{conversation_id}/history")
     class History(View):
         async def get(self, request: Request, conversation_id: str) -> Response:
-            if (refusal := await refused(self, request, conversation_id)) is not None:
-                return refusal
+            if not isinstance(key := addressed(self, request, conversation_id), str):
+                return key
             try:
                 limit, after = pages.page_request(request.query, settings.service)
             except ValueError as error:
                 return self.json({"error": str(error)}, status=400)
             store = runtime.store
             history = await store.load_history(
-                conversation_id,
+                key,
                 scope=read_scope(principal_of(request)),
                 after=after,
                 limit=limit + 1,  # one more: is there a next page?
             )
             if not history and after is None:
-                return self.json(unknown(conversation_id), status=404)
+                return self.json(unknown(key), status=404)
             page = history[:limit]
-            body = history_body(conversation_id, page)
+            body = history_body(key, page)
             body["next_cursor"] = pages.cursor_of(page[-1]) if len(history) > limit else None
             return self.json(body)
 
     @app.page("/conversations/{conversation_id}/batches/{batch_id}")
     class Batch(View):
         async def get(self, request: Request, conversation_id: str, batch_id: str) -> Response:
-            if (refusal := await refused(self, request, conversation_id, batch_id)) is not None:
-                return refusal
+            if not isinstance(key := addressed(self, request, conversation_id, batch_id), str):
+                return key
             try:
                 limit, after = pages.page_request(request.query, settings.service)
             except ValueError as error:
                 return self.json({"error": str(error)}, status=400)
             store = runtime.store
             expanded = await store.expand_batch(
-                conversation_id,
+                key,
                 batch_id,
                 scope=read_scope(principal_of(request)),
                 after=after,
@@ -531,14 +573,10 @@ def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) ->
             except Forbidden:
                 return self.json(FORBIDDEN, status=403)
             store = runtime.store
-            if asked.conversation_id is not None and not await may_read(
-                store, principal, asked.conversation_id
-            ):
-                return self.json(FORBIDDEN, status=403)
             try:
                 result = await store.memory_read(
                     asked.query,
-                    conversation_id=asked.conversation_id,
+                    conversation_id=asked.conversation_key,
                     limit=asked.limit,
                     sources=asked.sources,
                     mode=asked.mode,
@@ -547,4 +585,4 @@ def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) ->
                 )
             except ValueError as error:
                 return self.json({"error": str(error)}, status=400)
-            return self.json(result.model_dump(mode="json"))
+            return self.json(search_body(result))

@@ -15,6 +15,7 @@ from typing import Any
 from aiokafka.partitioner import DefaultPartitioner
 from faust.types import TP
 
+from core.domain.tenancy import conversation_id_of
 from streams.kafka.watchdog import Watchdog
 from streams.metrics import Metrics
 from streams.worker.records import Record
@@ -37,8 +38,9 @@ def owns_conversation(app: Any, control_topic: str, partitions: int) -> Any:
     partitioner = DefaultPartitioner()
     every = list(range(partitions))
 
-    def owns(conversation_id: str) -> bool:
-        partition = partitioner(conversation_id.encode(), every, every)
+    def owns(conversation_key: str) -> bool:
+        # Routed by the producer's id alone (the record key), whatever its tenant.
+        partition = partitioner(conversation_id_of(conversation_key).encode(), every, every)
         return TP(control_topic, partition) in app.consumer.assignment()
 
     return owns

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from core.domain.accounting import (
@@ -34,6 +34,7 @@ from core.domain.accounting import (
 )
 from core.domain.budget import BudgetConfig
 from core.domain.erasure import merged_offsets
+from core.domain.tenancy import ConversationRef
 from core.domain.tokens import estimate_message_tokens
 from core.ports.publisher import Publisher
 from core.ports.storage import (
@@ -57,6 +58,7 @@ from streams.topics import TopicNames
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
 from streams.worker.keyed_lock import KeyedLock
+from streams.worker.producers import ProducerPolicy
 from streams.worker.records import (
     InvalidRecord,
     Record,
@@ -86,6 +88,8 @@ class AccountingRules:
     # A failure that is not an outage (a bug, a record breaking an assumption)
     # is retried this often, then the record is dead-lettered with the error.
     max_attempts: int = 5
+    # What a message must show about its tenant ([tenancy]: signatures).
+    producers: ProducerPolicy = field(default_factory=ProducerPolicy)
 
     @classmethod
     def of(cls, settings: Settings) -> AccountingRules:
@@ -94,6 +98,7 @@ class AccountingRules:
             budget=settings.budget,
             max_content_chars=service.max_content_chars,
             command_timeout_seconds=service.command_timeout_seconds,
+            producers=ProducerPolicy.of(settings.tenancy),
         )
 
 
@@ -266,11 +271,7 @@ class Accounting:
         outcomes = await store.save_messages([incoming for _, incoming in decoded])
         groups: dict[str, list[tuple[Record, IncomingMessage, SaveOutcome]]] = {}
         for (record, incoming), outcome in zip(decoded, outcomes, strict=True):
-            if outcome.status == "tenant_conflict":
-                letters.append((record, tenant_mismatch(incoming)))
-            elif outcome.status == "tenant_unassigned":
-                letters.append((record, tenant_unassigned(incoming)))
-            elif outcome.status == "erased":
+            if outcome.status == "erased":
                 self._metrics.events_in.labels("erased").inc()  # an erase covers it: dropped
             else:
                 groups.setdefault(incoming.message.conversation_id, []).append(
@@ -311,13 +312,13 @@ class Accounting:
         for record in records:
             try:
                 event = decode_message(record, self._rules.max_content_chars)
+                self._rules.producers.check(record, event)
             except InvalidRecord as error:
                 letters.append((record, error))
                 continue
             incoming = IncomingMessage(
-                event.to_message(),
+                event.to_message(),  # under its conversation key: (tenant, id)
                 message_tokens(event),
-                event.tenant_id,
                 partition=record.partition,
                 offset=record.offset,
             )
@@ -360,7 +361,7 @@ class Accounting:
 
     async def on_control(self, record: Record) -> set[str]:
         control = decode_control(record)
-        conversation_id = control.conversation_id
+        conversation_id = control.conversation_key
         epoch = self._table.epoch(record.partition)
         tally = self._table.get(conversation_id)
         store = self._runtime.store
@@ -389,6 +390,11 @@ class Accounting:
             # an entry that drifted, before deciding.
             if totals is None:
                 totals = (await store.totals_of([conversation_id]))[conversation_id]
+                if totals.rows == 0:
+                    # Nothing stored (moved to a tenant, or its rows are gone): a
+                    # conversation without rows has no entry (and answers 404).
+                    self._table.delete(conversation_id, partition=record.partition)
+                    return {conversation_id}
                 tally = (
                     resynced(tally, totals.tokens, totals.rows)
                     if tally.epoch == totals.epoch
@@ -422,7 +428,7 @@ class Accounting:
         on ``partition`` (the erase topic is co-partitioned with the messages
         topic), up to what this worker had consumed: every message it deleted
         stays deleted, whoever reads the topic again."""
-        conversation_id = request.conversation_id
+        conversation_id = request.conversation_key
         now = datetime.fromtimestamp(self._clock(), UTC)
         offsets = {p: end - 1 for p, end in request.messages_end_offsets.items()}
         if partition is not None and partition in self._consumed:
@@ -441,7 +447,8 @@ class Accounting:
         await self._publisher.publish("clip_archives", key, None)
         completed = EraseCompleted(
             request_id=request.request_id,
-            conversation_id=conversation_id,
+            conversation_id=request.conversation_id,
+            tenant_id=request.tenant_id,
             requester=request.requester,
             counts=outcome.removed,
             epoch=outcome.epoch,
@@ -474,13 +481,13 @@ class Accounting:
             return
         if await self._runtime.store.compaction_applied(control.compaction_id):
             return
-        await self._publisher.publish("clip_archives", control.conversation_id.encode(), None)
+        await self._publisher.publish("clip_archives", control.conversation_key.encode(), None)
         log.info(
             "tombstone of erased conversation %s sent again (compaction %s completed late)",
-            control.conversation_id,
+            control.conversation_key,
             control.compaction_id,
             extra={
-                "conversation_id": control.conversation_id,
+                "conversation_id": control.conversation_key,
                 "compaction_id": control.compaction_id,
             },
         )
@@ -489,9 +496,11 @@ class Accounting:
         self, tally: ConversationTally, up_to_seq: int | None, reason: str
     ) -> CompactionCommand:
         assert tally.outstanding is not None
+        ref = ConversationRef.of_key(tally.conversation_id)
         return CompactionCommand(
             compaction_id=tally.outstanding,
-            conversation_id=tally.conversation_id,
+            conversation_id=ref.conversation_id,
+            tenant_id=ref.tenant_id,
             generation=tally.generation,
             up_to_seq=up_to_seq,
             issued_at=datetime.fromtimestamp(self._clock(), UTC),
@@ -506,11 +515,11 @@ class Accounting:
         log.info(
             "compaction %s of %s requested (%s), budget %d",
             command.compaction_id,
-            command.conversation_id,
+            command.conversation_key,
             reason,
             self._rules.budget.budget_tokens,
             extra={
-                "conversation_id": command.conversation_id,
+                "conversation_id": command.conversation_key,
                 "compaction_id": command.compaction_id,
             },
         )
@@ -524,25 +533,6 @@ def processing_error(error: Exception, failures: int) -> InvalidRecord:
     return InvalidRecord(
         f"could not be processed after {failures} attempts: {type(error).__name__}: {error}"[:1000],
         "processing_error",
-    )
-
-
-def tenant_mismatch(incoming: IncomingMessage) -> InvalidRecord:
-    message = incoming.message
-    return InvalidRecord(
-        f"conversation {message.conversation_id[:80]!r} belongs to another tenant "
-        f"than the one message {message.id[:80]!r} claims ({incoming.tenant_id!r})",
-        "tenant_mismatch",
-    )
-
-
-def tenant_unassigned(incoming: IncomingMessage) -> InvalidRecord:
-    message = incoming.message
-    return InvalidRecord(
-        f"conversation {message.conversation_id[:80]!r} was stored before tenants existed "
-        f"and has none assigned; message {message.id[:80]!r} claims {incoming.tenant_id!r}. "
-        "An operator assigns it: compactor tenants assign CONVERSATION_ID TENANT",
-        "tenant_unassigned",
     )
 
 

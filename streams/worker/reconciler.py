@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 
 from core.domain.accounting import reconcile_due
 from core.domain.budget import BudgetConfig, compaction_due
+from core.domain.tenancy import ConversationRef
 from core.ports.publisher import Publisher
 from streams.events import ReconcileRequest
 from streams.metrics import Metrics
@@ -46,7 +47,7 @@ class Reconciler:
         interval_seconds: float,
         command_timeout_seconds: float,
         runtime: Runtime | None = None,
-        owns: Callable[[str], bool] = lambda _: True,
+        owns: Callable[[str], bool] = lambda _: True,  # by conversation key
         clock: Callable[[], float] = time.time,
         ready: Callable[[], bool] = lambda: True,
         metrics: Metrics | None = None,
@@ -146,11 +147,14 @@ class Reconciler:
                 c: at for c, at in self._last_request.items() if now - at < self._interval
             }
 
-    async def _request(self, conversation_id: str, now: float) -> None:
-        self._last_request[conversation_id] = now
+    async def _request(self, conversation_key: str, now: float) -> None:
+        self._last_request[conversation_key] = now
+        ref = ConversationRef.of_key(conversation_key)
         request = ReconcileRequest(
-            conversation_id=conversation_id, requested_at=datetime.fromtimestamp(now, UTC)
+            conversation_id=ref.conversation_id,
+            tenant_id=ref.tenant_id,
+            requested_at=datetime.fromtimestamp(now, UTC),
         )
         await self._publisher.publish(
-            "control", conversation_id.encode(), request.model_dump_json().encode()
+            "control", ref.conversation_id.encode(), request.model_dump_json().encode()
         )

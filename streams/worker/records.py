@@ -24,6 +24,8 @@ from streams.events import (
     MessageEvent,
 )
 
+Headers = tuple[tuple[str, bytes], ...]
+
 
 @dataclass(frozen=True)
 class Record:
@@ -32,6 +34,23 @@ class Record:
     offset: int
     key: bytes | None
     value: bytes | None
+    headers: Headers = ()
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name`` (None when absent)."""
+        found = None
+        for key, value in self.headers:
+            if key == name:
+                found = value
+        return found
+
+
+def headers_of(raw: Any) -> Headers:
+    """Kafka headers as pairs, whichever shape the client gave (a list or a mapping)."""
+    if not raw:
+        return ()
+    items = raw.items() if hasattr(raw, "items") else raw
+    return tuple((str(name), bytes(value or b"")) for name, value in items)
 
 
 def record_of(event: Any) -> Record:
@@ -43,6 +62,7 @@ def record_of(event: Any) -> Record:
         offset=message.offset,
         key=None if event.key is None else bytes(event.key),
         value=None if event.value is None else bytes(event.value),
+        headers=headers_of(message.headers),
     )
 
 

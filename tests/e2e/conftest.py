@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import asyncpg
 import pytest
 
+from core.domain.tenancy import ConversationRef
 from core.domain.tokens import estimate_message_tokens
 from streams.events import ClipArchiveEvent, MessageEvent
 from streams.kafka.admin import ensure_topics
@@ -160,7 +161,7 @@ def decode_clip_events(records: list[Record]) -> dict[str, ClipArchiveEvent]:
     for record in records:
         assert record.value is not None
         event = ClipArchiveEvent.model_validate_json(record.value)
-        assert record.key == event.conversation_id.encode(), "clip-archive keyed by conversation"
+        assert record.key == event.conversation_key.encode(), "clip-archive keyed by conversation"
         previous = by_id.setdefault(event.compaction_id, record.value)
         assert previous == record.value, f"copies of {event.compaction_id} differ"
     return {cid: ClipArchiveEvent.model_validate_json(raw) for cid, raw in by_id.items()}
@@ -270,8 +271,10 @@ class Stack:
         for event in events:
             await self.send(event)
 
-    async def send_raw(self, value: bytes, key: bytes | None) -> Sent:
-        sent = await self.producer.send(self.names.messages, value, key=key)
+    async def send_raw(
+        self, value: bytes, key: bytes | None, headers: list[tuple[str, bytes]] | None = None
+    ) -> Sent:
+        sent = await self.producer.send(self.names.messages, value, key=key, headers=headers)
         self.sent.append(sent)
         return sent
 
@@ -281,12 +284,13 @@ class Stack:
     async def wait_for_clip_events(
         self, expected: Mapping[str, int], timeout: float
     ) -> dict[str, ClipArchiveEvent]:
-        """Until each conversation has ``expected[id]`` distinct compactions published."""
+        """Until each conversation has ``expected[key]`` distinct compactions published
+        (``key``: its conversation key, the id for a conversation without a tenant)."""
 
         def counts(records: list[Record]) -> dict[str, int]:
             found: dict[str, int] = {}
-            for event in decode_clip_events(records).values():
-                found[event.conversation_id] = found.get(event.conversation_id, 0) + 1
+            for event in decode_clip_events(records).values():  # by (tenant, id)
+                found[event.conversation_key] = found.get(event.conversation_key, 0) + 1
             return found
 
         def done(records: list[Record]) -> bool:
@@ -355,8 +359,12 @@ class Stack:
         alive = [w for w in self.workers if w.alive]
         if alive:
             for row in stored:
+                ref = ConversationRef.of_key(row["conversation_id"])
+                path = f"/conversations/{ref.conversation_id}"
+                if ref.tenant_id is not None:
+                    path += f"?tenant_id={ref.tenant_id}"
                 try:
-                    status, body = await alive[0].get(f"/conversations/{row['conversation_id']}")
+                    status, body = await alive[0].get(path)
                 except Exception as error:  # diagnostics must not hide the failure
                     status, body = 0, repr(error)
                 lines.append(f"table entry of {row['conversation_id']}: {status} {body}")

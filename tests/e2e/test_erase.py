@@ -37,13 +37,21 @@ from tests.support.worker import REPO_ROOT, WorkerProcess, render_toml
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-async def compactor(stack: Stack, *args: str, timeout: float = 120.0) -> tuple[int, str, str]:
-    """The `compactor` command, as an operator runs it, against this stack's topics."""
+async def compactor(
+    stack: Stack, *args: str, timeout: float = 120.0, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """The `compactor` command, as an operator runs it, against this stack's topics
+    (``env``: more of its environment, e.g. ``COMPACTOR_<SECTION>__<KEY>``)."""
     config = stack.root / "cli.toml"
     if not config.exists():
         sections = {k: v for k, v in stack.config().items() if k in ("kafka",)}
         config.write_text(render_toml(sections), encoding="utf-8")
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap, "POSTGRES_DSN": stack.dsn}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap,
+        "POSTGRES_DSN": stack.dsn,
+        **(env or {}),
+    }
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

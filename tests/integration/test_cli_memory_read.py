@@ -29,10 +29,8 @@ async def test_memory_read_needs_a_scope_or_all(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    for conversation, tenant in (("conv-acme", "acme"), ("conv-globex", "globex")):
-        assert await pg_store.save_message(
-            msg(0, conversation_id=conversation), 5, tenant_id=tenant
-        )
+    for conversation in ("acme/conv-acme", "globex/conv-globex"):
+        assert await pg_store.save_message(msg(0, conversation_id=conversation), 5)
         await archive(
             pg_store,
             f"cmp-{conversation}",

@@ -36,12 +36,11 @@ async def compact(
     texts: Sequence[str],
     first: int,
     per_batch: int = 5,
-    tenant: str | None = None,
 ) -> list[ConversationMessage]:
     """Store ``texts`` as turns of ``conversation`` and compact all of them."""
     messages = [msg(first + i, text, conversation_id=conversation) for i, text in enumerate(texts)]
     for m in messages:
-        assert await store.save_message(m, 5, tenant_id=tenant)
+        assert await store.save_message(m, 5)  # a key "acme/c1" is tenant acme's
     batches = [
         stored(
             compaction,
@@ -152,15 +151,11 @@ async def test_raw_turns_rank_by_bm25_as_a_reference_computes_it(
         return terms
 
     monkeypatch.setattr(pg_memory, "read_terms", spied)
-    for n, conversation in enumerate(("acme-1", "acme-2", "globex-1")):
-        tenant = conversation.split("-")[0]
+    for n, conversation in enumerate(("acme/c1", "acme/c2", "globex/c1")):
         for c in range(3):
             texts = random_turns(rng, 20)
-            start = n * 1000 + c * 50
-            await compact(
-                pg_store, conversation, f"{conversation}-{c}", texts, start, tenant=tenant
-            )
-    in_scope = ["acme-1"] if scope == "conversation" else ["acme-1", "acme-2"]
+            await compact(pg_store, conversation, f"{conversation}-{c}", texts, n * 1000 + c * 50)
+    in_scope = ["acme/c1"] if scope == "conversation" else ["acme/c1", "acme/c2"]
     rows = await pg_store.pool.fetch(
         "SELECT a.id, a.word_count, u.lexeme, cardinality(u.positions) AS tf "
         "FROM archived_messages AS a, unnest(a.content_tsv) AS u "
@@ -183,7 +178,7 @@ async def test_raw_turns_rank_by_bm25_as_a_reference_computes_it(
         question = rng.sample(COMMON, rng.randint(0, 2)) + rng.sample(RARE, rng.randint(1, 2))
         result = await pg_store.memory_read(
             " ".join(question),
-            conversation_id="acme-1" if scope == "conversation" else None,
+            conversation_id="acme/c1" if scope == "conversation" else None,
             tenant_id="acme" if scope == "tenant" else None,
             sources="raw",
             limit=5,

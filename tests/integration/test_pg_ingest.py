@@ -2,7 +2,7 @@
 
 The group path is the worker's hot path, so it must agree with the
 one-at-a-time path on everything the contract says: idempotent by id (within
-the group too), arrival order, tool calls round-tripped, tenant claims, and
+the group too), arrival order, tool calls round-tripped, the tenants recorded, and
 a compacted message never coming back.
 """
 
@@ -20,8 +20,8 @@ from tests.integration.test_postgres_store import CONV, make_plan, msg, save_all
 pytestmark = pytest.mark.integration
 
 
-def incoming(message: object, tokens: int = 10, tenant: str | None = None) -> IncomingMessage:
-    return IncomingMessage(message, tokens, tenant)  # type: ignore[arg-type]
+def incoming(message: object, tokens: int = 10) -> IncomingMessage:
+    return IncomingMessage(message, tokens)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("per_conversation", [False, True])
@@ -63,26 +63,24 @@ async def test_a_group_is_stored_in_order_once_with_tool_calls(
         await store.close()
 
 
-async def test_the_first_claim_fixes_the_tenant_and_other_claims_are_refused(
+async def test_a_group_records_each_new_conversations_tenant_from_its_key(
     pg_store: PostgresStore,
 ) -> None:
     outcomes = await pg_store.save_messages(
         [
-            incoming(msg(0), tenant="acme"),
-            incoming(msg(1), tenant="globex"),  # the group's first claim won
-            incoming(msg(0, conversation_id="free")),  # no tenant: fine, and fixes "none"
-            incoming(msg(1, conversation_id="free"), tenant="acme"),
+            incoming(msg(0, conversation_id="acme/c")),
+            incoming(msg(0, conversation_id="globex/c")),  # the same id: another conversation
+            incoming(msg(0, conversation_id="c")),
+            incoming(msg(1, conversation_id="acme/c")),
         ]
     )
-    assert [o.status for o in outcomes] == [
-        "inserted",
-        "tenant_conflict",
-        "inserted",
-        "tenant_conflict",
-    ]
-    assert await pg_store.conversation_tenant(CONV) == "acme"
-    later = await pg_store.save_messages([incoming(msg(2), tenant="globex")])
-    assert later[0].status == "tenant_conflict"
+    assert [o.status for o in outcomes] == ["inserted"] * 4
+    rows = await pg_store.pool.fetch("SELECT conversation_id, tenant_id FROM conversations")
+    assert {r["conversation_id"]: r["tenant_id"] for r in rows} == {
+        "acme/c": "acme",
+        "globex/c": "globex",
+        "c": None,
+    }
 
 
 async def test_a_compacted_message_does_not_come_back_in_a_group(pg_store: PostgresStore) -> None:

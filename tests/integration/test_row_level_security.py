@@ -64,12 +64,13 @@ async def conversation_tables(conn: asyncpg.Connection | asyncpg.Pool) -> list[s
 
 
 async def _conversation(
-    store: PostgresStore, cid: str, tenant: str | None, word: str, batch_id: str = "batch-1"
+    store: PostgresStore, cid: str, word: str, batch_id: str = "batch-1"
 ) -> None:
-    """Four messages, two compacted into one batch (``batch_id``: the same id in
-    several conversations is allowed, ids are unique per conversation)."""
+    """Four messages of conversation key ``cid``, two compacted into one batch
+    (``batch_id``: the same id in several conversations is allowed, ids are
+    unique per conversation)."""
     messages = [msg(i, f"{word} turn {i} about {word}", conversation_id=cid) for i in range(4)]
-    outcomes = await store.save_messages([IncomingMessage(m, 10, tenant) for m in messages])
+    outcomes = await store.save_messages([IncomingMessage(m, 10) for m in messages])
     assert {o.status for o in outcomes} == {"inserted"}
     plan = make_plan(
         f"cmp-{cid}",
@@ -96,9 +97,9 @@ async def _conversation(
 
 
 async def _two_tenants(store: PostgresStore) -> None:
-    await _conversation(store, "acme-1", "acme", "orchid")
-    await _conversation(store, "globex-1", "globex", "orchid")
-    await _conversation(store, "loose-1", None, "orchid")  # no tenant
+    await _conversation(store, "acme/shared", "orchid")
+    await _conversation(store, "globex/shared", "orchid")  # the same id, another tenant
+    await _conversation(store, "loose-1", "orchid")  # no tenant
 
 
 async def _visible(pool: asyncpg.Pool, scope: ReadScope) -> dict[str, set[str]]:
@@ -166,12 +167,12 @@ async def test_a_read_that_forgets_its_tenant_filter_sees_only_its_tenant(
 ) -> None:
     await _two_tenants(pg_store)
     pool = pg_store.pool
-    for scope, own in ((ACME, "acme-1"), (GLOBEX, "globex-1")):
+    for scope, own in ((ACME, "acme/shared"), (GLOBEX, "globex/shared")):
         seen = await _visible(pool, scope)
         assert {t for t in CORE_TABLES if seen[t] != {own}} == set(), seen
         assert all(ids <= {own} for ids in seen.values()), seen
     everything = await _visible(pool, EVERYTHING)
-    assert all(everything[t] == {"acme-1", "globex-1", "loose-1"} for t in CORE_TABLES)
+    assert all(everything[t] == {"acme/shared", "globex/shared", "loose-1"} for t in CORE_TABLES)
 
 
 async def test_the_views_reads_hold_without_their_filters(
@@ -179,22 +180,24 @@ async def test_the_views_reads_hold_without_their_filters(
 ) -> None:
     await _two_tenants(pg_store)
     # The store's reads, asked by acme for globex's rows: nothing.
-    assert await pg_store.load_history("globex-1", scope=ACME) == []
+    assert await pg_store.load_history("globex/shared", scope=ACME) == []
     assert await pg_store.load_history("loose-1", scope=ACME) == []
-    assert await pg_store.expand_batch("globex-1", "batch-1", scope=ACME) is None
-    assert await pg_store.conversation_tenant("globex-1", scope=ACME) is None
-    assert await pg_store.conversation_tenant("acme-1", scope=ACME) == "acme"
-    assert len(await pg_store.load_history("acme-1", scope=ACME)) == 3  # clip + 2 live
-    assert len(await pg_store.load_history("globex-1", scope=EVERYTHING)) == 3
-    expanded = await pg_store.expand_batch("acme-1", "batch-1", scope=ACME)
+    assert await pg_store.expand_batch("globex/shared", "batch-1", scope=ACME) is None
+    assert len(await pg_store.load_history("acme/shared", scope=ACME)) == 3  # clip + 2 live
+    assert len(await pg_store.load_history("globex/shared", scope=EVERYTHING)) == 3
+    expanded = await pg_store.expand_batch("acme/shared", "batch-1", scope=ACME)
     assert expanded is not None and len(expanded.turns) == 2
 
     # A search with neither conversation_id nor tenant_id: no filter at all in its SQL.
     for sources in ("both", "summaries", "raw"):
         unscoped = await pg_store.memory_read("orchid", sources=sources)
-        assert {h.conversation_id for h in unscoped.hits} == {"acme-1", "globex-1", "loose-1"}
+        assert {h.conversation_id for h in unscoped.hits} == {
+            "acme/shared",
+            "globex/shared",
+            "loose-1",
+        }
         scoped = await pg_store.memory_read("orchid", sources=sources, scope=ACME)
-        assert {h.conversation_id for h in scoped.hits} == {"acme-1"}, sources
+        assert {h.conversation_id for h in scoped.hits} == {"acme/shared"}, sources
 
     # Strip the tenant filter out of every search statement and ask as acme for globex's tenant.
     monkeypatch.setattr(
@@ -206,8 +209,8 @@ async def test_the_views_reads_hold_without_their_filters(
             for builder in pg_memory.STATEMENTS:
                 assert "conversations AS t" not in builder(kind), builder.__name__
         stripped = await pg_store.memory_read("orchid", tenant_id="globex", scope=ACME)
-        assert {h.conversation_id for h in stripped.hits} == {"acme-1"}
-        assert {t.conversation_id for t in stripped.turns} <= {"acme-1"}
+        assert {h.conversation_id for h in stripped.hits} == {"acme/shared"}
+        assert {t.conversation_id for t in stripped.turns} <= {"acme/shared"}
     finally:
         monkeypatch.undo()
         pg_memory.forget_statements()
@@ -215,20 +218,22 @@ async def test_the_views_reads_hold_without_their_filters(
     # The batch fill-in query, asked for globex's batch (same id as acme's) under acme.
     by_id = pg_memory.batches_by_id_sql
     async with reading(pool := pg_store.pool, ACME) as conn:
-        rows = await conn.fetch(by_id((False, False)), ["globex-1", "acme-1"], ["batch-1"] * 2)
-    assert [r["conversation_id"] for r in rows] == ["acme-1"]
-    rows = await pool.fetch(by_id((False, True)), ["globex-1"], ["batch-1"], "acme")
+        rows = await conn.fetch(
+            by_id((False, False)), ["globex/shared", "acme/shared"], ["batch-1"] * 2
+        )
+    assert [r["conversation_id"] for r in rows] == ["acme/shared"]
+    rows = await pool.fetch(by_id((False, True)), ["globex/shared"], ["batch-1"], "acme")
     assert rows == []  # its own tenant filter holds too, without row-level security
 
 
 async def test_raw_turns_lead_to_their_own_conversations_batch(pg_store: PostgresStore) -> None:
     """Two conversations with the same batch id: a raw-turn hit of one never fills
     in the other's batch (the fill-in query was by batch id alone)."""
-    await _conversation(pg_store, "acme-1", "acme", "orchid")
-    await _conversation(pg_store, "acme-2", "acme", "falcon")
+    await _conversation(pg_store, "acme/shared", "orchid")
+    await _conversation(pg_store, "acme/c2", "falcon")
     result = await pg_store.memory_read("falcon", sources="raw", tenant_id="acme")
     assert [(h.conversation_id, h.content) for h in result.hits] == [
-        ("acme-2", "Summary of falcon.")
+        ("acme/c2", "Summary of falcon.")
     ]
 
 
@@ -300,17 +305,17 @@ async def test_the_worker_writes_as_an_owner_that_is_not_a_superuser(owner_dsn: 
             is False
         )
         await _two_tenants(store)  # save_messages, apply_compaction, outbox
-        assert (await store.conversation_totals("acme-1"))[1] == 3
+        assert (await store.conversation_totals("acme/shared"))[1] == 3
         assert len(await store.pending_outbox()) == 3
-        assert len(await store.load_history("globex-1")) == 3  # the worker sees everything
+        assert len(await store.load_history("globex/shared")) == 3  # the worker sees everything
         hits = (await store.memory_read("orchid")).hits
-        assert {h.conversation_id for h in hits} == {"acme-1", "globex-1", "loose-1"}
+        assert {h.conversation_id for h in hits} == {"acme/shared", "globex/shared", "loose-1"}
         # and its scoped reads are held to their tenant, as for a superuser
-        assert await store.load_history("globex-1", scope=ACME) == []
+        assert await store.load_history("globex/shared", scope=ACME) == []
         scoped = await store.memory_read("orchid", scope=GLOBEX)
-        assert {h.conversation_id for h in scoped.hits} == {"globex-1"}
+        assert {h.conversation_id for h in scoped.hits} == {"globex/shared"}
         seen = await _visible(store.pool, ACME)
-        assert all(ids <= {"acme-1"} for ids in seen.values()), seen
+        assert all(ids <= {"acme/shared"} for ids in seen.values()), seen
     finally:
         await store.close()
 
@@ -319,7 +324,7 @@ async def test_a_scoped_read_leaves_its_pooled_connection_as_it_was(pg_database:
     store = await PostgresStore.connect(pg_database, max_size=1)  # one connection, reused
     try:
         await _two_tenants(store)
-        assert len(await store.load_history("acme-1", scope=ACME)) == 3
+        assert len(await store.load_history("acme/shared", scope=ACME)) == 3
         with pytest.raises(ValueError):
             await store.memory_read("  ", scope=ACME)  # fails inside the transaction
         row = await store.pool.fetchrow(
@@ -327,6 +332,6 @@ async def test_a_scoped_read_leaves_its_pooled_connection_as_it_was(pg_database:
             TENANT_SETTING,
         )
         assert row["same_user"] and row["tenant"] in (None, "")
-        assert len(await store.load_history("globex-1")) == 3  # the worker's reads see all
+        assert len(await store.load_history("globex/shared")) == 3  # the worker's reads see all
     finally:
         await store.close()

@@ -1,4 +1,4 @@
-"""Tenants and erasure on a real PostgreSQL: save_message's tenant rule,
+"""Tenants and erasure on a real PostgreSQL: the tenant a conversation key names,
 memory_read scoped by tenant, and erase_conversation leaving no row anywhere."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 from core.adapters.postgres.privacy import ERASED_TABLES, KEPT_TABLES
 from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import AppliedStats
-from core.ports.storage import Erasure, IncomingMessage, OutboxRecord, TenantConflictError
+from core.domain.tenancy import conversation_key
+from core.ports.storage import Erasure, IncomingMessage, OutboxRecord
 from tests.integration.test_postgres_store import T0, make_plan, msg, stored
 
 pytestmark = pytest.mark.integration
@@ -28,10 +29,20 @@ def erasure(request_id: str = "req-1", **offsets: int) -> Erasure:
     )
 
 
-async def _conversation(store: PostgresStore, cid: str, tenant: str | None, word: str) -> None:
+async def tenant_row(store: PostgresStore, key: str) -> tuple[bool, str | None]:
+    """(has a conversations row, its tenant)."""
+    row = await store.pool.fetchrow(
+        "SELECT tenant_id FROM conversations WHERE conversation_id = $1", key
+    )
+    return (row is not None, None if row is None else row["tenant_id"])
+
+
+async def _conversation(store: PostgresStore, bare: str, tenant: str | None, word: str) -> str:
+    """A compacted conversation; its key."""
+    cid = conversation_key(tenant, bare)
     messages = [msg(i, f"{word} turn {i} about {word}", conversation_id=cid) for i in range(4)]
     for m in messages:
-        assert await store.save_message(m, 10, tenant_id=tenant)
+        assert await store.save_message(m, 10)
     plan = make_plan(
         f"cmp-{cid}",
         [stored(f"cmp-{cid}", 0, f"Summary of {word}.", messages[:2], end=1)],
@@ -54,40 +65,42 @@ async def _conversation(store: PostgresStore, cid: str, tenant: str | None, word
         return [OutboxRecord(topic="clip_archives", key=cid, payload="{}")]
 
     assert (await store.apply_compaction(plan, outbox)).outcome == "applied"
+    return cid
 
 
-async def test_a_conversation_never_changes_tenant(pg_store: PostgresStore) -> None:
-    assert await pg_store.save_message(msg(0, conversation_id="a"), 5, tenant_id="acme")
-    assert not await pg_store.save_message(msg(0, conversation_id="a"), 5, tenant_id="acme")
-    for other in ("globex", None):
-        with pytest.raises(TenantConflictError):
-            await pg_store.save_message(msg(1, conversation_id="a"), 5, tenant_id=other)
-    assert await pg_store.save_message(msg(0, conversation_id="b"), 5)
-    with pytest.raises(TenantConflictError):
-        await pg_store.save_message(msg(1, conversation_id="b"), 5, tenant_id="acme")
-    assert await pg_store.conversation_totals("a") == (5, 1)  # nothing written by refusals
-    assert await pg_store.conversation_tenant("a") == "acme"
-    assert await pg_store.conversation_tenant("b") is None
-    assert await pg_store.conversation_tenant("nobody") is None
+async def test_the_conversations_row_holds_the_tenant_its_key_names(
+    pg_store: PostgresStore,
+) -> None:
+    assert await pg_store.save_message(msg(0, conversation_id="acme/a"), 5)
+    assert not await pg_store.save_message(msg(0, conversation_id="acme/a"), 5)
+    assert await pg_store.save_message(msg(0, conversation_id="globex/a"), 5)  # not acme's
+    assert await pg_store.save_message(msg(0, conversation_id="a"), 5)
+    assert await pg_store.conversation_totals("acme/a") == (5, 1)
+    assert await tenant_row(pg_store, "acme/a") == (True, "acme")
+    assert await tenant_row(pg_store, "globex/a") == (True, "globex")
+    assert await tenant_row(pg_store, "a") == (True, None)
+    assert await tenant_row(pg_store, "nobody") == (False, None)
 
 
 async def test_memory_read_by_tenant_sees_only_that_tenants_memory(pg_store: PostgresStore) -> None:
-    await _conversation(pg_store, "acme-1", "acme", "orchid")
-    await _conversation(pg_store, "globex-1", "globex", "orchid")
+    await _conversation(pg_store, "shared-1", "acme", "orchid")
+    await _conversation(pg_store, "shared-1", "globex", "orchid")
     for tenant in ("acme", "globex"):
         for sources in ("both", "summaries", "raw"):
             result = await pg_store.memory_read("orchid", tenant_id=tenant, sources=sources)
             assert result.hits
-            assert {h.conversation_id for h in result.hits} == {f"{tenant}-1"}
-    scoped = await pg_store.memory_read("orchid", conversation_id="globex-1", tenant_id="acme")
+            assert {h.conversation_id for h in result.hits} == {f"{tenant}/shared-1"}
+    scoped = await pg_store.memory_read(
+        "orchid", conversation_id="globex/shared-1", tenant_id="acme"
+    )
     assert scoped.hits == ()
 
 
 async def test_erase_leaves_no_row_with_the_conversation_id_in_any_table(
     pg_store: PostgresStore,
 ) -> None:
-    await _conversation(pg_store, "doomed", "acme", "orchid")
-    await _conversation(pg_store, "kept", "acme", "falcon")
+    await _conversation(pg_store, "doomed", None, "orchid")
+    kept = await _conversation(pg_store, "doomed", "acme", "falcon")  # acme's, same id
     pool = pg_store.pool
     tables = [
         r["table_name"]
@@ -122,14 +135,14 @@ async def test_erase_leaves_no_row_with_the_conversation_id_in_any_table(
     removed = (await pg_store.erase_conversation("doomed", erasure())).removed
     assert removed == before
     assert set((await rows("doomed")).values()) == {0}
-    assert all((await rows("kept")).values())
+    assert all((await rows(kept)).values())
     # Anywhere else the id could hide: outbox keys and payloads, batch sources.
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE key = 'doomed'") == 0
     again = await pg_store.erase_conversation("doomed", erasure("req-2"))
     assert again.removed == dict.fromkeys(ERASED_TABLES, 0) and again.epoch == 2
-    # A later message starts a new conversation, of any tenant.
-    assert await pg_store.save_message(msg(0, conversation_id="doomed"), 5, tenant_id="globex")
-    assert await pg_store.conversation_tenant("doomed") == "globex"
+    # A later message starts a new conversation.
+    assert await pg_store.save_message(msg(0, conversation_id="doomed"), 5)
+    assert await tenant_row(pg_store, "doomed") == (True, None)
     assert await pg_store.conversation_totals("doomed") == (5, 1)
 
 
@@ -139,9 +152,7 @@ async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
     async def group(*items: tuple[int, int | None, int | None, int]) -> list[str]:
         """(index, partition, offset, seconds after T0) → the outcomes' statuses."""
         batch = [
-            IncomingMessage(
-                msg(i, conversation_id="doomed", seconds=at), 10, None, partition, offset
-            )
+            IncomingMessage(msg(i, conversation_id="doomed", seconds=at), 10, partition, offset)
             for i, partition, offset, at in items
         ]
         return [o.status for o in await pg_store.save_messages(batch)]
@@ -154,7 +165,7 @@ async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
     # and no conversations row (tenant claim) either.
     assert await group((0, 1, 5, 0), (1, 1, 6, 1), (2, 3, 100, 2)) == ["erased"] * 3
     assert await pg_store.conversation_totals("doomed") == (0, 0)
-    assert await pg_store.conversation_tenant("doomed") is None
+    assert await tenant_row(pg_store, "doomed") == (False, None)
     assert (
         await pg_store.pool.fetchval(
             "SELECT count(*) FROM conversations WHERE conversation_id = 'doomed'"
@@ -186,7 +197,7 @@ async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
 async def test_the_audit_survives_the_erase_and_a_redelivered_request_is_audited_once(
     pg_store: PostgresStore,
 ) -> None:
-    await _conversation(pg_store, "doomed", "acme", "orchid")
+    await _conversation(pg_store, "doomed", None, "orchid")
     first = await pg_store.erase_conversation("doomed", erasure(p0=9))
     repeated = await pg_store.erase_conversation("doomed", erasure(p0=4))
     assert repeated.repeated and repeated.removed == first.removed and repeated.epoch == 1

@@ -1,27 +1,30 @@
-"""Against real PostgreSQL: conversations from before tenants are never adopted, and a
-producer's look-alike summary is never the previous summary.
+"""Against real PostgreSQL: a conversation is (tenant, id), histories are never
+adopted, migration 0010 re-keys what was stored before, and a producer's
+look-alike summary is never the previous summary.
 
-Why: migration 0005 added the conversations table; a conversation stored
-before it has messages and no row, and the first message after the upgrade
-used to adopt its whole history into the tenant it named. A pre-0005
-conversation is simulated by deleting its conversations row. And the history
-``load_history`` returns must say which row the service stored as a
+Why: a conversation id used to be global. The first message's ``tenant_id``
+claimed it, so a producer could squat another tenant's id or write into its
+conversation; and a conversation stored before migration 0005 (messages, no
+tenant row) was adopted whole by the first message naming a tenant. And the
+history ``load_history`` returns must say which row the service stored as a
 clip-archive (``kind``), since a producer can write any text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
 import pytest
 
+from core.adapters.postgres.migrate import load_migrations, migrate
 from core.adapters.postgres.store import PostgresStore
 from core.domain.clip_archive import clip_archive_message, is_clip_archive
 from core.domain.split import split_history
-from core.ports.storage import IncomingMessage, TenantConflictError, TenantUnassignedError
+from core.ports.storage import IncomingMessage, TenantConflictError
 from streams import cli
 from streams.bootstrap import POSTGRES_DSN_ENV
 from tests.integration.test_postgres_pool import plan_over
@@ -29,65 +32,166 @@ from tests.support.builders import T0, message
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-CONV = "legacy-1"
+
+def incoming(index: int, key: str, *, partition: int | None = None) -> IncomingMessage:
+    return IncomingMessage(
+        message(index, conversation_id=key), 10, partition, None if partition is None else index
+    )
 
 
-def incoming(index: int, tenant: str | None, conversation: str = CONV) -> IncomingMessage:
-    return IncomingMessage(message(index, conversation_id=conversation), 10, tenant)
-
-
-async def from_before_tenants(store: PostgresStore, dsn: str) -> None:
-    """CONV as migration 0005 left it: two messages, no conversations row."""
-    await store.save_messages([incoming(0, None), incoming(1, None)])
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("DELETE FROM conversations WHERE conversation_id = $1", CONV)
-    finally:
-        await conn.close()
-
-
-async def test_a_claim_on_a_conversation_from_before_tenants_is_refused_until_assigned(
+async def test_the_same_id_under_two_tenants_is_two_conversations(
     pg_store: PostgresStore, pg_database: str
 ) -> None:
-    await from_before_tenants(pg_store, pg_database)
-    await pg_store.save_messages([incoming(0, "acme", "new-1")])  # a new one still claims
-    assert await pg_store.unassigned_conversations() == [CONV]
+    outcomes = await pg_store.save_messages(
+        [incoming(0, "globex/c1"), incoming(1, "acme/c1"), incoming(2, "c1")]
+    )
+    assert [o.status for o in outcomes] == ["inserted"] * 3
+    assert await pg_store.save_message(message(3, conversation_id="acme/c1"), 10)
+    for key, ids in (
+        ("acme/c1", ["m00001", "m00003"]),
+        ("globex/c1", ["m00000"]),
+        ("c1", ["m00002"]),
+    ):
+        assert [m.id for m in await pg_store.load_history(key)] == ids
+    conn = await asyncpg.connect(pg_database)
+    try:
+        rows = await conn.fetch("SELECT conversation_id, tenant_id FROM conversations")
+    finally:
+        await conn.close()
+    assert {r["conversation_id"]: r["tenant_id"] for r in rows} == {
+        "globex/c1": "globex",
+        "acme/c1": "acme",
+        "c1": None,
+    }
 
-    outcomes = await pg_store.save_messages([incoming(2, "acme"), incoming(0, "globex", "new-1")])
-    assert [o.status for o in outcomes] == ["tenant_unassigned", "tenant_conflict"]
-    with pytest.raises(TenantUnassignedError):
-        await pg_store.save_message(message(3, conversation_id=CONV), 10, tenant_id="acme")
-    assert [m.id for m in await pg_store.load_history(CONV)] == ["m00000", "m00001"]
-    assert await pg_store.conversation_tenant(CONV) is None
 
-    # A message claiming no tenant is stored, and the conversation stays unassigned.
-    (outcome,) = await pg_store.save_messages([incoming(4, None)])
+async def test_a_history_without_a_tenant_is_moved_into_one_explicitly(
+    pg_store: PostgresStore,
+) -> None:
+    await pg_store.save_messages([incoming(0, "legacy-1"), incoming(1, "legacy-1")])
+    plan = plan_over(await pg_store.load_history("legacy-1"))
+    await pg_store.apply_compaction(plan)
+    assert await pg_store.move_to_tenant("legacy-1", "acme") is True
+    assert await pg_store.move_to_tenant("legacy-1", "acme") is False
+    assert await pg_store.load_history("legacy-1") == []
+    moved = await pg_store.load_history("acme/legacy-1")
+    assert moved and {m.conversation_id for m in moved} == {"acme/legacy-1"}
+    assert await pg_store.live_batches("acme/legacy-1")
+    assert await pg_store.compaction_applied(plan.compaction_id)
+    (outcome,) = await pg_store.save_messages([incoming(6, "acme/legacy-1")])
     assert outcome.status == "inserted"
-    assert await pg_store.save_message(message(5, conversation_id=CONV), 10) is True
-    assert await pg_store.unassigned_conversations() == [CONV]
-
-    assert await pg_store.assign_tenant(CONV, "acme") is True
-    assert await pg_store.assign_tenant(CONV, "acme") is False
-    for other in ("globex", None):
-        with pytest.raises(TenantConflictError):
-            await pg_store.assign_tenant(CONV, other)
-    assert await pg_store.conversation_tenant(CONV) == "acme"
-    assert await pg_store.unassigned_conversations() == []
-    outcomes = await pg_store.save_messages([incoming(6, "acme"), incoming(7, "globex")])
-    assert [o.status for o in outcomes] == ["inserted", "tenant_conflict"]
+    await pg_store.save_messages([incoming(7, "legacy-1")])  # a new one without a tenant
+    with pytest.raises(TenantConflictError, match="never merged"):
+        await pg_store.move_to_tenant("legacy-1", "acme")
+    with pytest.raises(TenantConflictError, match="to move"):
+        await pg_store.move_to_tenant("nobody", "acme")
 
 
-async def test_the_tenants_commands_list_and_assign(
+async def test_migration_0010_rekeys_what_was_stored_before_it(pg_empty_database: str) -> None:
+    """A database as the previous release left it: tenant conversations under their
+    bare ids, one stored before tenants existed (no row), an id holding '/', an
+    erased conversation, an unpublished clip-archive. After 0010 every one is
+    under its conversation key, and the old erase still holds for its id."""
+    conn = await asyncpg.connect(pg_empty_database)
+    try:
+        for migration in load_migrations():
+            if migration.version >= "0010":
+                break
+            await conn.execute(migration.sql)
+        await conn.execute(
+            """
+            INSERT INTO messages (id, conversation_id, role, content, created_at, token_estimate)
+            VALUES ('m1', 'support-1', 'user', 'acme words', now(), 3),
+                   ('m1', 'legacy', 'user', 'old words', now(), 3),
+                   ('m1', 'a/b', 'user', 'slash words', now(), 3);
+            INSERT INTO conversations (conversation_id, tenant_id)
+            VALUES ('support-1', 'acme'), ('a/b', NULL);
+            INSERT INTO erasures (conversation_id, epoch, offsets, cutoff, erased_at)
+            VALUES ('gone-1', 1, '{"0": 41}', now() - interval '1 hour', now());
+            INSERT INTO erase_audit (request_id, conversation_id, requester, reason,
+                                     requested_at, erased_at, epoch, counts)
+            VALUES ('r1', 'gone-1', 'ops', 'asked', now(), now(), 1, '{}');
+            INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id)
+            VALUES ('k1', 'clip_archives', 'support-1',
+                    '{"conversation_id": "support-1", "tenant_id": null}', 'support-1'),
+                   ('k1', 'control', 'support-1', '{"conversation_id": "support-1"}', 'support-1');
+            """
+        )
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version text PRIMARY KEY, "
+            "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for migration in load_migrations():
+            if migration.version < "0010":
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                    migration.version,
+                    migration.name,
+                )
+    finally:
+        await conn.close()
+    assert "0010" in await migrate(pg_empty_database)
+    conn = await asyncpg.connect(pg_empty_database)
+    try:
+        messages = {
+            (r["conversation_id"], r["content"])
+            for r in await conn.fetch("SELECT conversation_id, content FROM messages")
+        }
+        tenants = {
+            r["conversation_id"]: r["tenant_id"]
+            for r in await conn.fetch("SELECT conversation_id, tenant_id FROM conversations")
+        }
+        outbox = {
+            r["topic"]: (r["key"], r["conversation_id"], json.loads(r["payload"]))
+            for r in await conn.fetch("SELECT * FROM outbox")
+        }
+        legacy = await conn.fetch("SELECT conversation_id FROM legacy_erasures")
+        audit = await conn.fetchval("SELECT conversation_id FROM erase_audit")
+    finally:
+        await conn.close()
+    assert messages == {
+        ("acme/support-1", "acme words"),
+        ("legacy", "old words"),  # stored before tenants: a conversation without one
+        ("/a/b", "slash words"),  # never read as tenant a's conversation b
+    }
+    assert tenants == {"acme/support-1": "acme", "legacy": None, "/a/b": None}
+    assert outbox["clip_archives"][:2] == ("acme/support-1", "acme/support-1")
+    assert outbox["clip_archives"][2]["tenant_id"] == "acme"
+    assert outbox["control"][:2] == ("support-1", "acme/support-1")  # routed by the id
+    assert [r["conversation_id"] for r in legacy] == ["gone-1"] and audit == "gone-1"
+
+    # The erase from before the upgrade holds for its id under any tenant: offsets at
+    # or below its mark, and messages created before its cutoff.
+    store = await PostgresStore.connect(pg_empty_database, max_size=2)
+    try:
+        old = message(0, conversation_id="globex/gone-1")  # created long before the cutoff
+        later = message(1, conversation_id="globex/gone-1").model_copy(
+            update={"created_at": T0 + timedelta(days=36500)}
+        )
+        outcomes = await store.save_messages(
+            [
+                IncomingMessage(old, 1, 0, 100),
+                IncomingMessage(later, 1, 0, 41),
+                IncomingMessage(later.model_copy(update={"id": "m9"}), 1, 0, 42),
+            ]
+        )
+        assert [o.status for o in outcomes] == ["erased", "erased", "inserted"]
+    finally:
+        await store.close()
+
+
+async def test_the_tenants_command_moves_a_history(
     pg_store: PostgresStore,
     pg_database: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    await from_before_tenants(pg_store, pg_database)
+    await pg_store.save_messages([incoming(0, "legacy-1")])
     config = tmp_path / "config.toml"
     config.write_text("")
     monkeypatch.setenv(POSTGRES_DSN_ENV, pg_database)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # no broker: told so
 
     async def run(*args: str) -> tuple[int, str, str]:
         capsys.readouterr()
@@ -95,28 +199,15 @@ async def test_the_tenants_commands_list_and_assign(
         out, err = capsys.readouterr()
         return code, out, err
 
-    assert await run("list-unassigned") == (0, f"{CONV}\n", "")
-    code, out, _ = await run("assign", CONV, "acme")
-    assert code == 0 and "assigned to tenant 'acme'" in out
-    code, out, _ = await run("assign", CONV, "acme")
-    assert code == 0 and "nothing changed" in out
-    code, _, err = await run("assign", CONV, "--none")
-    assert code == 1 and "never changes tenant" in err
-    code, _, err = await run("assign", CONV, "bad tenant!")
+    code, out, _ = await run("assign", "legacy-1", "acme")
+    assert code == 0 and "moved into tenant 'acme'" in out and "workers were not told" in out
+    code, out, _ = await run("assign", "legacy-1", "acme")
+    assert code == 0 and "already" in out
+    code, _, err = await run("assign", "legacy-1", "bad tenant!")
     assert code == 1 and "not a tenant id" in err
-    assert await run("list-unassigned") == (0, "", "")
-    assert await pg_store.conversation_tenant(CONV) == "acme"
-
-    await pg_store.save_messages([incoming(0, None, "legacy-2")])
-    conn = await asyncpg.connect(pg_database)
-    try:
-        await conn.execute("DELETE FROM conversations WHERE conversation_id = 'legacy-2'")
-    finally:
-        await conn.close()
-    code, out, _ = await run("assign", "legacy-2", "--none")
-    assert code == 0 and "no tenant" in out
-    (outcome,) = await pg_store.save_messages([incoming(1, "acme", "legacy-2")])
-    assert outcome.status == "tenant_conflict"  # fixed to none: a claim is a mismatch now
+    code, _, err = await run("assign", "nobody", "acme")
+    assert code == 1 and "to move" in err
+    assert [m.id for m in await pg_store.load_history("acme/legacy-1")] == ["m00000"]
 
 
 LOOKALIKE = (

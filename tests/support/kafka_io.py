@@ -48,8 +48,14 @@ class Producer:
     async def stop(self) -> None:
         await self._producer.stop()
 
-    async def send(self, topic: str, value: bytes, key: bytes | None) -> Sent:
-        meta = await self._producer.send_and_wait(topic, value, key=key)
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Sent:
+        meta = await self._producer.send_and_wait(topic, value, key=key, headers=headers)
         return Sent(meta.partition, meta.offset, key, value)
 
 

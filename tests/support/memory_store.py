@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
 from core.domain.erasure import EraseMark, merged_offsets
 from core.domain.messages import ConversationMessage
+from core.domain.tenancy import conversation_key, tenant_of
 from core.domain.tokens import estimate_message_tokens
+from core.domain.usage import LlmUsage, UsageDay
 from core.ports.storage import (
     ApplyResult,
     AuditEntry,
@@ -42,7 +44,6 @@ from core.ports.storage import (
     StoreTotals,
     StoreUnavailable,
     TenantConflictError,
-    TenantUnassignedError,
     TurnHit,
     WorkerStore,
 )
@@ -70,6 +71,7 @@ def _terms(text: str) -> set[str]:
 @dataclass
 class _Outbox:
     row: OutboxRow
+    conversation_id: str
     published: bool = False
 
 
@@ -86,6 +88,9 @@ class InMemoryStore:
     batches: dict[str, StoredBatch] = field(default_factory=dict)
     compactions: set[str] = field(default_factory=set)
     compaction_owner: dict[str, str] = field(default_factory=dict)  # compaction → conversation
+    # compaction → (its tenant when it was applied, when, its LLM spend): the
+    # compactions table's usage columns (migration 0012)
+    compaction_usage: dict[str, tuple[str | None, datetime, LlmUsage]] = field(default_factory=dict)
     outbox: list[_Outbox] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     fail_next: dict[str, Exception] = field(default_factory=dict)
@@ -136,76 +141,39 @@ class InMemoryStore:
         message: ConversationMessage,
         token_estimate: int,
         *,
-        tenant_id: str | None = None,
         partition: int | None = None,
         offset: int | None = None,
     ) -> bool:
         self._call("save_message")
         if token_estimate < 0:
             raise ValueError("token_estimate must be >= 0")
-        if self._erased(IncomingMessage(message, token_estimate, tenant_id, partition, offset)):
-            return False
-        if self._legacy(message.conversation_id) and tenant_id is not None:
-            raise TenantUnassignedError(f"{message.conversation_id} has no tenant assigned")
-        owner = self._claim(message.conversation_id, tenant_id)
-        if owner != tenant_id:
-            raise TenantConflictError(f"{message.conversation_id} belongs to another tenant")
-        compacted = any(
-            message.id in b.batch.source_message_ids
-            for b in self.batches.values()
-            if b.conversation_id == message.conversation_id
-        )
-        if (message.conversation_id, message.id) in self.messages or compacted:
-            return False
-        self.messages[message.conversation_id, message.id] = _Row(
-            message, token_estimate, next(self._seq)
-        )
-        return True
+        incoming = IncomingMessage(message, token_estimate, partition, offset)
+        outcome = self._save(incoming)
+        return outcome.status == "inserted"
 
     async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
         """All or nothing, like the one transaction ``PostgresStore`` uses."""
         self._call("save_messages")
         if any(incoming.tokens < 0 for incoming in batch):
             raise ValueError("token counts must be >= 0")
-        outcomes: list[SaveOutcome] = []
-        for incoming in batch:
-            message = incoming.message
-            if self._erased(incoming):
-                outcomes.append(SaveOutcome("erased"))
-                continue
-            if self._legacy(message.conversation_id) and incoming.tenant_id is not None:
-                outcomes.append(SaveOutcome("tenant_unassigned"))
-                continue
-            owner = self._claim(message.conversation_id, incoming.tenant_id)
-            if owner != incoming.tenant_id:
-                outcomes.append(SaveOutcome("tenant_conflict"))
-                continue
-            compacted = any(
-                message.id in b.batch.source_message_ids
-                for b in self.batches.values()
-                if b.conversation_id == message.conversation_id
-            )
-            if (message.conversation_id, message.id) in self.messages or compacted:
-                outcomes.append(SaveOutcome("duplicate"))
-                continue
-            row = _Row(message, incoming.tokens, next(self._seq))
-            self.messages[message.conversation_id, message.id] = row
-            outcomes.append(SaveOutcome("inserted", row.seq))
-        return outcomes
+        return [self._save(incoming) for incoming in batch]
 
-    def _legacy(self, conversation_id: str) -> bool:
-        """Stored before tenants existed: data, no conversations row (never claimed)."""
-        return conversation_id not in self.tenants and (
-            any(cid == conversation_id for cid, _ in self.messages)
-            or any(b.conversation_id == conversation_id for b in self.batches.values())
+    def _save(self, incoming: IncomingMessage) -> SaveOutcome:
+        message = incoming.message
+        if self._erased(incoming):
+            return SaveOutcome("erased")
+        # The conversations table: the tenant the key names, for row-level security.
+        self.tenants.setdefault(message.conversation_id, tenant_of(message.conversation_id))
+        compacted = any(
+            message.id in b.batch.source_message_ids
+            for b in self.batches.values()
+            if b.conversation_id == message.conversation_id
         )
-
-    def _claim(self, conversation_id: str, tenant_id: str | None) -> str | None:
-        """The conversation's tenant, claimed by this message if it is the first;
-        a legacy conversation stays unassigned (a message claiming none is stored)."""
-        if self._legacy(conversation_id):
-            return None
-        return self.tenants.setdefault(conversation_id, tenant_id)
+        if (message.conversation_id, message.id) in self.messages or compacted:
+            return SaveOutcome("duplicate")
+        row = _Row(message, incoming.tokens, next(self._seq))
+        self.messages[message.conversation_id, message.id] = row
+        return SaveOutcome("inserted", row.seq)
 
     def _erased(self, incoming: IncomingMessage) -> bool:
         mark = self.erasures.get(incoming.message.conversation_id)
@@ -294,6 +262,7 @@ class InMemoryStore:
         )
         self.compactions.add(plan.compaction_id)
         self.compaction_owner[plan.compaction_id] = plan.conversation_id
+        self.compaction_usage[plan.compaction_id] = (tenant_of(cid), self.now(), plan.usage)
         stats = AppliedStats(tokens_removed=removed, tokens_added=added)
         for record in outbox(stats) if outbox is not None else ():
             row = OutboxRow(
@@ -303,7 +272,7 @@ class InMemoryStore:
                 key=record.key,
                 payload=record.payload,
             )
-            self.outbox.append(_Outbox(row))
+            self.outbox.append(_Outbox(row, plan.conversation_id))
         return ApplyResult(outcome="applied", stats=stats)
 
     def _live_batch(self, batch_id: str) -> StoredBatch | None:
@@ -438,30 +407,52 @@ class InMemoryStore:
 
     # -- PrivacyStore -------------------------------------------------------------
 
-    async def assign_tenant(self, conversation_id: str, tenant_id: str | None) -> bool:
-        self._call("assign_tenant")
-        if conversation_id in self.tenants:
-            if self.tenants[conversation_id] != tenant_id:
-                raise TenantConflictError(f"{conversation_id} belongs to another tenant")
-            return False
-        self.tenants[conversation_id] = tenant_id
+    async def move_to_tenant(self, conversation_id: str, tenant_id: str) -> bool:
+        self._call("move_to_tenant")
+        source, target = (
+            conversation_key(None, conversation_id),
+            conversation_key(tenant_id, conversation_id),
+        )
+        moving, there = self._has_rows(source), self._has_rows(target)
+        if not moving:
+            if there:
+                return False
+            raise TenantConflictError(f"no conversation {conversation_id!r} without a tenant")
+        if there:
+            raise TenantConflictError(f"{tenant_id} has a conversation {conversation_id!r}")
+        self._rekey(source, target)
+        self.tenants.pop(source, None)
+        self.tenants[target] = tenant_id
         return True
 
-    async def unassigned_conversations(self, limit: int = 1000) -> list[str]:
-        self._call("unassigned_conversations")
-        stored = {cid for cid, _ in self.messages} | {
-            b.conversation_id for b in self.batches.values()
-        }
-        return sorted(stored - set(self.tenants))[:limit]
+    def _has_rows(self, conversation_id: str) -> bool:
+        return any(cid == conversation_id for cid, _ in self.messages) or any(
+            b.conversation_id == conversation_id for b in self.batches.values()
+        )
 
-    async def conversation_tenant(
-        self, conversation_id: str, *, scope: ReadScope | None = None
-    ) -> str | None:
-        self._call("conversation_tenant")
-        self.read_scopes.append(("conversation_tenant", scope))
-        if not self._visible(scope, conversation_id):
-            return None
-        return self.tenants.get(conversation_id)
+    def _rekey(self, source: str, target: str) -> None:
+        def moved(message: ConversationMessage) -> ConversationMessage:
+            return message.model_copy(update={"conversation_id": target})
+
+        for (cid, mid), row in list(self.messages.items()):
+            if cid == source:
+                del self.messages[cid, mid]
+                self.messages[target, mid] = _Row(moved(row.message), row.tokens, row.seq, row.kind)
+        for (cid, mid), entry in list(self.archived.items()):
+            if cid == source:
+                del self.archived[cid, mid]
+                self.archived[target, mid] = replace(entry, message=moved(entry.message))
+        for batch_id, batch in list(self.batches.items()):
+            if batch.conversation_id == source:
+                self.batches[batch_id] = batch.model_copy(update={"conversation_id": target})
+        for compaction_id, owner in list(self.compaction_owner.items()):
+            if owner == source:
+                self.compaction_owner[compaction_id] = target
+        for item in self.outbox:
+            if item.conversation_id == source:
+                item.conversation_id = target
+        if source in self.erasures:
+            self.erasures[target] = self.erasures.pop(source)
 
     async def erase_conversation(self, conversation_id: str, erasure: Erasure) -> EraseOutcome:
         self._call("erase_conversation")
@@ -505,7 +496,7 @@ class InMemoryStore:
         archived = [i for i, entry in self.archived.items() if mine(entry.message)]
         batches = [i for i, b in self.batches.items() if b.conversation_id == conversation_id]
         owned = {c for c, owner in self.compaction_owner.items() if owner == conversation_id}
-        outbox = [o for o in self.outbox if o.row.key == conversation_id]
+        outbox = [o for o in self.outbox if o.conversation_id == conversation_id]
         for key in messages:
             del self.messages[key]
         for key in archived:
@@ -515,7 +506,8 @@ class InMemoryStore:
         for c in owned:
             self.compactions.discard(c)
             del self.compaction_owner[c]
-        self.outbox = [o for o in self.outbox if o.row.key != conversation_id]
+            self.compaction_usage.pop(c, None)
+        self.outbox = [o for o in self.outbox if o.conversation_id != conversation_id]
         known = conversation_id in self.tenants
         self.tenants.pop(conversation_id, None)
         return {
@@ -542,7 +534,11 @@ class InMemoryStore:
 
     async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
         self._call("outbox_rows")
-        return [o.row for o in self.outbox if o.row.compaction_id == compaction_id]
+        return [
+            o.row.model_copy(update={"published": o.published})
+            for o in self.outbox
+            if o.row.compaction_id == compaction_id
+        ]
 
     async def mark_published(self, ids: Sequence[int]) -> None:
         self._call("mark_published")
@@ -597,6 +593,46 @@ class InMemoryStore:
             totals[cid] = totals.get(cid, 0) + row.tokens
         over = [(cid, total) for cid, total in totals.items() if total > threshold]
         return sorted(over, key=lambda pair: (-pair[1], pair[0]))
+
+    async def tenant_llm_tokens(self, tenant_id: str, since: datetime) -> int:
+        self._call("tenant_llm_tokens")
+        return sum(
+            usage.total_tokens
+            for tenant, at, usage in self.compaction_usage.values()
+            if tenant == tenant_id and at >= since and usage.summarizer != "extractive"
+        )
+
+    async def usage_by_day(
+        self, *, scope: ReadScope, tenant_id: str | None = None, since: date | None = None
+    ) -> list[UsageDay]:
+        self._call("usage_by_day")
+        self.read_scopes.append(("usage_by_day", scope))
+        days: dict[tuple[str | None, date], list[LlmUsage]] = {}
+        for compaction_id, (tenant, at, usage) in self.compaction_usage.items():
+            conversation = self.compaction_owner[compaction_id]
+            if not self._visible(scope, conversation):
+                continue
+            day = at.astimezone(UTC).date()
+            if (tenant_id is None or tenant == tenant_id) and (since is None or day >= since):
+                days.setdefault((tenant, day), []).append(usage)
+        return [
+            UsageDay(
+                tenant_id=tenant,
+                day=day,
+                compactions=len(spent),
+                llm_calls=sum(u.calls for u in spent),
+                input_tokens=sum(u.input_tokens for u in spent),
+                output_tokens=sum(u.output_tokens for u in spent),
+                cache_read_tokens=sum(u.cache_read_tokens for u in spent),
+                cache_write_tokens=sum(u.cache_write_tokens for u in spent),
+                cost_usd=round(sum(u.cost_usd or 0.0 for u in spent), 9),
+                fallback_compactions=sum(u.fallback for u in spent),
+            )
+            for (tenant, day), spent in sorted(
+                days.items(),
+                key=lambda item: (item[0][1], item[0][0] is not None, item[0][0] or ""),
+            )
+        ]
 
     async def close(self) -> None:
         self.closed = True

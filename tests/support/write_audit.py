@@ -36,6 +36,12 @@ NOT_CONVERSATION_DATA: dict[str, str] = {
     "schema_migrations": "migration bookkeeping (core.adapters.postgres.migrate), one row per migration",
 }
 
+# Tables with a conversation_id that only a migration writes, with why: the
+# service never writes them, so no path of the flow can (or need) be audited.
+WRITTEN_BY_MIGRATIONS_ONLY: dict[str, str] = {
+    "legacy_erasures": "erase marks from before conversation keys (migration 0010), read-only since",
+}
+
 _SETUP_SQL = f"""
 CREATE TABLE {AUDIT_TABLE} (
     seq             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -64,9 +64,7 @@ def dev_requirements() -> list[Requirement]:
     assert isinstance(extras, dict)
     # scripts/setup installs the dev lock: runtime + [dev] + [embedded-postgres]
     # + [local-embeddings].
-    return _requirements(
-        extras["dev"] + extras["embedded-postgres"] + extras["local-embeddings"]
-    )
+    return _requirements(extras["dev"] + extras["embedded-postgres"] + extras["local-embeddings"])
 
 
 def pins(lock: Path) -> dict[NormalizedName, tuple[Version, int]]:

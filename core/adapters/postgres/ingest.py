@@ -1,14 +1,14 @@
 """Storing a group of incoming messages in a few statements: the accounting hot path.
 
 ``save_message`` costs five round trips per message (a transaction, the
-conversation's advisory lock, the tenant claim, the insert); at the rate a
+conversation's advisory lock, the erase mark, the tenant, the insert); at the rate a
 worker reads a topic that is the bottleneck. A group goes in with the same
 rules and the same guarantees in one transaction of five statements, whatever
 its size: lock every conversation of the group (sorted, so two ingests cannot
 deadlock; ``apply_compaction`` takes one of them), read the erase marks of
 those that were erased (a message an erase covers is ``erased``, nothing of it
-written, its conversation not claimed: ``core.domain.erasure``), claim
-tenants, insert with ``unnest`` and read the arrival numbers back.
+written: ``core.domain.erasure``), record new conversations' tenants, insert
+with ``unnest`` and read the arrival numbers back.
 
 With ``single_conversation_transactions`` the group is split into one such
 transaction per conversation, run side by side on the pool's connections,
@@ -27,6 +27,7 @@ import asyncpg
 
 from core.domain.erasure import EraseMark
 from core.domain.messages import ToolCall
+from core.domain.tenancy import conversation_id_of, tenant_of
 from core.ports.storage import IncomingMessage, SaveOutcome
 
 _LOCK_SQL = """
@@ -35,38 +36,28 @@ SELECT pg_advisory_xact_lock($1, h)
 """
 
 # The erase marks of the group's conversations (read under their locks, so an
-# erase cannot commit between this read and the insert).
+# erase cannot commit between this read and the insert), and the legacy marks
+# of their producers' ids: an erase applied before conversation keys named
+# their tenant (migration 0010) is kept by the bare id, its tenant unknown, so
+# it covers that id under any tenant. That drops no message the old rules
+# would have stored: then an id belonged to one tenant at a time, and another
+# tenant's messages for it were dead-lettered.
 _MARKS_SQL = """
-SELECT conversation_id, epoch, offsets, cutoff
+SELECT conversation_id, epoch, offsets, cutoff, false AS legacy
   FROM erasures WHERE conversation_id = ANY($1::text[])
+UNION ALL
+SELECT conversation_id, 0 AS epoch, offsets, cutoff, true AS legacy
+  FROM legacy_erasures WHERE conversation_id = ANY($2::text[])
 """
 
-# The conversations' owners: claimed now by this group, or from before. A
-# conversation stored before tenants existed (data, no conversations row) is
-# not claimed: it comes back ``unassigned`` (an operator assigns its tenant).
-_CLAIM_SQL = """
-WITH wanted AS (
-    SELECT * FROM unnest($1::text[], $2::text[]) AS w(conversation_id, tenant_id)
-), legacy AS (
-    SELECT w.conversation_id FROM wanted AS w
-     WHERE NOT EXISTS (SELECT 1 FROM conversations AS c
-                        WHERE c.conversation_id = w.conversation_id)
-       AND (EXISTS (SELECT 1 FROM messages AS m WHERE m.conversation_id = w.conversation_id)
-            OR EXISTS (SELECT 1 FROM archival_memory AS a
-                        WHERE a.conversation_id = w.conversation_id))
-), claimed AS (
-    INSERT INTO conversations (conversation_id, tenant_id)
-    SELECT conversation_id, tenant_id FROM wanted
-     WHERE conversation_id NOT IN (SELECT conversation_id FROM legacy)
-    ON CONFLICT (conversation_id) DO NOTHING
-    RETURNING conversation_id, tenant_id
-)
-SELECT conversation_id, tenant_id, false AS unassigned FROM claimed
-UNION ALL
-SELECT c.conversation_id, c.tenant_id, false AS unassigned
-  FROM conversations AS c JOIN wanted USING (conversation_id)
-UNION ALL
-SELECT conversation_id, NULL AS tenant_id, true AS unassigned FROM legacy
+# Record each new conversation's tenant (the one its key names), which the
+# row-level security of reads goes by. A conversation key names its tenant
+# (core.domain.tenancy), so there is nothing to claim or contest: two tenants
+# using the same conversation id have two keys, two conversations.
+_RECORD_TENANTS_SQL = """
+INSERT INTO conversations (conversation_id, tenant_id)
+SELECT * FROM unnest($1::text[], $2::text[])
+ON CONFLICT (conversation_id) DO NOTHING
 """
 
 # A message an archived batch already covers was compacted and deleted: a
@@ -102,12 +93,16 @@ def _tool_calls_text(incoming: IncomingMessage) -> str | None:
     return None if calls is None else json.dumps(calls, separators=(",", ":"))
 
 
-def _first_claims(batch: Sequence[IncomingMessage]) -> dict[str, str | None]:
-    """Each conversation's tenant as the group's first message for it claims it."""
-    claims: dict[str, str | None] = {}
-    for incoming in batch:
-        claims.setdefault(incoming.message.conversation_id, incoming.tenant_id)
-    return claims
+def _conversations(batch: Sequence[IncomingMessage]) -> list[str]:
+    """The group's conversation keys, each once, in order of first appearance."""
+    return list(dict.fromkeys(incoming.message.conversation_id for incoming in batch))
+
+
+async def record_tenants(conn: Any, conversation_ids: Sequence[str]) -> None:
+    """A ``conversations`` row (key, the key's tenant) for each new conversation."""
+    if conversation_ids:
+        tenants = [tenant_of(key) for key in conversation_ids]
+        await conn.execute(_RECORD_TENANTS_SQL, list(conversation_ids), tenants)
 
 
 async def save_group(
@@ -164,46 +159,43 @@ def _mark_of(row: Any) -> EraseMark:
     )
 
 
-async def erase_marks(conn: Any, conversation_ids: Sequence[str]) -> dict[str, EraseMark]:
-    """The erase marks of those of ``conversation_ids`` that were ever erased."""
-    rows = await conn.fetch(_MARKS_SQL, list(conversation_ids))
-    return {row["conversation_id"]: _mark_of(row) for row in rows}
+async def erase_marks(conn: Any, conversation_ids: Sequence[str]) -> dict[str, list[EraseMark]]:
+    """The erase marks covering each of ``conversation_ids`` that was ever erased:
+    its own, and a legacy mark of its producer's id (see ``_MARKS_SQL``)."""
+    bare = {key: conversation_id_of(key) for key in conversation_ids}
+    rows = await conn.fetch(_MARKS_SQL, list(conversation_ids), list(set(bare.values())))
+    own = {row["conversation_id"]: _mark_of(row) for row in rows if not row["legacy"]}
+    legacy = {row["conversation_id"]: _mark_of(row) for row in rows if row["legacy"]}
+    marks: dict[str, list[EraseMark]] = {}
+    for key in conversation_ids:
+        found = [mark for mark in (own.get(key), legacy.get(bare[key])) if mark is not None]
+        if found:
+            marks[key] = found
+    return marks
 
 
-def covered(marks: dict[str, EraseMark], incoming: IncomingMessage) -> bool:
-    mark = marks.get(incoming.message.conversation_id)
-    return mark is not None and mark.covers(
-        incoming.partition, incoming.offset, incoming.message.created_at
+def covered(marks: dict[str, list[EraseMark]], incoming: IncomingMessage) -> bool:
+    message = incoming.message
+    return any(
+        mark.covers(incoming.partition, incoming.offset, message.created_at)
+        for mark in marks.get(message.conversation_id, ())
     )
 
 
 async def _save_in_transaction(
     conn: Any, group: Sequence[tuple[int, IncomingMessage]], lock_class: int
 ) -> dict[int, SaveOutcome]:
-    conversations = list(_first_claims([incoming for _, incoming in group]))
+    conversations = _conversations([incoming for _, incoming in group])
     await conn.execute(_LOCK_SQL, lock_class, conversations)
     marks = await erase_marks(conn, conversations)
     outcomes: dict[int, SaveOutcome] = {}
-    live: list[tuple[int, IncomingMessage]] = []
+    admitted: list[tuple[int, IncomingMessage]] = []
     for position, incoming in group:
         if covered(marks, incoming):
             outcomes[position] = SaveOutcome("erased")
         else:
-            live.append((position, incoming))
-    claims = _first_claims([incoming for _, incoming in live])
-    rows = await conn.fetch(_CLAIM_SQL, list(claims), list(claims.values())) if claims else []
-    owners = {row["conversation_id"]: row["tenant_id"] for row in rows}
-    unassigned = {row["conversation_id"] for row in rows if row["unassigned"]}
-    admitted: list[tuple[int, IncomingMessage]] = []
-    for position, incoming in live:
-        if incoming.message.conversation_id in unassigned and incoming.tenant_id is not None:
-            # Stored before tenants existed: a claim would adopt its whole history.
-            # A message claiming no tenant is stored, and the conversation stays unassigned.
-            outcomes[position] = SaveOutcome("tenant_unassigned")
-        elif owners.get(incoming.message.conversation_id) != incoming.tenant_id:
-            outcomes[position] = SaveOutcome("tenant_conflict")
-        else:
             admitted.append((position, incoming))
+    await record_tenants(conn, _conversations([incoming for _, incoming in admitted]))
     seqs = await _insert(conn, admitted)
     for position, incoming in admitted:
         key = (incoming.message.conversation_id, incoming.message.id)

@@ -15,48 +15,22 @@ from core.ports.storage import (
     CompactionInputs,
     IncomingMessage,
     MessageKey,
-    TenantConflictError,
-    TenantUnassignedError,
 )
 
 if TYPE_CHECKING:
     from core.adapters.postgres.connection import Queryable
-
-# The conversation's tenant: the existing row's, or the claimed one when this
-# message is the first (the insert and the read see one snapshot, so exactly
-# one of the three selects returns a row), or ``unassigned`` for a conversation
-# stored before tenants existed (data, no row), which is never claimed here.
-_CLAIM_TENANT_SQL = """
-WITH legacy AS (
-    SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM conversations WHERE conversation_id = $1)
-      AND (EXISTS (SELECT 1 FROM messages WHERE conversation_id = $1)
-           OR EXISTS (SELECT 1 FROM archival_memory WHERE conversation_id = $1))
-), claimed AS (
-    INSERT INTO conversations (conversation_id, tenant_id)
-    SELECT $1, $2::text WHERE NOT EXISTS (SELECT 1 FROM legacy)
-    ON CONFLICT (conversation_id) DO NOTHING
-    RETURNING tenant_id
-)
-SELECT tenant_id, false AS unassigned FROM claimed
-UNION ALL
-SELECT tenant_id, false AS unassigned FROM conversations WHERE conversation_id = $1
-UNION ALL
-SELECT NULL, true AS unassigned FROM legacy
-LIMIT 1
-"""
 
 
 async def save_one(
     pool: asyncpg.Pool,
     message: ConversationMessage,
     token_estimate: int,
-    tenant_id: str | None,
     *,
     partition: int | None = None,
     offset: int | None = None,
 ) -> bool:
     """``PostgresStore.save_message``: ``False`` for a duplicate or a message an
-    erase covers (checked under the conversation's lock, before the claim)."""
+    erase covers (checked under the conversation's lock)."""
     if token_estimate < 0:
         raise ValueError("token_estimate must be >= 0")
     async with pool.acquire() as conn, conn.transaction():
@@ -66,22 +40,10 @@ async def save_one(
             message.conversation_id,
         )
         marks = await pg_ingest.erase_marks(conn, [message.conversation_id])
-        incoming = IncomingMessage(message, token_estimate, tenant_id, partition, offset)
+        incoming = IncomingMessage(message, token_estimate, partition, offset)
         if pg_ingest.covered(marks, incoming):
             return False
-        owner = await conn.fetchrow(_CLAIM_TENANT_SQL, message.conversation_id, tenant_id)
-        if owner is not None and owner["unassigned"]:
-            if tenant_id is not None:
-                raise TenantUnassignedError(
-                    f"conversation {message.conversation_id[:80]!r} has no tenant assigned "
-                    f"(stored before tenants existed); message {message.id[:80]!r} claims "
-                    f"{tenant_id!r}"
-                )
-        elif owner is None or owner["tenant_id"] != tenant_id:
-            raise TenantConflictError(
-                f"conversation {message.conversation_id[:80]!r} belongs to another tenant "
-                f"than the one message {message.id[:80]!r} claims ({tenant_id!r})"
-            )
+        await pg_ingest.record_tenants(conn, [message.conversation_id])
         inserted = await conn.fetchval(
             """
             INSERT INTO messages (id, conversation_id, role, content, tool_calls,

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.domain.erasure import merged_offsets
 from core.ports.storage import AuditEntry, EraseOutcome, Erasure
-
-if TYPE_CHECKING:
-    from core.adapters.postgres.connection import Queryable
 
 # Every table holding a conversation's rows, children first; erase_conversation
 # empties them (tests/integration/test_tenants_and_erase.py checks this list,
@@ -30,7 +27,7 @@ ERASED_TABLES = (
 
 # Tables an erase writes rather than empties: they hold ids, offsets, times and
 # counts, never content, and are what make an erase hold and answer for it.
-KEPT_TABLES = ("erasures", "erase_audit")
+KEPT_TABLES = ("erasures", "erase_audit", "legacy_erasures")
 
 _MARK_SQL = """
 INSERT INTO erasures AS e (conversation_id, epoch, offsets, cutoff, erased_at)
@@ -48,13 +45,6 @@ INSERT INTO erase_audit (request_id, conversation_id, requester, reason, request
                          erased_at, epoch, counts)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb)
 """
-
-
-async def conversation_tenant(pool: Queryable, conversation_id: str) -> str | None:
-    value = await pool.fetchval(
-        "SELECT tenant_id FROM conversations WHERE conversation_id = $1", conversation_id
-    )
-    return None if value is None else str(value)
 
 
 def _jsonb(value: Any) -> Any:

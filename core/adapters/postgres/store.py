@@ -10,13 +10,14 @@ module per role, each a set of functions over the pool:
 * ``archive``: archived batches and raw turns, and their retention;
 * ``memory``: ``memory_read``, full text and vectors fused by rank;
 * ``tallies``: the token counts the worker's table caches;
-* ``privacy``: tenants and erasure.
+* ``privacy``: erasure;
+* ``tenants``: moving a conversation without a tenant into one.
 
 Every public coroutine raises the ports' errors and none of the driver's
 (``errors``): an outage is ``StoreUnavailable``.
 
-The reads the HTTP views make (``load_history``, ``conversation_tenant``,
-``expand_batch``, ``memory_read``) take the caller's ``ReadScope``; with one,
+The reads the HTTP views make (``load_history``, ``expand_batch``,
+``memory_read``) take the caller's ``ReadScope``; with one,
 they run in a READ ONLY transaction as ``compactor_reader`` with
 ``compactor.tenant`` set (``connection.reading``), and row-level security
 (migration 0009) shows them only the scope's rows. Without one (the worker,
@@ -27,7 +28,7 @@ the CLI) they run on the pool as the tables' owner, whom the
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -41,16 +42,19 @@ from core.adapters.postgres import outbox as pg_outbox
 from core.adapters.postgres import privacy as pg_privacy
 from core.adapters.postgres import tallies as pg_tallies
 from core.adapters.postgres import tenants as pg_tenants
+from core.adapters.postgres import usage as pg_usage
 from core.adapters.postgres.connection import (
     CONVERSATION_LOCK_CLASS,
     configure_connection,
     keep_session,
     reading,
+    refuse_read_only,
 )
 from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.migrate import migrate
 from core.domain.compaction import CompactionPlan, StoredBatch
 from core.domain.messages import ConversationMessage
+from core.domain.usage import UsageDay
 from core.ports.embedding import Embedder
 from core.ports.storage import (
     ApplyResult,
@@ -125,6 +129,7 @@ class PostgresStore:
             min_size=min_size,
             max_size=max_size,
             init=configure_connection,
+            setup=refuse_read_only,
             reset=keep_session,
         )
         return cls(
@@ -152,7 +157,6 @@ class PostgresStore:
         message: ConversationMessage,
         token_estimate: int,
         *,
-        tenant_id: str | None = None,
         partition: int | None = None,
         offset: int | None = None,
     ) -> bool:
@@ -167,12 +171,11 @@ class PostgresStore:
         advisory lock, the one ``apply_compaction`` holds while it deletes,
         so a redelivery racing a compaction sees either the row or its batch.
 
-        The first message of a conversation fixes its tenant; one claiming
-        another raises ``TenantConflictError`` and nothing is written. A message an
-        erase of the conversation covers (``core.domain.erasure``) is not written.
+        A message an erase of the conversation covers (``core.domain.erasure``)
+        is not written.
         """
         return await pg_messages.save_one(
-            self._pool, message, token_estimate, tenant_id, partition=partition, offset=offset
+            self._pool, message, token_estimate, partition=partition, offset=offset
         )
 
     async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
@@ -312,25 +315,14 @@ class PostgresStore:
 
     # -- PrivacyStore --------------------------------------------------------
 
-    async def conversation_tenant(
-        self, conversation_id: str, *, scope: ReadScope | None = None
-    ) -> str | None:
-        if scope is None:
-            return await pg_privacy.conversation_tenant(self._pool, conversation_id)
-        async with reading(self._pool, scope) as conn:
-            return await pg_privacy.conversation_tenant(conn, conversation_id)
-
     async def erase_conversation(self, conversation_id: str, erasure: Erasure) -> EraseOutcome:
         return await pg_privacy.erase_conversation(self._pool, conversation_id, erasure)
 
     async def erase_audit(self, conversation_id: str) -> list[AuditEntry]:
         return await pg_privacy.erase_audit(self._pool, conversation_id)
 
-    async def assign_tenant(self, conversation_id: str, tenant_id: str | None) -> bool:
-        return await pg_tenants.assign_tenant(self._pool, conversation_id, tenant_id)
-
-    async def unassigned_conversations(self, limit: int = 1000) -> list[str]:
-        return await pg_tenants.unassigned_conversations(self._pool, limit)
+    async def move_to_tenant(self, conversation_id: str, tenant_id: str) -> bool:
+        return await pg_tenants.move_to_tenant(self._pool, conversation_id, tenant_id)
 
     # -- TallySource ---------------------------------------------------------
 
@@ -348,6 +340,16 @@ class PostgresStore:
 
     async def conversations_over(self, threshold: int) -> list[tuple[str, int]]:
         return await pg_tallies.conversations_over(self._pool, threshold)
+
+    async def tenant_llm_tokens(self, tenant_id: str, since: datetime) -> int:
+        return await pg_usage.tenant_llm_tokens(self._pool, tenant_id, since)
+
+    async def usage_by_day(
+        self, *, scope: ReadScope, tenant_id: str | None = None, since: date | None = None
+    ) -> list[UsageDay]:
+        """Read as ``scope`` (row-level security), like the other views' reads."""
+        async with reading(self._pool, scope) as conn:
+            return await pg_usage.usage_by_day(conn, tenant_id, since)
 
 
 if TYPE_CHECKING:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from core.domain.tenancy import ConversationRef
 from core.ports.storage import ReadScope
 from streams.http import audit
 from tests.unit.http.test_http_security import (
@@ -34,7 +35,7 @@ from tests.unit.http.test_http_security import (
 pytestmark = pytest.mark.unit
 
 FIELDS = {"time", "logger", "event", "token_id", "tenant", "scope", "method", "route"}
-FIELDS |= {"conversation_id", "status"}
+FIELDS |= {"conversation_id", "conversation_tenant", "status"}
 
 
 @pytest.fixture
@@ -66,13 +67,17 @@ async def test_every_read_is_one_json_line_without_token_query_or_content(
 ) -> None:
     site, client = site_client
     batch_id = next(iter(site.store.batches))
-    own = site.store.batches[batch_id].conversation_id
+    own = ConversationRef.of_key(site.store.batches[batch_id].conversation_id)
     secret_query = "acmesecret7 word3"
     asked = [
         (ACME, "/conversations/acme-c0/history", 200),
-        (ACME, "/conversations/globex-c0/history", 403),
+        (ACME, "/conversations/globex-c0/history?tenant_id=globex", 403),
         (ACME, f"/memory/search?q={secret_query}&conversation_id=acme-c0", 200),
-        (ADMIN, f"/conversations/{own}/batches/{batch_id}", 200),
+        (
+            ADMIN,
+            f"/conversations/{own.conversation_id}/batches/{batch_id}?tenant_id={own.tenant_id}",
+            200,
+        ),
         (GLOBEX, "/memory/search?q=globexsecret1", 200),
         (None, "/conversations/acme-c0/history", 401),
         ("wrong-token-0123456789abcdef", "/conversations/acme-c0", 401),
@@ -95,25 +100,28 @@ async def test_every_read_is_one_json_line_without_token_query_or_content(
             line["scope"],
             line["route"],
             line["conversation_id"],
+            line["conversation_tenant"],
             line["status"],
         )
         for line in lines
     ]
+    history = "/conversations/{conversation_id}/history"
     assert summary == [
-        ("tok-", "acme", "tenant", "/conversations/{conversation_id}/history", "acme-c0", 200),
-        ("tok-", "acme", "tenant", "/conversations/{conversation_id}/history", "globex-c0", 403),
-        ("tok-", "acme", "tenant", "/memory/search", "acme-c0", 200),
+        ("tok-", "acme", "tenant", history, "acme-c0", "acme", 200),
+        ("tok-", "acme", "tenant", history, "globex-c0", "acme", 403),
+        ("tok-", "acme", "tenant", "/memory/search", "acme-c0", "acme", 200),
         (
             "tok-",
             None,
             "all",
             "/conversations/{conversation_id}/batches/{batch_id}",
-            own,
+            own.conversation_id,
+            own.tenant_id,
             200,
         ),
-        ("tok-", "globex", "tenant", "/memory/search", None, 200),
-        ("-", None, None, "/conversations/{conversation_id}/history", "acme-c0", 401),
-        ("tok-", None, None, "/conversations/{conversation_id}", "acme-c0", 401),
+        ("tok-", "globex", "tenant", "/memory/search", None, "globex", 200),
+        ("-", None, None, history, "acme-c0", None, 401),
+        ("tok-", None, None, "/conversations/{conversation_id}", "acme-c0", None, 401),
     ]
     # One token, one id; another token, another id.
     ids = [line["token_id"] for line in lines]
@@ -130,12 +138,12 @@ async def test_every_view_reads_with_the_tokens_scope(
 ) -> None:
     site, client = site_client
     site.store.read_scopes.clear()
-    batch_id = next(b for b, s in site.store.batches.items() if s.conversation_id == "acme-c0")
+    batch_id = next(b for b, s in site.store.batches.items() if s.conversation_id == "acme/acme-c0")
     for token in (ACME, ADMIN):
         for path in (
-            "/conversations/acme-c0/history",
-            f"/conversations/acme-c0/batches/{batch_id}",
-            "/memory/search?q=acmesecret1&conversation_id=acme-c0",
+            "/conversations/acme-c0/history?tenant_id=acme",
+            f"/conversations/acme-c0/batches/{batch_id}?tenant_id=acme",
+            "/memory/search?q=acmesecret1&conversation_id=acme-c0&tenant_id=acme",
             "/memory/search?q=acmesecret1&tenant_id=acme",
         ):
             response = await client.get(path, headers=bearer(token))
@@ -153,13 +161,14 @@ async def test_a_view_that_forgot_its_tenant_check_still_reads_nothing_of_anothe
     PostgreSQL): asked with acme's scope for globex's rows, it has none."""
     site, _ = site_client
     store, acme = site.store, ReadScope.of_tenant("acme")
-    globex_batch = next(b for b, s in store.batches.items() if s.conversation_id == "globex-c0")
-    assert await store.load_history("globex-c0", scope=acme) == []
-    assert await store.expand_batch("globex-c0", globex_batch, scope=acme) is None
-    assert await store.conversation_tenant("globex-c0", scope=acme) is None
+    globex = "globex/globex-c0"
+    globex_batch = next(b for b, s in store.batches.items() if s.conversation_id == globex)
+    assert await store.load_history(globex, scope=acme) == []
+    assert await store.expand_batch(globex, globex_batch, scope=acme) is None
     result = await store.memory_read("globexsecret1 acmesecret1", limit=20, scope=acme)
-    assert result.hits and {h.conversation_id for h in result.hits} <= {"acme-c0", "acme-c1"}
-    assert await store.load_history("globex-c0", scope=ReadScope.everything())
+    assert result.hits
+    assert {h.conversation_id for h in result.hits} <= {"acme/acme-c0", "acme/acme-c1"}
+    assert await store.load_history(globex, scope=ReadScope.everything())
 
 
 def test_read_scopes_are_one_tenant_or_all() -> None:

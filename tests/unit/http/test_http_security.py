@@ -18,6 +18,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from faust.exceptions import SameNode
 
+from core.domain.compaction import StoredBatch
+from core.domain.tenancy import ConversationRef, tenant_of
 from core.settings import ConfigError, ResolvedModel, Settings, parse_settings
 from streams.events import MessageEvent
 from streams.http.auth import AuthPolicy, Principal, check_exposure, env_tokens
@@ -117,7 +119,11 @@ async def compacted_site(config: Settings) -> Site:
 
 @pytest.fixture
 async def secured() -> AsyncIterator[tuple[Site, TestClient[Any, Any]]]:
-    site = await compacted_site(settings(**SECURED, metrics_token=METRICS))
+    # No limit on failed authentications here: these tests fail hundreds on purpose
+    # (test_failed_authentications_are_slowed_down tests the limit).
+    site = await compacted_site(
+        settings(**SECURED, metrics_token=METRICS, auth_failures_per_second=0)
+    )
     async with TestClient(TestServer(site.app.web.web_app)) as client:  # type: ignore[attr-defined]
         yield site, client
 
@@ -210,12 +216,20 @@ VIEWS = (
 )
 
 
+def view_paths(batch: StoredBatch, *, tenant_param: bool) -> list[str]:
+    """The views of ``batch``'s conversation, addressed by its producer's id (and,
+    for a token that is not tenant-bound, its tenant as ``tenant_id``)."""
+    ref = ConversationRef.of_key(batch.conversation_id)
+    query = f"?tenant_id={ref.tenant_id}" if tenant_param and ref.tenant_id else ""
+    return [v.format(c=ref.conversation_id, b=batch.id) + query for v in VIEWS]
+
+
 async def test_every_view_but_operations_needs_a_token(
     secured: tuple[Site, TestClient[Any, Any]],
 ) -> None:
     site, client = secured
     batch = next(iter(site.store.batches.values()))
-    paths = [v.format(c=batch.conversation_id, b=batch.id) for v in VIEWS]
+    paths = view_paths(batch, tenant_param=True)
     paths += ["/memory/search?q=word&tenant_id=acme", "/nowhere", "/table/conversations"]
     for path in paths:
         for headers in ({}, bearer("wrong-token-0123456789abc"), {"Authorization": ADMIN}):
@@ -242,33 +256,37 @@ async def test_a_tenant_token_never_sees_another_tenants_data(
 ) -> None:
     site, client = secured
     for mine, theirs, token in (("acme", "globex", ACME), ("globex", "acme", GLOBEX)):
-        own = [b for b in site.store.batches.values() if b.conversation_id.startswith(mine)]
-        other = [b for b in site.store.batches.values() if b.conversation_id.startswith(theirs)]
+        own = [b for b in site.store.batches.values() if tenant_of(b.conversation_id) == mine]
+        other = [b for b in site.store.batches.values() if tenant_of(b.conversation_id) == theirs]
         assert own and other
         for batch in other:
-            for view in VIEWS:
-                path = view.format(c=batch.conversation_id, b=batch.id)
+            # Its id names the caller's own tenant's conversation of that id: none here.
+            for path in view_paths(batch, tenant_param=False):
                 response = await client.get(path, headers=bearer(token))
+                assert response.status == 404, path
+                assert f"{theirs}secret" not in await response.text()
+            # Naming the other tenant is refused outright.
+            for path in view_paths(batch, tenant_param=False):
+                response = await client.get(f"{path}?tenant_id={theirs}", headers=bearer(token))
                 assert response.status == 403, path
-                assert theirs not in await response.text()
-        for view in VIEWS:  # unknown conversations: 403 too, nothing to tell apart
-            response = await client.get(view.format(c="nobody", b="x"), headers=bearer(token))
-            assert response.status == 403
+                assert f"{theirs}secret" not in await response.text()
         for batch in own:
-            for view in VIEWS:
-                path = view.format(c=batch.conversation_id, b=batch.id)
+            for path in view_paths(batch, tenant_param=False):
+                assert (await client.get(path, headers=bearer(token))).status == 200, path
+            for path in view_paths(batch, tenant_param=True):  # its own tenant, named
                 assert (await client.get(path, headers=bearer(token))).status == 200, path
         searches: list[dict[str, str]] = [
             {"q": f"{theirs}secret1 {mine}secret1 word1"},
             {"q": f"{theirs}secret1", "tenant_id": mine},
+            {"q": "word1", "conversation_id": f"{theirs}-c0"},
         ]
         for params in searches:
             response = await client.get("/memory/search", params=params, headers=bearer(token))
             assert response.status == 200
             text = await response.text()
-            assert theirs not in text
+            assert f"{theirs}secret" not in text
             hits = (await response.json())["hits"]
-            assert all(h["conversation_id"].startswith(mine) for h in hits)
+            assert all(h["tenant_id"] == mine for h in hits)
         hits = (
             await (
                 await client.get(
@@ -277,14 +295,64 @@ async def test_a_tenant_token_never_sees_another_tenants_data(
             ).json()
         )["hits"]
         assert hits, "a tenant token finds its own memory"
-        for params in (
-            {"q": "word1", "tenant_id": theirs},
-            {"q": "word1", "conversation_id": other[0].conversation_id},
-        ):
-            response = await client.get("/memory/search", params=params, headers=bearer(token))
-            assert response.status == 403
+        assert {h["conversation_id"] for h in hits} <= {f"{mine}-c0", f"{mine}-c1"}
+        response = await client.get(
+            "/memory/search", params={"q": "word1", "tenant_id": theirs}, headers=bearer(token)
+        )
+        assert response.status == 403
         for path in ("/table/conversations", "/router", "/"):
             assert (await client.get(path, headers=bearer(token))).status == 403
+
+
+async def test_the_same_id_under_two_tenants_is_two_conversations() -> None:
+    """Neither tenant can read, claim in advance or write into the other's: each
+    message lands in its own tenant's conversation, and each token reads its own."""
+    site = Site(settings(**SECURED, metrics_token=METRICS))
+    await site.message("shared-1", 0, "globex got here first: globexonly", "globex")
+    await site.message("shared-1", 1, "acme's own words: acmeonly", "acme")
+    await site.message("shared-1", 2, "globex again: globexonly", "globex")
+    published = site.components.accounting._publisher.sent  # type: ignore[attr-defined]
+    assert not [p for p in published if p.topic == "dead_letters"]
+    async with TestClient(TestServer(site.app.web.web_app)) as client:  # type: ignore[attr-defined]
+        for token, mine, theirs, count in (
+            (ACME, "acme", "globex", 1),
+            (GLOBEX, "globex", "acme", 2),
+        ):
+            response = await client.get("/conversations/shared-1/history", headers=bearer(token))
+            assert response.status == 200
+            body = await response.json()
+            assert (body["conversation_id"], body["tenant_id"]) == ("shared-1", mine)
+            assert len(body["messages"]) == count
+            assert all(m["conversation_id"] == "shared-1" for m in body["messages"])
+            assert f"{theirs}only" not in await response.text()
+            response = await client.get("/conversations/shared-1", headers=bearer(token))
+            assert (await response.json())["message_count"] == count
+        for tenant, count in (("acme", 1), ("globex", 2)):
+            response = await client.get(
+                f"/conversations/shared-1/history?tenant_id={tenant}", headers=bearer(ADMIN)
+            )
+            assert len((await response.json())["messages"]) == count
+        response = await client.get("/conversations/shared-1/history", headers=bearer(ADMIN))
+        assert response.status == 404  # no conversation "shared-1" without a tenant
+
+
+async def test_failed_authentications_are_slowed_down() -> None:
+    """A client address gets ``auth_failures_burst`` failed authentications, then a 429
+    (before its token is looked at: a right token gets one too) until its bucket
+    refills; other addresses and the probes are not affected."""
+    site = Site(settings(**SECURED, auth_failures_per_second=0.01, auth_failures_burst=5))
+    async with TestClient(TestServer(site.app.web.web_app)) as client:  # type: ignore[attr-defined]
+        for _ in range(5):
+            response = await client.get(
+                "/conversations/c", headers=bearer("guess-0123456789abcdef")
+            )
+            assert response.status == 401
+        response = await client.get("/conversations/c", headers=bearer("guess-0123456789abcdef"))
+        assert response.status == 429
+        assert int(response.headers["Retry-After"]) >= 1
+        response = await client.get("/conversations/c", headers=bearer(ADMIN))
+        assert response.status == 429
+        assert (await client.get("/livez")).status == 200
 
 
 async def test_admin_search_across_everything_needs_allow_global_search(
@@ -340,7 +408,9 @@ async def test_fuzzed_requests_never_get_a_server_error(
         a, b = rng.choice(values), rng.choice(values)
         safe_a = a if "%" in a else quote(a, safe="")
         safe_b = b if "%" in b else quote(b, safe="")
-        paths = [v.format(c=safe_a, b=safe_b) for v in VIEWS]
+        tenant = rng.choice(values)
+        tenant_query = "" if rng.random() < 0.5 else f"?tenant_id={quote(tenant, safe='%')}"
+        paths = [v.format(c=safe_a, b=safe_b) + tenant_query for v in VIEWS]
         query = "&".join(
             f"{name}={rng.choice(values) if '%' in rng.choice(values) else quote(rng.choice(values))}"
             for name in rng.sample(

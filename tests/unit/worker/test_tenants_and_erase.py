@@ -32,8 +32,8 @@ async def tenant_message(
 _requests = iter(range(10**6))
 
 
-async def erase(h: Harness, conversation: str = "c1") -> None:
-    await h.erase(conversation, request_id=f"req-{next(_requests)}")
+async def erase(h: Harness, conversation: str = "c1", tenant: str | None = None) -> None:
+    await h.erase(conversation, request_id=f"req-{next(_requests)}", tenant=tenant)
 
 
 def dead_letter_types(h: Harness) -> list[str]:
@@ -43,20 +43,20 @@ def dead_letter_types(h: Harness) -> list[str]:
     ]
 
 
-async def test_the_first_message_fixes_the_tenant_and_another_claim_is_dead_lettered() -> None:
+async def test_each_tenant_has_its_own_conversation_of_an_id() -> None:
+    """A conversation is (tenant, id): whoever writes first, nobody claims the id,
+    and no message lands in another tenant's conversation."""
     h = harness()
-    await tenant_message(h, 0, "acme")
+    await tenant_message(h, 0, "globex")  # first: claims nothing
     await tenant_message(h, 1, "acme")
-    await tenant_message(h, 2, "globex")
+    await tenant_message(h, 2, "acme")
     await tenant_message(h, 3, None)
-    await tenant_message(h, 4, None, conversation="c2")
-    await tenant_message(h, 5, "acme", conversation="c2")
-    assert dead_letter_types(h) == ["tenant_mismatch"] * 3
-    assert sorted(h.store.message_ids()) == ["c1-m0000", "c1-m0001", "c2-m0004"]
-    assert h.store.tenants == {"c1": "acme", "c2": None}
-    assert h.tally("c1").message_count == 2
-    (letter, *_) = h.publisher.on("dead_letters")
-    assert "acme" not in DeadLetterHeaders.from_kafka(list(letter.headers)).reason
+    assert dead_letter_types(h) == []
+    assert h.store.tenants == {"globex/c1": "globex", "acme/c1": "acme", "c1": None}
+    assert sorted(h.store.message_ids("acme/c1")) == ["c1-m0001", "c1-m0002"]
+    assert h.store.message_ids("globex/c1") == ["c1-m0000"]
+    assert h.store.message_ids("c1") == ["c1-m0003"]
+    assert (h.tally("acme/c1").message_count, h.tally("globex/c1").message_count) == (2, 1)
 
 
 async def test_erase_removes_everything_tombstones_and_is_idempotent() -> None:
@@ -77,13 +77,19 @@ async def test_erase_removes_everything_tombstones_and_is_idempotent() -> None:
     assert h.components.metrics.erasures._value.get() == 2
 
 
-async def test_a_message_after_an_erase_starts_a_new_conversation_of_any_tenant() -> None:
+async def test_an_erase_is_of_one_tenants_conversation_and_a_later_message_starts_anew() -> None:
     h = harness()
     await tenant_message(h, 0, "acme")
-    await erase(h)
     await tenant_message(h, 1, "globex")
-    assert h.store.tenants == {"c1": "globex"}
-    assert (h.tally().message_count, h.tally().generation) == (1, 0)
+    await erase(h, tenant="acme")
+    assert h.store.message_ids("acme/c1") == [] and "acme/c1" not in h.table
+    assert h.store.message_ids("globex/c1") == ["c1-m0001"] and "globex/c1" in h.table
+    (tombstone,) = [p for p in h.publisher.on("clip_archives") if p.value is None]
+    assert tombstone.key == b"acme/c1"  # the log-compacted topic's key: (tenant, id)
+    await tenant_message(h, 2, "acme")  # after the erase: a new conversation
+    assert h.store.tenants == {"acme/c1": "acme", "globex/c1": "globex"}
+    assert (h.tally("acme/c1").message_count, h.tally("acme/c1").generation) == (1, 0)
+    assert h.tally("acme/c1").epoch == 1
     assert dead_letter_types(h) == []
 
 

@@ -1,11 +1,13 @@
-"""Conversations from before tenants are never adopted; look-alike summaries are data.
+"""Conversations without a tenant are never adopted; look-alike summaries are data.
 
-Why: a conversation stored before migration 0005 has no tenant row, and the
-first message after the upgrade used to adopt its whole history into the
-tenant it named. And a producer's system message starting with
-``[Context Summary`` used to be taken for the service's previous summary. The
-in-memory store keeps both rules exactly as PostgreSQL does
-(tests/integration/test_unassigned_tenants.py).
+Why: a conversation stored before migration 0005 has no tenant, and the first
+message after the upgrade used to adopt its whole history into the tenant it
+named. Now a conversation is (tenant, id): a message naming a tenant belongs
+to that tenant's conversation, and an operator moves a history into its
+tenant explicitly (``move_to_tenant``, ``compactor tenants assign``). And a
+producer's system message starting with ``[Context Summary`` used to be
+taken for the service's previous summary. The in-memory store keeps both
+rules exactly as PostgreSQL does (tests/integration/test_unassigned_tenants.py).
 """
 
 from __future__ import annotations
@@ -45,48 +47,34 @@ def dead_letter_types(h: Harness) -> list[str]:
     ]
 
 
-async def legacy_conversation(h: Harness) -> None:
-    """c1 as migration 0005 left it: messages, no conversations row."""
+async def test_a_message_naming_a_tenant_never_adopts_a_history_without_one() -> None:
+    h = harness()
     await send(h, 0, None)
     await send(h, 1, None)
-    del h.store.tenants["c1"]
-
-
-async def test_a_claim_on_a_conversation_from_before_tenants_is_refused() -> None:
-    h = harness()
-    await legacy_conversation(h)
-    assert await h.store.unassigned_conversations() == ["c1"]
     await send(h, 2, "acme")
-    assert dead_letter_types(h) == ["tenant_unassigned"]
-    assert h.store.message_ids("c1") == ["c1-m0000", "c1-m0001"]  # nothing written
-    assert "c1" not in h.store.tenants  # not adopted
-    (letter,) = h.publisher.on("dead_letters")
-    assert "tenants assign" in DeadLetterHeaders.from_kafka(list(letter.headers)).reason
-    # A message claiming no tenant is stored as before, and claims nothing either.
-    await send(h, 3, None)
-    assert h.store.message_ids("c1")[-1] == "c1-m0003" and "c1" not in h.store.tenants
+    assert dead_letter_types(h) == []
+    assert h.store.message_ids("c1") == ["c1-m0000", "c1-m0001"]  # untouched
+    assert h.store.message_ids("acme/c1") == ["c1-m0002"]  # acme's own, new
+    assert h.store.tenants == {"c1": None, "acme/c1": "acme"}
 
 
-async def test_an_operator_assigns_the_tenant_once_and_for_all() -> None:
+async def test_an_operator_moves_a_history_into_its_tenant_once() -> None:
     h = harness()
-    await legacy_conversation(h)
-    assert await h.store.assign_tenant("c1", "acme") is True
-    assert await h.store.assign_tenant("c1", "acme") is False  # the same again: no change
-    with pytest.raises(TenantConflictError):
-        await h.store.assign_tenant("c1", "globex")
-    with pytest.raises(TenantConflictError):
-        await h.store.assign_tenant("c1", None)
-    assert await h.store.unassigned_conversations() == []
-    await send(h, 2, "acme")
-    await send(h, 3, "globex")
-    assert dead_letter_types(h) == ["tenant_mismatch"]
-    assert h.store.message_ids("c1") == ["c1-m0000", "c1-m0001", "c1-m0002"]
-
-
-async def test_a_new_conversation_still_claims_its_tenant() -> None:
-    h = harness()
-    await send(h, 0, "acme")
-    assert h.store.tenants == {"c1": "acme"} and dead_letter_types(h) == []
+    await send(h, 0, None)
+    await send(h, 1, None)
+    assert await h.store.move_to_tenant("c1", "acme") is True
+    assert await h.store.move_to_tenant("c1", "acme") is False  # moved before: no change
+    assert h.store.message_ids("acme/c1") == ["c1-m0000", "c1-m0001"]
+    assert h.store.message_ids("c1") == [] and h.store.tenants == {"acme/c1": "acme"}
+    history = await h.store.load_history("acme/c1")
+    assert {m.conversation_id for m in history} == {"acme/c1"}
+    await send(h, 2, "acme")  # continues the moved history
+    assert h.store.message_ids("acme/c1") == ["c1-m0000", "c1-m0001", "c1-m0002"]
+    await send(h, 3, None)  # a new conversation without a tenant
+    with pytest.raises(TenantConflictError):  # two histories are never merged
+        await h.store.move_to_tenant("c1", "acme")
+    with pytest.raises(TenantConflictError):  # nothing to move
+        await h.store.move_to_tenant("nobody", "acme")
 
 
 LOOKALIKE = (
