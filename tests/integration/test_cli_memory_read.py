@@ -55,7 +55,8 @@ async def test_memory_read_needs_a_scope_or_all(
     assert "conv-acme" in out and "conv-globex" in out
     assert "why: summary_text #1 (" in out and ": kafka)" in out  # list, rank, score, words
 
-    argv = ("memory-read", "Kafka?", "--conversation-id", "conv-acme", "--json")
+    argv = ("memory-read", "Kafka?", "--tenant-id", "acme", "--conversation-id", "conv-acme")
+    argv += ("--json",)
     assert await asyncio.to_thread(run_cli, *argv) == 0
     body = json.loads(capsys.readouterr().out)
     assert body["hits"][0]["matches"][0]["via"] == "summary_text"
