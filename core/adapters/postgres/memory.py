@@ -159,8 +159,20 @@ _MATCHED = (
 )
 
 
+def _matching(alias: str, scan: bool) -> str:
+    """The full-text condition; with ``scan``, written so that no index can serve it.
+
+    In one conversation of at most ``CONVERSATION_SCAN_TURNS`` archived turns,
+    checking each of its turns costs less than the GIN index, whose posting
+    lists hold every conversation's turns: the scan is bounded by the
+    conversation, the index by the whole table (docs/memory.md, "The plans").
+    """
+    condition = f"{alias}.content_tsv @@ $1::tsquery"
+    return f"({condition}) IS TRUE" if scan else condition
+
+
 @cache
-def summary_text_sql(kind: tuple[bool, bool]) -> str:
+def summary_text_sql(kind: tuple[bool, bool], scan: bool = False) -> str:
     """$1 match, $2 all terms, $3 limit, $4 lexemes; scope $5."""
     return f"""
 SELECT r.id, r.seq, r.label, r.conversation_id, r.content, r.depth, r.start_time,
@@ -170,7 +182,7 @@ SELECT r.id, r.seq, r.label, r.conversation_id, r.content, r.depth, r.start_time
                ts_rank_cd(m.content_tsv, $2::tsquery) AS strict_rank,
                ts_rank_cd(m.content_tsv, $1::tsquery) AS text_score
           FROM archival_memory AS m
-         WHERE m.content_tsv @@ $1::tsquery AND {_where(kind, "m", 5)}
+         WHERE {_matching("m", scan)} AND {_where(kind, "m", 5)}
          ORDER BY all_terms DESC, strict_rank DESC, text_score DESC, m.seq DESC
          LIMIT $3) AS r
  ORDER BY r.all_terms DESC, r.strict_rank DESC, r.text_score DESC, r.seq DESC
@@ -181,7 +193,7 @@ _TURN_COLUMNS = "a.conversation_id, a.id, a.batch_id, a.role, a.content, a.creat
 
 
 @cache
-def raw_text_sql(kind: tuple[bool, bool]) -> str:
+def raw_text_sql(kind: tuple[bool, bool], scan: bool = False) -> str:
     """BM25 of the turns that match: a term's frequency from the tsvector's
     positions, its weight (IDF) from the kept figures, the length in words.
     The score is a scalar subquery per row (no per-row sort or aggregate
@@ -199,7 +211,7 @@ SELECT r.conversation_id, r.id, r.batch_id, r.role, r.content, r.created_at, r.s
                        LATERAL (SELECT coalesce(cardinality(u.positions), 1)::float8 AS tf) AS t
                  WHERE w.lexeme = u.lexeme) AS text_score
           FROM archived_messages AS a
-         WHERE a.content_tsv @@ $1::tsquery AND {_where(kind, "a", 6)}
+         WHERE {_matching("a", scan)} AND {_where(kind, "a", 6)}
          ORDER BY text_score DESC, a.seq DESC
          LIMIT $5) AS r
  ORDER BY r.text_score DESC, r.seq DESC
@@ -466,6 +478,10 @@ def idf(turns: float, holding: float) -> float:
 
 # -- the search ------------------------------------------------------------------------
 
+CONVERSATION_SCAN_TURNS = 5000
+"""A conversation with at most this many archived turns is searched by reading
+its turns (``_matching``), not through the table-wide GIN index."""
+
 COMMON_SHARE = 0.05
 """A query term held by more than this share of the scope's turns is common:
 candidates come from the other (selective) terms first (``Terms.narrow``)."""
@@ -483,6 +499,7 @@ class Terms:
     strict: str  # every term
     narrow: str = ""  # any selective term, when some terms are common (plain mode)
     common_bound: float = 0.0  # the most the common terms can add to a turn's BM25
+    scope_turns: float = 0.0  # archived turns in the scope
 
 
 def _tsquery_any(lexemes: Sequence[str]) -> str:
@@ -509,7 +526,12 @@ async def read_terms(conn: Queryable, text: str, websearch: bool, scope: Scope) 
         common_bound=sum(
             w * (BM25_K1 + 1) for w, is_common in zip(weights, common, strict=True) if is_common
         ),
+        scope_turns=turns,
     )
+
+
+def _scans(terms: Terms, scope: Scope) -> bool:
+    return scope.conversation_id is not None and terms.scope_turns <= CONVERSATION_SCAN_TURNS
 
 
 def summary_text_args(terms: Terms, match: str, scope: Scope, per_half: int) -> list[Any]:
@@ -526,7 +548,7 @@ async def summary_text_rows(
     """Summaries holding a selective term first; all matching ones when those are
     fewer than ``limit`` (rows with every term rank first either way, and
     they hold the selective terms)."""
-    sql = summary_text_sql(scope.kind)
+    sql = summary_text_sql(scope.kind, _scans(terms, scope))
     if terms.narrow:
         rows = await conn.fetch(sql, *summary_text_args(terms, terms.narrow, scope, per_half))
         if len(rows) >= limit:
@@ -541,7 +563,7 @@ async def raw_text_rows(
     when that provably changes none of the first ``limit`` (MaxScore): the
     ``limit``-th score there is at least the most the common terms alone can
     give a turn. Otherwise every matching turn is scored."""
-    sql = raw_text_sql(scope.kind)
+    sql = raw_text_sql(scope.kind, _scans(terms, scope))
     if terms.narrow:
         rows = await conn.fetch(sql, *raw_text_args(terms, terms.narrow, scope, per_half))
         if len(rows) >= limit and rows[limit - 1]["text_score"] >= terms.common_bound:
@@ -570,14 +592,14 @@ async def explained_statements(
             statements.append(
                 (
                     "summary_text" + label,
-                    summary_text_sql(scope.kind),
+                    summary_text_sql(scope.kind, _scans(terms, scope)),
                     summary_text_args(terms, match, scope, limit),
                 )
             )
             statements.append(
                 (
                     "raw_text" + label,
-                    raw_text_sql(scope.kind),
+                    raw_text_sql(scope.kind, _scans(terms, scope)),
                     raw_text_args(terms, match, scope, limit),
                 )
             )
