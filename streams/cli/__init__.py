@@ -99,6 +99,9 @@ def _add_store_commands(sub: _Subparsers) -> None:
         default="plain",
         help="websearch: quoted phrases, or, -word",
     )
+    memory.add_argument(
+        "--json", action="store_true", help="the result as /memory/search returns it"
+    )
     expand = sub.add_parser("expand", help="a batch with all its raw turns in order")
     expand.add_argument("conversation_id")
     expand.add_argument("batch_id")

@@ -18,6 +18,8 @@ ERASED_TABLES = (
     "outbox",
     "compactions",
     "archived_messages",
+    "archived_term_stats",
+    "archived_turn_stats",
     "archival_memory",
     "messages",
     "conversations",

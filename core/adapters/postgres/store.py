@@ -266,17 +266,19 @@ class PostgresStore:
         (``connection.reading``): row-level security holds the search to the
         scope whatever its own filters say."""
         if scope is None:
-            return await pg_memory.search(
-                self._pool,
-                self._embedder,
-                query,
-                conversation_id=conversation_id,
-                limit=limit,
-                sources=sources,
-                mode=mode,
-                tenant_id=tenant_id,
-                candidates_per_half=self._candidates_per_half,
-            )
+            # One connection for the search's 3-5 statements (not one each).
+            async with self._pool.acquire() as conn:
+                return await pg_memory.search(
+                    conn,
+                    self._embedder,
+                    query,
+                    conversation_id=conversation_id,
+                    limit=limit,
+                    sources=sources,
+                    mode=mode,
+                    tenant_id=tenant_id,
+                    candidates_per_half=self._candidates_per_half,
+                )
         async with reading(self._pool, scope) as conn:
             return await pg_memory.search(
                 conn,
