@@ -14,9 +14,9 @@ Measured, full text (no embedder), client side, per ``memory_read`` call:
 * one conversation: its questions, 1 and 8 searches in parallel, by size;
 * tenant-wide (``tenant_id``): the same questions, 1 and 8 in parallel;
 * the archive path: ``apply_compaction`` of plans that archive 10 turns
-  each (a 10-turn batch), alternately with the BM25 figures kept (as shipped)
-  and without (``term_stats.ADD_CTES`` replaced by a no-op), on the same
-  tables in the same run: the figures' cost on the archive statement;
+  each (a 10-turn batch), alternately with the BM25 figures kept (as shipped:
+  the triggers of migration 0011) and without (the add trigger disabled), on
+  the same tables in the same run: the figures' cost on the archive statement;
 * the whole compaction path (``--compaction-path N``):
   ``bench.compaction_latency.compaction_cpu`` (``Processor.compact`` of N
   conversations, 16 at a time, real PostgreSQL, LLM test server at 0 ms),
@@ -321,11 +321,17 @@ def _archive_plan(conversation: str, n: int, messages: list[ConversationMessage]
     )
 
 
+STATS_TRIGGER = "archived_messages_stats_add"
+
+
+async def keep_figures(pool: Any, on: bool) -> None:
+    """Turn the trigger that counts archived turns into the BM25 figures on or off."""
+    state = "ENABLE" if on else "DISABLE"
+    await pool.execute(f"ALTER TABLE archived_messages {state} TRIGGER {STATS_TRIGGER}")
+
+
 async def archive_path(store: PostgresStore, rounds: int, seed: int) -> list[Any]:
     """Median ``apply_compaction`` time with and without keeping the figures (same run)."""
-    from core.adapters.postgres import term_stats
-
-    shipped = term_stats.ADD_CTES
     rng = random.Random(seed)
     times: dict[str, list[float]] = {"figures kept": [], "figures not kept": []}
     chat = generate(
@@ -344,13 +350,13 @@ async def archive_path(store: PostgresStore, rounds: int, seed: int) -> list[Any
         ]  # fmt: skip
         await store.save_messages([IncomingMessage(m, 20) for m in messages])
         plan = _archive_plan("arch/conv", n, messages)
-        term_stats.ADD_CTES = shipped if variant == "figures kept" else "noop AS (SELECT 1)"
+        await keep_figures(store.pool, variant == "figures kept")
         try:
             began = time.perf_counter()
             await store.apply_compaction(plan)
             times[variant].append((time.perf_counter() - began) * 1000)
         finally:
-            term_stats.ADD_CTES = shipped
+            await keep_figures(store.pool, True)
     kept, plain = (sorted(times[k])[len(times[k]) // 2] for k in times)
     return [
         ["apply_compaction, 10 turns, figures kept", len(times["figures kept"]), f"{kept:.2f}"],
@@ -362,18 +368,23 @@ async def archive_path(store: PostgresStore, rounds: int, seed: int) -> list[Any
 async def compaction_path(infra: Infra, count: int) -> list[Any]:
     """Compactions per second of the worker's compaction code, with and without
     the figures kept, alternated in one run (``compaction_cpu``'s own databases)."""
-    from bench.compaction_latency import compaction_cpu
-    from core.adapters.postgres import term_stats
+    import bench.compaction_latency as latency
 
-    shipped = term_stats.ADD_CTES
+    shipped = latency.bench_compactor
     options = argparse.Namespace(cpu_compactions=count, cpu_concurrency=16, messages=20)
     rates: dict[str, list[float]] = {"figures kept": [], "figures not kept": []}
     for variant in ["figures kept", "figures not kept"] * 3:
-        term_stats.ADD_CTES = shipped if variant == "figures kept" else "noop AS (SELECT 1)"
+
+        async def built(*args: Any, _kept: bool = variant == "figures kept") -> Any:
+            model, store, compactor = await shipped(*args)
+            await keep_figures(store.pool, _kept)
+            return model, store, compactor
+
+        latency.bench_compactor = built  # type: ignore[assignment]
         try:
-            done, wall, _ = await compaction_cpu(options, infra)
+            done, wall, _ = await latency.compaction_cpu(options, infra)
         finally:
-            term_stats.ADD_CTES = shipped
+            latency.bench_compactor = shipped
         rates[variant].append(done / wall)
     kept, plain = (max(rates[k]) for k in rates)
     return [

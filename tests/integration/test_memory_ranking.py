@@ -113,6 +113,33 @@ async def test_figures_kept_by_compaction_and_retention_equal_a_rebuild(
     assert await figures(store) == after
 
 
+async def test_figures_follow_turns_written_by_any_statement(pg_store: PostgresStore) -> None:
+    """A worker of the previous release (rolling upgrade) archives and removes turns
+    knowing nothing of the figures: the triggers keep them all the same."""
+    await pg_store.pool.execute(
+        """
+        INSERT INTO archived_messages (conversation_id, id, compaction_id, role, content,
+                                       created_at, token_estimate, seq)
+        SELECT 'old-worker', 'm' || i, 'c-old', 'user', 'kafka rebalance number ' || i,
+               now(), 5, i
+          FROM generate_series(1, 7) AS i
+        """
+    )
+    await pg_store.pool.execute(
+        "DELETE FROM archived_messages WHERE conversation_id = 'old-worker' AND id IN ('m1', 'm2')"
+    )
+    kept = await figures(pg_store)
+    assert kept[0] == [("old-worker", 5, 20)]
+    assert ("old-worker", "kafka", 5) in kept[1] and ("old-worker", "3", 1) in kept[1]
+    async with pg_store.pool.acquire() as conn:
+        await pg_memory.rebuild_statistics(conn)
+    assert await figures(pg_store) == kept
+    await pg_store.pool.execute(
+        "DELETE FROM archived_messages WHERE conversation_id = 'old-worker'"
+    )
+    assert await figures(pg_store) == ([], [])
+
+
 def reference_bm25(
     vectors: dict[str, dict[str, int]], words: dict[str, int], terms: list[str]
 ) -> dict[str, float]:

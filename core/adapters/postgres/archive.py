@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from core.adapters.postgres import term_stats
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.rows import BATCH_COLUMNS, row_to_batch, row_to_message
 from core.domain.compaction import StoredBatch
@@ -114,28 +113,23 @@ async def expire_raw_turns(pool: asyncpg.Pool, retention_days: int) -> int:
 
 
 async def _expire_conversation(pool: asyncpg.Pool, conversation_id: str, cutoff: datetime) -> int:
-    """Under the conversation's advisory lock, like the compaction that counts
-    turns into the BM25 figures: this takes them out in the same transaction."""
+    """Under the conversation's advisory lock, like the compaction that archives
+    turns (the triggers of migration 0011 take them out of the BM25 figures)."""
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
             "SELECT pg_advisory_xact_lock($1, hashtext($2))",
             CONVERSATION_LOCK_CLASS,
             conversation_id,
         )
-        removed = await conn.fetchval(
-            f"""
-            WITH removed AS (
-                DELETE FROM archived_messages
-                 WHERE conversation_id = $1 AND id IN (
-                       SELECT id FROM archived_messages
-                        WHERE conversation_id = $1 AND archived_at < $2 LIMIT $3)
-                RETURNING content_tsv, word_count
-            ), {term_stats.REMOVE_CTES}
-            SELECT count(*) FROM removed
+        status = await conn.execute(
+            """
+            DELETE FROM archived_messages
+             WHERE conversation_id = $1 AND id IN (
+                   SELECT id FROM archived_messages
+                    WHERE conversation_id = $1 AND archived_at < $2 LIMIT $3)
             """,
             conversation_id,
             cutoff,
             EXPIRE_BATCH,
         )
-        await conn.execute(term_stats.DROP_EMPTY, conversation_id)
-    return int(removed)
+    return int(status.rsplit(" ", 1)[-1])

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from core.adapters.postgres import ingest as pg_ingest
-from core.adapters.postgres import term_stats
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.rows import specifics_json
 from core.adapters.postgres.vectors import check_vectors
@@ -269,15 +268,15 @@ def _turn_batches(plan: CompactionPlan) -> dict[str, str]:
 
 async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
     """Move the compacted messages to ``archived_messages`` (raw turns, linked to
-    their batch; a replaced clip-archive is dropped) and count them into the
-    BM25 figures (``term_stats``), in one statement; the sum of their stored
-    token counts."""
+    their batch; a replaced clip-archive is dropped), in one statement (its
+    triggers count them into the BM25 figures, migration 0011); the sum of
+    their stored token counts."""
     wanted = set(plan.deleted_message_ids)
     if not wanted:
         return 0
     owner = _turn_batches(plan)
     rows = await conn.fetch(
-        f"""
+        """
         WITH gone AS (
             DELETE FROM messages WHERE id = ANY($1::text[]) AND conversation_id = $2
             RETURNING *
@@ -292,8 +291,7 @@ async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
                 ON b.message_id = g.id
              WHERE g.kind = 'message'
             ON CONFLICT (conversation_id, id) DO NOTHING
-            RETURNING content_tsv, word_count
-        ), {term_stats.ADD_CTES}
+        )
         SELECT id, token_estimate FROM gone
         """,
         list(wanted),

@@ -4,11 +4,13 @@
 -- the searched scope, their average length and, for each query term, how
 -- many turns hold it. Computing those per query read every turn of the scope
 -- (a 700-turn conversation: hundreds of milliseconds; a tenant: all of its
--- turns). They are now counted once, when a compaction archives turns (in
--- its transaction, under the conversation's advisory lock) and taken back
--- when retention removes turns; an erase deletes them with the rest of the
--- conversation. A tenant's figures are the sums over its conversations
--- (conversations.tenant_id), read at query time.
+-- turns). They are now counted once, when turns are archived, and taken back
+-- when turns are removed, by triggers on archived_messages (below): in the
+-- statement's own transaction, whoever writes the turns (a compaction, the
+-- retention timer, an erase, or a worker of the previous release during a
+-- rolling upgrade, which knows nothing of these tables). A tenant's figures
+-- are the sums over its conversations (conversations.tenant_id), read at
+-- query time.
 --
 -- word_count is a turn's length for BM25: its words, stop words included.
 -- Counting only the lexemes left after the English stop words made most short
@@ -49,3 +51,61 @@ SELECT a.conversation_id, u.lexeme, count(*)
 
 SELECT compactor_protect('archived_turn_stats');
 SELECT compactor_protect('archived_term_stats');
+
+-- Statement-level triggers with transition tables: one upsert per statement
+-- and conversation, whatever the number of turns. A compaction's turns are
+-- written under its conversation's advisory lock, so two statements never
+-- count into one conversation's rows at once; retention and erase take the
+-- same lock.
+CREATE FUNCTION compactor_archived_stats_add() RETURNS trigger
+LANGUAGE plpgsql AS $add$
+BEGIN
+    INSERT INTO archived_turn_stats AS s (conversation_id, turns, words)
+    SELECT conversation_id, count(*), coalesce(sum(word_count), 0)
+      FROM added GROUP BY conversation_id
+     ORDER BY conversation_id
+    ON CONFLICT (conversation_id) DO UPDATE
+       SET turns = s.turns + excluded.turns, words = s.words + excluded.words;
+    INSERT INTO archived_term_stats AS s (conversation_id, lexeme, turns)
+    SELECT a.conversation_id, u.lexeme, count(*)
+      FROM added AS a, unnest(a.content_tsv) AS u
+     GROUP BY a.conversation_id, u.lexeme
+     ORDER BY a.conversation_id, u.lexeme
+    ON CONFLICT (conversation_id, lexeme) DO UPDATE SET turns = s.turns + excluded.turns;
+    RETURN NULL;
+END
+$add$;
+
+CREATE FUNCTION compactor_archived_stats_remove() RETURNS trigger
+LANGUAGE plpgsql AS $remove$
+BEGIN
+    UPDATE archived_turn_stats AS s
+       SET turns = s.turns - r.turns, words = s.words - r.words
+      FROM (SELECT conversation_id, count(*) AS turns, coalesce(sum(word_count), 0) AS words
+              FROM removed GROUP BY conversation_id) AS r
+     WHERE s.conversation_id = r.conversation_id;
+    UPDATE archived_term_stats AS s
+       SET turns = s.turns - r.turns
+      FROM (SELECT k.conversation_id, u.lexeme, count(*) AS turns
+              FROM removed AS k, unnest(k.content_tsv) AS u
+             GROUP BY k.conversation_id, u.lexeme) AS r
+     WHERE s.conversation_id = r.conversation_id AND s.lexeme = r.lexeme;
+    DELETE FROM archived_term_stats AS s
+     USING (SELECT DISTINCT conversation_id FROM removed) AS r
+     WHERE s.conversation_id = r.conversation_id AND s.turns <= 0;
+    DELETE FROM archived_turn_stats AS s
+     USING (SELECT DISTINCT conversation_id FROM removed) AS r
+     WHERE s.conversation_id = r.conversation_id AND s.turns <= 0;
+    RETURN NULL;
+END
+$remove$;
+
+CREATE TRIGGER archived_messages_stats_add
+    AFTER INSERT ON archived_messages
+    REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT EXECUTE FUNCTION compactor_archived_stats_add();
+
+CREATE TRIGGER archived_messages_stats_remove
+    AFTER DELETE ON archived_messages
+    REFERENCING OLD TABLE AS removed
+    FOR EACH STATEMENT EXECUTE FUNCTION compactor_archived_stats_remove();
