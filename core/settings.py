@@ -21,6 +21,7 @@ from core.domain.budget import BudgetConfig
 from core.domain.compaction import CompactionConfig, CompactionTuning
 from core.domain.scoring import ImportanceScoringConfig
 from core.domain.tenancy import TENANT_ID_PATTERN, is_tenant_id
+from core.domain.usage import DEFAULT_PRICES, ModelPrice
 
 ProviderKind = Literal["auto", "anthropic", "openai", "extractive"]
 ResolvedKind = Literal["anthropic", "openai", "extractive"]
@@ -51,6 +52,9 @@ class SummarizationSettings(CompactionTuning, ImportanceScoringConfig):
     model: str | None = None
     base_url: str | None = None
     api_key_env: str | None = None
+    # Anthropic: mark the stable prefix (system prompt + directive) cacheable
+    # (cache_control); cache reads are billed at a tenth of the input price.
+    prompt_caching: bool = True
 
     def scoring(self) -> ImportanceScoringConfig:
         fields = ImportanceScoringConfig.model_fields
@@ -284,11 +288,23 @@ class TenancySettings(_Section):
         return value
 
 
+class UsageSettings(_Section):
+    """``[usage]``: what a compaction's LLM calls are estimated to cost."""
+
+    # model -> USD per million tokens: {input, output, cache_read, cache_write}.
+    # Replaces the built-in table (the default models' list prices) when set.
+    prices: dict[str, ModelPrice] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
+
+
 class TenantSettings(_Section):
     """One ``[[tenants]]`` entry: settings of one tenant. More per-tenant settings
     join this table as keys of their own."""
 
     id: str = Field(pattern=TENANT_ID_PATTERN)
+    # LLM tokens (input + output + cache reads and writes) the tenant's compactions
+    # may use per UTC day; once spent, its compactions use the extractive
+    # summariser until the next day. Unset: no limit.
+    llm_tokens_per_day: int | None = Field(default=None, ge=0)
     # The tenant's share of the provider guard's call slots and of the compaction
     # slots, against 1 for every tenant without an entry ([summarization].fair_share).
     weight: float = Field(default=1.0, gt=0, le=1000)
@@ -303,6 +319,7 @@ class Settings(_Section):
     kafka: KafkaSettings = KafkaSettings()
     service: ServiceSettings = ServiceSettings()
     tenancy: TenancySettings = TenancySettings()
+    usage: UsageSettings = UsageSettings()
     tenants: tuple[TenantSettings, ...] = ()
 
     @field_validator("tenants")

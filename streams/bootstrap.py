@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import faust
 
 from core.adapters.embedding.factory import build_embedder
-from core.adapters.llm.factory import build_model_provider
+from core.adapters.llm.factory import build_fallback_provider, build_model_provider
 from core.adapters.postgres.embedded import (
     POSTGRES_DSN_ENV,
     EmbeddedPostgres,
@@ -66,6 +66,7 @@ from streams.worker.retry import backoff_seconds
 from streams.worker.runtime import Runtime
 from streams.worker.scheduler import CompactionScheduler
 from streams.worker.tally_table import TallyTable, WriteContext
+from streams.worker.tenant_budget import TenantBudgets
 
 log = logging.getLogger("compactor.runtime")
 
@@ -182,7 +183,10 @@ async def open_all(settings: Settings) -> Opened:
         raise
     try:
         model = await asyncio.to_thread(
-            build_model_provider, resolved, timeout_seconds=settings.summarization.timeout_seconds
+            build_model_provider,
+            resolved,
+            timeout_seconds=settings.summarization.timeout_seconds,
+            prompt_caching=settings.summarization.prompt_caching,
         )
     except BaseException:
         await _release(store, embedded)
@@ -194,6 +198,8 @@ async def open_all(settings: Settings) -> Opened:
         model_name=resolved.model,
         budget=settings.budget,
         tenant_weights=settings.tenant_weights(),
+        fallback=build_fallback_provider() if resolved.kind != "extractive" else None,
+        prices=settings.usage.prices,
     )
     return Opened(settings, store, model, resolved, dsn, embedded, compactor)
 
@@ -314,9 +320,13 @@ def build_components(
         content=settings.kafka.dead_letter_content,
     )
     relay = OutboxRelay(runtime, publisher, metrics)
+    tenant_budgets = TenantBudgets(
+        {t.id: t.llm_tokens_per_day for t in settings.tenants}, runtime, metrics, clock
+    )
     processor = Processor(
         runtime=runtime, publisher=publisher, relay=relay, metrics=metrics,
-        budget=settings.budget, clock=clock, hold_seconds=service.command_timeout_seconds,
+        budget=settings.budget, clock=clock, tenant_budgets=tenant_budgets,
+        hold_seconds=service.command_timeout_seconds,
     )  # fmt: skip
     scheduler: CompactionScheduler[Token] = CompactionScheduler(
         ack,

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from typing import Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
 from core.domain.messages import ConversationMessage
+from core.domain.usage import UsageDay
 
 
 class StoreError(Exception):
@@ -217,6 +218,27 @@ QueryMode = Literal["plain", "websearch"]
 ``websearch``: PostgreSQL's web-search syntax (quoted phrases, ``or``, ``-word``)."""
 
 
+MatchList = Literal["summary_text", "summary_vector", "raw_text", "raw_vector"]
+"""The candidate lists ``memory_read`` fuses: summaries or raw turns, by full text
+(ts_rank_cd for summaries, BM25 for raw turns) or by vector (cosine distance)."""
+
+
+class MatchReason(BaseModel):
+    """Why a row matched: one list it is in, its rank there and what matched.
+
+    So a caller can trust or discard a hit: a raw turn at ``raw_text`` rank 1
+    holding every query word is strong evidence; one found only by vector at
+    rank 40 is a guess.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    via: MatchList
+    rank: int  # 1-based, within that list
+    score: float  # the list's own: BM25, ts_rank_cd, or cosine distance (lower is closer)
+    terms: tuple[str, ...] = ()  # query words the row holds (full-text lists; stemmed match)
+
+
 class TurnHit(BaseModel):
     """An archived raw turn that matched a ``memory_read`` query."""
 
@@ -230,6 +252,10 @@ class TurnHit(BaseModel):
     score: float  # fused reciprocal-rank score of the turn
     text_rank: int | None  # 1-based rank among matching raw turns (full text)
     vector_rank: int | None  # 1-based rank among raw turns (vectors)
+    conversation_id: str | None = None
+    batch_id: str | None = None  # the depth-0 batch that summarised it
+    matches: tuple[MatchReason, ...] = ()  # why it matched, one entry per list
+    duplicates: int = 0  # other matching turns of its conversation with the same text
 
 
 class MemoryHit(BaseModel):
@@ -254,6 +280,7 @@ class MemoryHit(BaseModel):
     vector_rank: int | None  # 1-based rank in vector results, None if absent
     superseded: bool
     turns: tuple[TurnHit, ...] = ()  # matching raw turns, best first
+    matches: tuple[MatchReason, ...] = ()  # the summary's lists (empty: found by its turns)
 
 
 @dataclass(frozen=True)
@@ -298,6 +325,9 @@ class MemorySearchResult(BaseModel):
 
     hits: tuple[MemoryHit, ...]
     mode: Literal["hybrid", "full_text"]  # full_text when no embedder is configured
+    # The best-matching raw turns of the whole scope, ranked on their own (not
+    # inside their batches), best first, at most ``limit``.
+    turns: tuple[TurnHit, ...] = ()
     sources: SearchSources = "both"
     query_mode: QueryMode = "plain"
 
@@ -487,7 +517,26 @@ class PrivacyStore(Protocol):
         ...
 
 
-class WorkerStore(MessageStore, MemoryStore, OutboxStore, TallySource, PrivacyStore, Protocol):
+class UsageStore(Protocol):
+    """What compactions cost (their LLM spend, recorded with each compaction)."""
+
+    async def tenant_llm_tokens(self, tenant_id: str, since: datetime) -> int:
+        """LLM tokens (input, output, cache reads and writes) of the tenant's
+        compactions since ``since``, the extractive summariser's not counted:
+        what its ``llm_tokens_per_day`` is compared with."""
+        ...
+
+    async def usage_by_day(
+        self, *, scope: ReadScope, tenant_id: str | None = None, since: date | None = None
+    ) -> list[UsageDay]:
+        """Compactions and their spend summed by tenant and UTC day (from ``since``),
+        oldest day first; only what ``scope`` sees. ``tenant_id``: that tenant's only."""
+        ...
+
+
+class WorkerStore(
+    MessageStore, MemoryStore, OutboxStore, TallySource, PrivacyStore, UsageStore, Protocol
+):
     """Everything the streaming worker asks of storage."""
 
     async def close(self) -> None: ...

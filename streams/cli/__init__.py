@@ -41,6 +41,7 @@ from streams.cli.store_commands import (
 )
 from streams.cli.tail import TailError
 from streams.cli.tenant_commands import add_tenant_commands, cmd_tenants
+from streams.cli.usage_commands import add_usage_command, cmd_usage
 from streams.kafka.admin import TopicMismatchError
 from streams.logs import configure as configure_logging
 from streams.stack_state import DEFAULT_STATE_DIR, DEV_STATE_DIR_ENV
@@ -55,6 +56,7 @@ COMMANDS: dict[str, Handler] = {
     "history": cmd_history,
     "memory-read": cmd_memory_read,
     "tenants": cmd_tenants,
+    "usage": cmd_usage,
     "expand": cmd_expand,
     "worker": cmd_worker,
     "replay": cmd_replay,
@@ -100,6 +102,9 @@ def _add_store_commands(sub: _Subparsers) -> None:
         choices=("plain", "websearch"),
         default="plain",
         help="websearch: quoted phrases, or, -word",
+    )
+    memory.add_argument(
+        "--json", action="store_true", help="the result as /memory/search returns it"
     )
     expand = sub.add_parser("expand", help="a batch with all its raw turns in order")
     expand.add_argument("conversation_id")
@@ -237,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     # In the order `compactor --help` lists them.
     _add_store_commands(sub)
     add_tenant_commands(sub)
+    add_usage_command(sub)
     _add_demo(sub)
     _add_kafka_commands(sub)
     _add_schemas(sub)

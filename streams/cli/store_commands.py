@@ -16,7 +16,7 @@ from core.domain.clip_archive import is_clip_archive, parse_clip_archive
 from core.domain.messages import ConversationMessage
 from core.domain.tenancy import ConversationRef, conversation_key
 from core.domain.tokens import estimate_history_tokens
-from core.ports.storage import MessageStore
+from core.ports.storage import MatchReason, MemorySearchResult, MessageStore
 from core.settings import Settings
 from streams.bootstrap import open_runtime
 from streams.cli.errors import CommandError
@@ -140,22 +140,53 @@ async def cmd_memory_read(settings: Settings, args: argparse.Namespace) -> int:
             mode=args.mode,
             tenant_id=args.tenant_id,
         )
+    if args.json:
+        print(result.model_dump_json(indent=2))
+        return 0
+    print(render_search(result))
+    return 0
+
+
+def _why(matches: tuple[MatchReason, ...]) -> str:
+    """``raw_text #1 (7.21: dentist, appointment); raw_vector #4 (0.412)``."""
+    parts = []
+    for match in matches:
+        terms = f": {', '.join(match.terms)}" if match.terms else ""
+        parts.append(f"{match.via} #{match.rank} ({match.score:.3g}{terms})")
+    return "; ".join(parts) or "its turns"
+
+
+def render_search(result: MemorySearchResult) -> str:
+    """The best raw turns of the scope, then the batches, each with why it matched."""
+    lines = []
     if result.mode == "full_text":
-        print("(full-text search only: no embedder configured)")
+        lines.append("(full-text search only: no embedder configured)")
+    if result.turns:
+        lines.append("\nbest turns:")
+    for turn in result.turns:
+        copies = f", {turn.duplicates} more with the same text" if turn.duplicates else ""
+        lines.append(
+            f"  [{turn.created_at:%Y-%m-%d %H:%M}] {turn.role} "
+            f"{described(turn.conversation_id or '')} "
+            f"{turn.message_id} (batch {turn.batch_id}{copies})"
+        )
+        lines.append(f"    {turn.text}")
+        lines.append(f"    why: {_why(turn.matches)}")
     for hit in result.hits:
-        print(
+        lines.append(
             f"\n{described(hit.conversation_id)}  "
             f"{hit.batch_id}  {hit.label}  score={hit.score:.4f}  depth={hit.depth}  "
             f"messages={hit.message_count}  {hit.start_time:%Y-%m-%d %H:%M} → "
             f"{hit.end_time:%Y-%m-%d %H:%M}"
         )
-        print(hit.content)
+        lines.append(f"why: {_why(hit.matches)}")
+        lines.append(hit.content)
         for turn in hit.turns:
-            print(f"  > [{turn.created_at:%Y-%m-%d %H:%M}] {turn.role} {turn.message_id}:")
-            print(f"    {turn.text}")
+            lines.append(f"  > [{turn.created_at:%Y-%m-%d %H:%M}] {turn.role} {turn.message_id}:")
+            lines.append(f"    {turn.text}")
     if not result.hits:
-        print("no matches")
-    return 0
+        lines.append("no matches")
+    return "\n".join(lines)
 
 
 async def cmd_expand(settings: Settings, args: argparse.Namespace) -> int:

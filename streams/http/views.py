@@ -73,6 +73,7 @@ from streams.http.forwarding import (
 )
 from streams.http.limits import RateLimiter
 from streams.http.probes import PROBE_PATHS, register_probes
+from streams.http.usage import USAGE_PATH, register_usage
 from streams.worker.components import Components
 
 log = logging.getLogger("compactor.auth")
@@ -270,7 +271,11 @@ def _refusal(status: int, body: Mapping[str, str]) -> web.Response:
 
 def _tenant_views(path: str) -> bool:
     """The views that check a conversation's tenant themselves."""
-    return path == "/memory/search" or path.startswith("/conversations/")
+    return (
+        path == "/memory/search"
+        or path.startswith("/conversations/")
+        or USAGE_PATH.match(path) is not None
+    )
 
 
 def required_scope(method: str, path: str) -> Scope:
@@ -281,6 +286,8 @@ def required_scope(method: str, path: str) -> Scope:
         return "admin"
     if path == "/memory/search":
         return "search"
+    if USAGE_PATH.match(path):
+        return "read"  # the view lets only the admin scope or the tenant's own token in
     if path.startswith("/conversations/"):
         return "erase" if method == "DELETE" else "read"
     return "admin"  # Faust's own views (/table, /router, /, …) and anything else
@@ -404,6 +411,7 @@ def register_views(
     register_probes(app, components, runtime)
     register_conversations(app, settings, components, runtime)
     register_memory(app, settings, runtime)
+    register_usage(app, runtime)
 
     def reload() -> bool:
         return ref.reload(configured_service, check=check_exposure)

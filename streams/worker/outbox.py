@@ -62,12 +62,14 @@ def clip_archive_event(
                 end_time=b.batch.end_time,
                 message_count=b.batch.message_count,
                 superseded_by=b.superseded_by,
+                specifics=b.batch.ledger,
             )
             for b in plan.new_batches
         ),
         tokens_before=plan.tokens_estimate_before,
         tokens_after=plan.tokens_estimate_after,
         created_at=created,
+        usage=plan.usage,
         action=command.action,
         request_id=command.request_id,
         restored_message_ids=plan.restored_message_ids,

@@ -31,6 +31,7 @@ from streams.worker.outbox import OutboxEvents, OutboxRelay, completion
 from streams.worker.records import InvalidRecord, Record, decode_command
 from streams.worker.runtime import Runtime
 from streams.worker.scheduler import CompactionScheduler
+from streams.worker.tenant_budget import TenantBudgets
 
 log = logging.getLogger("compactor.worker")
 
@@ -73,12 +74,14 @@ class Processor:
         metrics: Metrics,
         budget: BudgetConfig,
         clock: Callable[[], float] = time.time,
+        tenant_budgets: TenantBudgets | None = None,
         hold_seconds: float = 0.0,
     ) -> None:
         """``hold_seconds``: how long after its issue a command that failed in a
         provider outage waits for the provider and goes again (the command
         timeout: past it, reconciliation re-sends the command anyway)."""
         self._hold_seconds = hold_seconds
+        self._tenant_budgets = tenant_budgets
         self._runtime = runtime
         self._publisher = publisher
         self._relay = relay
@@ -142,7 +145,13 @@ class Processor:
             return await compactor.restore(
                 history, key, compaction_id=compaction_id, batch_id=command.batch_id
             )
-        return await compactor.plan(history, key, compaction_id=compaction_id)
+        fallback = await self._budget_spent(command)
+        return await compactor.plan(history, key, compaction_id=compaction_id, fallback=fallback)
+
+    async def _budget_spent(self, command: CompactionCommand) -> bool:
+        """The tenant's LLM budget for the day is spent: compact with the fallback."""
+        budgets = self._tenant_budgets
+        return budgets is not None and await budgets.spent(command.conversation_key)
 
     async def _apply(
         self,
@@ -181,6 +190,8 @@ class Processor:
             return await self._complete_without_compaction(command, "nothing_to_compress", detail)
         await self._relay.relay(command.compaction_id, records=records)
         metrics.compactions_succeeded.inc()
+        if result.usage is not None:
+            metrics.count_usage(result.usage)
         issued = (datetime.fromtimestamp(self._clock(), UTC) - command.issued_at).total_seconds()
         metrics.compaction_latency.observe(max(0.0, issued))
         if command.action != "compact":

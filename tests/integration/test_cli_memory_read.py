@@ -6,6 +6,7 @@ should not search every tenant's archive by omission."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,11 @@ async def test_memory_read_needs_a_scope_or_all(
     assert await asyncio.to_thread(run_cli, "memory-read", "kafka", "--all") == 0
     out = capsys.readouterr().out
     assert "conv-acme" in out and "conv-globex" in out
+    assert "why: summary_text #1 (" in out and ": kafka)" in out  # list, rank, score, words
+
+    argv = ("memory-read", "Kafka?", "--tenant-id", "acme", "--conversation-id", "conv-acme")
+    argv += ("--json",)
+    assert await asyncio.to_thread(run_cli, *argv) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["hits"][0]["matches"][0]["via"] == "summary_text"
+    assert body["hits"][0]["matches"][0]["terms"] == ["Kafka"]  # as typed

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
+from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.rows import BATCH_COLUMNS, row_to_batch, row_to_message
 from core.domain.compaction import StoredBatch
 from core.ports.storage import ExpandedBatch, MessageKey
@@ -112,17 +113,23 @@ async def expire_raw_turns(pool: asyncpg.Pool, retention_days: int) -> int:
 
 
 async def _expire_conversation(pool: asyncpg.Pool, conversation_id: str, cutoff: datetime) -> int:
+    """Under the conversation's advisory lock, like the compaction that archives
+    turns (the triggers of migration 0011 take them out of the BM25 figures)."""
     async with pool.acquire() as conn, conn.transaction():
-        rows = await conn.fetch(
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            CONVERSATION_LOCK_CLASS,
+            conversation_id,
+        )
+        status = await conn.execute(
             """
             DELETE FROM archived_messages
              WHERE conversation_id = $1 AND id IN (
                    SELECT id FROM archived_messages
                     WHERE conversation_id = $1 AND archived_at < $2 LIMIT $3)
-            RETURNING id
             """,
             conversation_id,
             cutoff,
             EXPIRE_BATCH,
         )
-    return len(rows)
+    return int(status.rsplit(" ", 1)[-1])
