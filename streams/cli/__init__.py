@@ -23,11 +23,13 @@ from streams.cli.erase import EraseError
 from streams.cli.errors import CommandError
 from streams.cli.kafka_commands import (
     cmd_erase,
+    cmd_redo,
     cmd_replay,
     cmd_tail,
     cmd_topics,
     cmd_worker,
 )
+from streams.cli.redo import RequestError
 from streams.cli.replay import PublishError
 from streams.cli.schema_commands import cmd_schemas
 from streams.cli.store_commands import (
@@ -60,6 +62,8 @@ COMMANDS: dict[str, Handler] = {
     "replay": cmd_replay,
     "tail": cmd_tail,
     "erase": cmd_erase,
+    "recompact": cmd_redo,
+    "restore": cmd_redo,
     "topics": cmd_topics,
     "schemas": cmd_schemas,
     "dev": cmd_dev,
@@ -70,7 +74,7 @@ COMMANDS: dict[str, Handler] = {
 #: Exit code 2: the configuration (or the topics it names) is wrong.
 CONFIG_ERRORS = (ConfigError, TopicMismatchError)
 #: Exit code 1: the command could not do its job.
-COMMAND_ERRORS = (CommandError, PublishError, TailError, EraseError)
+COMMAND_ERRORS = (CommandError, PublishError, TailError, EraseError, RequestError)
 
 _Subparsers = Any  # argparse's _SubParsersAction, private
 
@@ -155,6 +159,7 @@ def _add_kafka_commands(sub: _Subparsers) -> None:
     erase.add_argument(
         "--timeout", type=float, default=60.0, help="seconds --wait waits (exit 3 after)"
     )
+    _add_redo(sub)
     topics = sub.add_parser(
         "topics", help="create the topics if missing, check their partitions and configs"
     )
@@ -163,6 +168,31 @@ def _add_kafka_commands(sub: _Subparsers) -> None:
         action="store_true",
         help="set cleanup.policy/retention.ms of existing topics to the [kafka] settings",
     )
+
+
+def _add_redo(sub: _Subparsers) -> None:
+    helps = {
+        "recompact": "re-summarise a conversation's live batches from their raw turns "
+        "(current prompt, model, settings), via the worker that owns it",
+        "restore": "bring a batch's raw turns back into the live history where the budget "
+        "allows, via the worker that owns it",
+    }
+    for action, text in helps.items():
+        parser = sub.add_parser(action, help=text)
+        parser.add_argument("conversation_id")
+        _add_tenant_option(parser)
+        if action == "restore":
+            parser.add_argument(
+                "--batch", default=None, help="the batch (default: the newest live)"
+            )
+        parser.add_argument(
+            "--request-id", default=None, help="idempotency key: the same id is the same request"
+        )
+        parser.add_argument("--requester", default=None, help="who asks (default: the OS user)")
+        parser.add_argument("--wait", action="store_true", help="wait for the result and print it")
+        parser.add_argument(
+            "--timeout", type=float, default=120.0, help="seconds --wait waits (exit 3 after)"
+        )
 
 
 def _add_tail(sub: _Subparsers) -> None:

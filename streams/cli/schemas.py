@@ -25,7 +25,9 @@ from streams.events import (
     EraseCompleted,
     EraseRequest,
     MessageEvent,
+    RecompactRequest,
     ReconcileRequest,
+    RestoreRequest,
 )
 
 DEFAULT_OUT = Path("docs/events")
@@ -36,6 +38,8 @@ WIRE_EVENTS: dict[str, tuple[type[BaseModel], Literal["validation", "serializati
     "CompactionCommand": (CompactionCommand, "serialization"),
     "CompactionCompleted": (CompactionCompleted, "serialization"),
     "ReconcileRequest": (ReconcileRequest, "serialization"),
+    "RecompactRequest": (RecompactRequest, "serialization"),
+    "RestoreRequest": (RestoreRequest, "serialization"),
     "EraseRequest": (EraseRequest, "serialization"),
     "EraseCompleted": (EraseCompleted, "serialization"),
     "ClipArchiveEvent": (ClipArchiveEvent, "serialization"),

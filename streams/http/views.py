@@ -282,6 +282,8 @@ def required_scope(method: str, path: str) -> Scope:
     """The scope a request needs (``/healthz`` and ``/metrics``: metrics, see ``guard``)."""
     if path in OPEN_PATHS:
         return "metrics"
+    if method == "POST":  # recompact, restore (streams/http/redo.py): the admin's only
+        return "admin"
     if path == "/memory/search":
         return "search"
     if USAGE_PATH.match(path):

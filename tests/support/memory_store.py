@@ -237,9 +237,12 @@ class InMemoryStore:
         cid = plan.conversation_id
         missing = [i for i in plan.deleted_message_ids if (cid, i) not in self.messages]
         stale = [old for old, _ in plan.superseded if self._live_batch(old) is None]
-        if missing or stale or (cid, plan.clip_archive.id) in self.messages:
+        clip = plan.clip_archive
+        unarchived = [i for i in plan.restored_message_ids if (cid, i) not in self.archived]
+        if missing or stale or unarchived or (clip is not None and (cid, clip.id) in self.messages):
             raise HistoryConflictError(
-                f"compaction {plan.compaction_id}: gone {missing}, superseded {stale}"
+                f"compaction {plan.compaction_id}: gone {missing}, superseded {stale}, "
+                f"not archived {unarchived}"
             )
         owner: dict[str, str] = {}
         for stored in sorted(plan.new_batches, key=lambda b: b.batch.depth):
@@ -256,10 +259,20 @@ class InMemoryStore:
             self.batches[old] = self.batches[old].model_copy(update={"superseded_by": new})
         for stored in plan.new_batches:
             self.batches.setdefault(stored.id, stored)
-        added = estimate_message_tokens(plan.clip_archive)
-        self.messages[cid, plan.clip_archive.id] = _Row(
-            plan.clip_archive, added, next(self._seq), "clip_archive"
-        )
+        for message_id, batch_id in owner.items():  # turns archived before: relinked
+            entry = self.archived.get((cid, message_id))
+            if entry is not None and message_id not in plan.deleted_message_ids:
+                self.archived[cid, message_id] = replace(entry, batch_id=batch_id)
+        added = 0
+        for message_id in plan.restored_message_ids:  # a restore: back in the history
+            back = self.archived.pop((cid, message_id)).message
+            tokens = estimate_message_tokens(back)
+            self.messages[cid, message_id] = _Row(back, tokens, next(self._seq))
+            added += tokens
+        if clip is not None:
+            tokens = estimate_message_tokens(clip)
+            self.messages[cid, clip.id] = _Row(clip, tokens, next(self._seq), "clip_archive")
+            added += tokens
         self.compactions.add(plan.compaction_id)
         self.compaction_owner[plan.compaction_id] = plan.conversation_id
         self.compaction_usage[plan.compaction_id] = (tenant_of(cid), self.now(), plan.usage)

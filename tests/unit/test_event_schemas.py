@@ -37,6 +37,8 @@ def test_every_wire_event_has_a_schema_and_a_section_in_the_readme() -> None:
         "CompactionCommand",
         "CompactionCompleted",
         "ReconcileRequest",
+        "RecompactRequest",
+        "RestoreRequest",
         "EraseRequest",
         "EraseCompleted",
         "ClipArchiveEvent",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from core.adapters.postgres.migrate import AnyConnection
 
+
 async def rebuild(conn: AnyConnection) -> None:
     """Recompute every conversation's figures from ``archived_messages``."""
     async with conn.transaction():
