@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from core.settings import ConfigError, Settings, load_settings
@@ -21,6 +22,11 @@ from streams.cli.config_commands import add_config_commands, cmd_config
 from streams.cli.dev_commands import cmd_demo, cmd_dev
 from streams.cli.erase import EraseError
 from streams.cli.errors import CommandError
+from streams.cli.interface_commands import (
+    add_interface_commands,
+    cmd_openapi,
+    completion_script,
+)
 from streams.cli.kafka_commands import (
     cmd_erase,
     cmd_replay,
@@ -63,6 +69,7 @@ COMMANDS: dict[str, Handler] = {
     "dev": cmd_dev,
     "demo": cmd_demo,
     "config": cmd_config,
+    "openapi": cmd_openapi,
 }
 
 #: Exit code 2: the configuration (or the topics it names) is wrong.
@@ -203,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", help="config file (default: $COMPACTOR_CONFIG or ./config.toml)"
     )
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     # In the order `compactor --help` lists them.
     _add_store_commands(sub)
@@ -212,7 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_schemas(sub)
     _add_dev(sub)
     add_config_commands(sub)
+    add_interface_commands(sub)
     return parser
+
+
+def package_version() -> str:
+    try:
+        return version("context-compactor")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -229,9 +245,13 @@ def _quiet_noisy_loggers() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     _configure_logging(args.verbose)
     try:
+        if args.command == "completion":  # needs the parser, not the configuration
+            print(completion_script(parser, args.shell))
+            return 0
         settings = load_settings(args.config)
         if settings.service.log_format == "json":
             configure_logging("json", logging.DEBUG if args.verbose else logging.INFO)

@@ -25,7 +25,9 @@ from core.domain.tokens import estimate_message_tokens
 from core.ports.storage import (
     ApplyResult,
     AuditEntry,
+    CompactedBatch,
     CompactionInputs,
+    CompactionRecord,
     EraseOutcome,
     Erasure,
     ExpandedBatch,
@@ -87,6 +89,8 @@ class InMemoryStore:
     batches: dict[str, StoredBatch] = field(default_factory=dict)
     compactions: set[str] = field(default_factory=set)
     compaction_owner: dict[str, str] = field(default_factory=dict)  # compaction → conversation
+    # compaction → (when, plan) in apply order, for compaction_log (dropped with the owner).
+    compaction_plans: dict[str, tuple[datetime, CompactionPlan]] = field(default_factory=dict)
     outbox: list[_Outbox] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     fail_next: dict[str, Exception] = field(default_factory=dict)
@@ -258,6 +262,7 @@ class InMemoryStore:
         )
         self.compactions.add(plan.compaction_id)
         self.compaction_owner[plan.compaction_id] = plan.conversation_id
+        self.compaction_plans[plan.compaction_id] = (self.now(), plan)
         stats = AppliedStats(tokens_removed=removed, tokens_added=added)
         for record in outbox(stats) if outbox is not None else ():
             row = OutboxRow(
@@ -390,6 +395,39 @@ class InMemoryStore:
             turns_missing=len(covered) - len(turns),
         )
 
+    async def compaction_log(
+        self, conversation_id: str, *, scope: ReadScope | None = None
+    ) -> list[CompactionRecord]:
+        self._call("compaction_log")
+        self.read_scopes.append(("compaction_log", scope))
+        if not self._visible(scope, conversation_id):
+            return []
+        return [
+            CompactionRecord(
+                compaction_id=compaction_id,
+                created_at=when,
+                messages_compressed=plan.messages_compressed,
+                batches_created=len(plan.new_batches),
+                tokens_before=plan.tokens_estimate_before,
+                tokens_after=plan.tokens_estimate_after,
+                batches=tuple(self._compacted(b.id) for b in plan.new_batches),
+            )
+            for compaction_id, (when, plan) in self.compaction_plans.items()
+            if self.compaction_owner.get(compaction_id) == conversation_id
+        ]
+
+    def _compacted(self, batch_id: str) -> CompactedBatch:
+        stored = self.batches[batch_id]
+        return CompactedBatch(
+            batch_id=stored.id,
+            label=stored.label,
+            depth=stored.batch.depth,
+            start_time=stored.batch.start_time,
+            end_time=stored.batch.end_time,
+            message_count=stored.batch.message_count,
+            superseded_by=stored.superseded_by,
+        )
+
     async def expire_raw_turns(self) -> int:
         self._call("expire_raw_turns")
         if self.raw_retention_days == 0:
@@ -501,6 +539,7 @@ class InMemoryStore:
         for c in owned:
             self.compactions.discard(c)
             del self.compaction_owner[c]
+            self.compaction_plans.pop(c, None)
         self.outbox = [o for o in self.outbox if o.conversation_id != conversation_id]
         known = conversation_id in self.tenants
         self.tenants.pop(conversation_id, None)
