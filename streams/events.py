@@ -17,6 +17,12 @@ from core.domain.tenancy import TENANT_ID_PATTERN, ConversationRef, conversation
 MAX_ID_LENGTH = 256
 DEFAULT_MAX_CONTENT_CHARS = 1_000_000
 
+EVENT_CONFIG = ConfigDict(frozen=True, extra="ignore")
+"""Every event's: a field this version does not know is ignored, never an error, so a
+producer (or a newer worker, mid-upgrade) may add one without its records being
+dead-lettered. A change that is not an added optional field is a new
+``schema_version`` (docs/events/README.md, "Schema evolution")."""
+
 TenantId = Annotated[str, Field(pattern=TENANT_ID_PATTERN)]
 """Letters, digits and ``._:@-`` (1 to 256): never ``/``, which separates the
 tenant from the conversation id in a conversation key."""
@@ -47,7 +53,7 @@ class MessageEvent(Scoped, BaseModel):
     The conversation is (``tenant_id``, ``conversation_id``): two tenants using the
     same id have two conversations, and neither can reach the other's."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     schema_version: Literal[1] = 1
     # Unique within the conversation: a redelivery (same conversation, same id)
@@ -91,7 +97,7 @@ class CompactionCommand(Scoped, BaseModel):
     never touched.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     schema_version: Literal[1] = 1
     compaction_id: str
@@ -106,7 +112,7 @@ class CompactionCommand(Scoped, BaseModel):
 class CompactionCompleted(Scoped, BaseModel):
     """The processor's answer, consumed by the accounting agent (internal)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["completed"] = "completed"
     schema_version: Literal[1] = 1
@@ -126,7 +132,7 @@ class CompactionCompleted(Scoped, BaseModel):
 class ReconcileRequest(Scoped, BaseModel):
     """Sent by the reconciliation timer so that all table changes happen in the agent."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["reconcile"] = "reconcile"
     schema_version: Literal[1] = 1
@@ -144,7 +150,7 @@ class EraseRequest(Scoped, BaseModel):
     offsets when it was asked (partition → next offset): every message below
     them stays erased, however often it is redelivered or replayed."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["erase"] = "erase"
     schema_version: Literal[2] = 2
@@ -161,7 +167,7 @@ class EraseCompleted(Scoped, BaseModel):
     """Published on ``{prefix}erase-completions`` once an erase is applied (again for a
     redelivered request, with the first application's counts). Ids and counts only."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["erase_completed"] = "erase_completed"
     schema_version: Literal[1] = 1
@@ -183,7 +189,7 @@ CONTROL_EVENT: TypeAdapter[AnyControl] = TypeAdapter(ControlEvent)
 
 
 class BatchInfo(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     id: str
     label: str
@@ -206,7 +212,7 @@ class ClipArchiveEvent(Scoped, BaseModel):
     that arrived later) is what the model should see now.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     schema_version: Literal[1] = 1
     compaction_id: str
@@ -236,7 +242,7 @@ class DeadLetterHeaders(BaseModel):
     so the record can be fixed and re-driven (unless ``dlq.truncated``: a record
     larger than a producer request keeps its first bytes and its size)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     reason: str = Field(alias="dlq.reason")
     error_type: str = Field(alias="dlq.error_type")
