@@ -34,15 +34,10 @@ from streams.cli.kafka_commands import (
     cmd_topics,
     cmd_worker,
 )
+from streams.cli.read_commands import add_remote_options, cmd_expand, cmd_history, cmd_memory_read
 from streams.cli.replay import PublishError
 from streams.cli.schema_commands import cmd_schemas
-from streams.cli.store_commands import (
-    cmd_compact,
-    cmd_expand,
-    cmd_history,
-    cmd_memory_read,
-    cmd_migrate,
-)
+from streams.cli.store_commands import cmd_compact, cmd_migrate
 from streams.cli.tail import TailError
 from streams.cli.tenant_commands import add_tenant_commands, cmd_tenants
 from streams.kafka.admin import TopicMismatchError
@@ -87,6 +82,7 @@ def _add_store_commands(sub: _Subparsers) -> None:
     history = sub.add_parser("history", help="print a conversation as the model sees it now")
     history.add_argument("conversation_id")
     _add_tenant_option(history)
+    add_remote_options(history)
     memory = sub.add_parser("memory-read", help="search archived summaries and raw turns")
     memory.add_argument("query")
     memory.add_argument(
@@ -104,10 +100,12 @@ def _add_store_commands(sub: _Subparsers) -> None:
         default="plain",
         help="websearch: quoted phrases, or, -word",
     )
+    add_remote_options(memory)
     expand = sub.add_parser("expand", help="a batch with all its raw turns in order")
     expand.add_argument("conversation_id")
     expand.add_argument("batch_id")
     _add_tenant_option(expand)
+    add_remote_options(expand)
 
 
 def _add_tenant_option(parser: argparse.ArgumentParser) -> None:
