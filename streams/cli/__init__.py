@@ -19,6 +19,8 @@ from typing import Any
 from core.settings import ConfigError, Settings, load_settings
 from streams.cli import schemas
 from streams.cli.config_commands import add_config_commands, cmd_config
+from streams.cli.dead_letter_commands import add_dead_letter_commands, cmd_dead_letters
+from streams.cli.dead_letters import RedriveError
 from streams.cli.dev_commands import cmd_demo, cmd_dev
 from streams.cli.erase import EraseError
 from streams.cli.errors import CommandError
@@ -65,12 +67,13 @@ COMMANDS: dict[str, Handler] = {
     "demo": cmd_demo,
     "config": cmd_config,
     "openapi": cmd_openapi,
+    "dead-letters": cmd_dead_letters,
 }
 
 #: Exit code 2: the configuration (or the topics it names) is wrong.
 CONFIG_ERRORS = (ConfigError, TopicMismatchError)
 #: Exit code 1: the command could not do its job.
-COMMAND_ERRORS = (CommandError, PublishError, TailError, EraseError)
+COMMAND_ERRORS = (CommandError, PublishError, TailError, EraseError, RedriveError)
 
 _Subparsers = Any  # argparse's _SubParsersAction, private
 
@@ -142,6 +145,7 @@ def _add_kafka_commands(sub: _Subparsers) -> None:
         help="publish the valid lines and report the invalid ones (default: publish nothing)",
     )
     _add_tail(sub)
+    add_dead_letter_commands(sub)
     erase = sub.add_parser(
         "erase", help="erase a conversation everywhere (via the erase-requests topic; audited)"
     )
