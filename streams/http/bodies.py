@@ -305,7 +305,8 @@ class PageParams(TenantParams):
         default=None,
         min_length=1,
         max_length=MAX_CURSOR_CHARS,
-        description="The previous page's next_cursor",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="The previous page's next_cursor (opaque)",
     )
 
 

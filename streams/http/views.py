@@ -240,15 +240,27 @@ def _too_many(
 @web.middleware
 async def store_outage_is_503(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A read while PostgreSQL is away (or not opened yet, at start-up) is a 503 the
-    client may retry, not a 500: the worker waits such outages out."""
+    client may retry, not a 500: the worker waits such outages out. aiohttp's own
+    refusals (no such route, a method a view lacks) answer JSON like the views."""
     try:
         return await handler(request)
+    except web.HTTPException as refusal:
+        if refusal.status < 400:
+            raise
+        return web.json_response(
+            {"error": refusal.reason.lower()}, status=refusal.status, headers=_allow(refusal)
+        )
     except StoreUnavailable:
         return web.json_response(
             {"error": "the store is unavailable; retry later"},
             status=503,
             headers={"Retry-After": "5"},
         )
+
+
+def _allow(refusal: web.HTTPException) -> dict[str, str] | None:
+    allow = refusal.headers.get("Allow")
+    return None if allow is None else {"Allow": allow}
 
 
 def guard(
@@ -430,8 +442,8 @@ def addressed(view: View, request: Request, *ids: str) -> Response | str:
     or the refusal: 400 for a bad path id or tenant id, 403 for a tenant the
     token is not bound to. A tenant-bound token names its own tenant's
     conversations only, so it cannot even address another's."""
-    for value in ids:
-        problem = bad_text("path parameter", value, MAX_ID_LENGTH)
+    for name, value in zip(("conversation_id", "batch_id"), ids, strict=False):
+        problem = bad_text(name, value, MAX_ID_LENGTH)
         if problem is not None:
             return _problem(view, problem, 400)
     try:
