@@ -20,6 +20,7 @@ _TYPES = {
     "index.html": "text/html; charset=utf-8",
     "inspector.js": "text/javascript; charset=utf-8",
     "inspector.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
 }
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "

@@ -4,7 +4,14 @@
 "use strict";
 
 const TOKEN_KEY = "compactor.token";
-const state = { conversation: null, tenant: null, historyCursor: null };
+const state = { conversation: null, tenant: null, historyCursor: null, ticket: 0 };
+
+class Superseded extends Error {}
+
+function current(ticket) {
+  // A newer "Open" started meanwhile: this one's answers are dropped, not drawn.
+  if (ticket !== state.ticket) throw new Superseded();
+}
 
 const $ = (id) => document.getElementById(id);
 
@@ -100,13 +107,14 @@ function fact(list, name, value) {
   list.append(el("div", {}, el("dt", { text: name }), el("dd", { text: String(value) })));
 }
 
-async function loadOverview() {
+async function loadOverview(ticket) {
   const facts = $("overview-facts");
-  facts.replaceChildren();
   $("overview-title").textContent =
     state.conversation + (state.tenant ? ` (tenant ${state.tenant})` : "");
   try {
     const status = await api(conversationPath(), tenantParams());
+    current(ticket);
+    facts.replaceChildren();
     fact(facts, "tokens", status.token_total);
     fact(facts, "budget", status.budget_tokens);
     fact(facts, "over budget", status.over_budget ? "yes" : "no");
@@ -114,18 +122,18 @@ async function loadOverview() {
     fact(facts, "compactions", status.compactions);
     fact(facts, "outstanding", status.compaction_outstanding || "none");
   } catch (error) {
-    if (error.status === 401) throw error;
+    if (error.status === 401 || error instanceof Superseded) throw error;
+    facts.replaceChildren();
     fact(facts, "tally", `not available here (${error.message})`);
   }
 }
 
-async function loadHistory(more) {
+async function loadHistory(more, ticket) {
   const list = $("history-list");
-  if (!more) {
-    list.replaceChildren();
-    state.historyCursor = null;
-  }
-  const page = await api(conversationPath("/history"), tenantParams({ cursor: state.historyCursor }));
+  const cursor = more ? state.historyCursor : null;
+  const page = await api(conversationPath("/history"), tenantParams({ cursor }));
+  current(ticket === undefined ? state.ticket : ticket);
+  if (!more) list.replaceChildren();
   page.messages.forEach((message, index) => {
     const isClip = !more && index === 0 && page.clip_archive !== null;
     list.append(renderMessage(message, isClip));
@@ -162,8 +170,9 @@ function extraFacts(record, known) {
     .join(", ");
 }
 
-async function loadCompactions() {
+async function loadCompactions(ticket) {
   const log = await api(conversationPath("/compactions"), tenantParams());
+  current(ticket);
   const rows = $("compactions-table").querySelector("tbody");
   rows.replaceChildren();
   const batches = $("batch-list");
@@ -305,13 +314,16 @@ async function openConversation(event) {
   ).toString();
   history.replaceState(null, "", url);
   showStatus("loading…", false);
+  const ticket = ++state.ticket;
   try {
-    await loadHistory(false);
-    await loadOverview();
-    await loadCompactions();
+    await loadHistory(false, ticket);
+    await loadOverview(ticket);
+    await loadCompactions(ticket);
+    $("search-results").replaceChildren();
     $("conversation-view").hidden = false;
     showStatus("", false);
   } catch (error) {
+    if (error instanceof Superseded) return;
     $("conversation-view").hidden = true;
     const hint = error.status === 401 ? " (enter a valid token above)" : "";
     showStatus(error.message + hint, true);
