@@ -23,8 +23,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from core.domain.budget import BudgetConfig
 from core.domain.chunking import chunk_messages, in_history_order
@@ -56,6 +56,7 @@ from core.domain.tokens import (
     estimate_history_tokens,
     estimate_message_tokens,
 )
+from core.domain.usage import DEFAULT_PRICES, ModelPrice
 from core.ports.model import (
     ModelAuthError,
     ModelProvider,
@@ -174,13 +175,35 @@ class PipelineCompactor:
         guard: ProviderGuard,
         budget: BudgetConfig | None,
         sleep: Callable[[float], Awaitable[None]],
+        fallback: ModelProvider | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
     ) -> None:
         self._memory = memory_store
         self._config = config
         self._counter = counter
         self._summarizer = Summarizer(
-            model=model, config=config, model_name=model_name, guard=guard, sleep=sleep
+            model=model,
+            config=config,
+            model_name=model_name,
+            guard=guard,
+            sleep=sleep,
+            counter=counter,
         )
+        # The summariser of a tenant whose LLM budget for the day is spent: local,
+        # so it neither takes a provider slot nor waits out a provider's outage.
+        self._fallback = (
+            Summarizer(
+                model=fallback,
+                config=config,
+                model_name=fallback.name,
+                guard=None,
+                sleep=sleep,
+                counter=counter,
+            )
+            if fallback is not None
+            else None
+        )
+        self._prices = dict(DEFAULT_PRICES if prices is None else prices)
         self._target = budget.target_tokens if budget is not None else None
         self.breaker = breaker
         self.provider_guard = guard
@@ -191,12 +214,17 @@ class PipelineCompactor:
         conversation_id: str,
         *,
         compaction_id: str | None = None,
+        fallback: bool = False,
     ) -> CompactionResult:
         """The compaction of ``history``: ``CompactionResult.plan`` is what to write,
         None when the history stays as it is (failed, or nothing to compress).
         Nothing is written here; whether ``compaction_id`` was applied is the
-        caller's question (it asks the store once, before planning)."""
+        caller's question (it asks the store once, before planning).
+
+        ``fallback``: summarise with the local fallback summariser (a tenant's
+        LLM budget is spent), when the compactor has one."""
         history = tuple(history)
+        summarizer = self._fallback if fallback and self._fallback else self._summarizer
         compaction_id = compaction_id or derive_compaction_id(conversation_id, history)
         unchanged = _Unchanged(history, compaction_id, self._counter, self._target)
         if not self.breaker.try_acquire(conversation_id):
@@ -209,7 +237,9 @@ class PipelineCompactor:
             split = split_history(history, self._config.keep_recent, self._config.scoring)
             planned = None
             if split.to_compress or self._may_refit(history, split):
-                planned = await self._plan(history, split, conversation_id, compaction_id, calls)
+                planned = await self._plan(
+                    history, split, conversation_id, compaction_id, calls, summarizer
+                )
             if planned is None:
                 self.breaker.release(conversation_id)
                 return unchanged.nothing_to_compress(conversation_id, split)
@@ -230,6 +260,12 @@ class PipelineCompactor:
             return unchanged(f"{type(error).__name__}: {error}", failed=True)
 
         self.breaker.record_success(conversation_id)
+        if calls.summarizer is None:
+            calls.summarizer, calls.model = summarizer.provider, summarizer.model_name
+        usage = calls.usage().priced(self._prices)
+        if summarizer is self._fallback:
+            usage = usage.model_copy(update={"fallback": True})
+        planned = replace(planned, plan=planned.plan.model_copy(update={"usage": usage}))
         return self._planned(planned, split, calls, time.perf_counter() - started)
 
     def _blame(self, error: Exception, conversation_id: str, calls: LlmSpend) -> None:
@@ -281,6 +317,7 @@ class PipelineCompactor:
             compressed_message_ids=tuple(m.id for m in split.to_compress),
             llm_input_tokens=calls.input_tokens,
             llm_output_tokens=calls.output_tokens,
+            usage=plan.usage,
             reason=planned.over_target,
             over_target=planned.over_target is not None,
             target_tokens=self._target,
@@ -303,6 +340,7 @@ class PipelineCompactor:
         conversation_id: str,
         compaction_id: str,
         calls: LlmSpend,
+        summarizer: Summarizer,
     ) -> _Planned | None:
         """Everything to write; ``None`` when there is nothing to compress and
         the clip-archive cannot be made to fit either."""
@@ -313,7 +351,7 @@ class PipelineCompactor:
             to_chunk = in_history_order(to_chunk, position)
         chunks = chunk_messages(to_chunk, config.chunk_size, config.max_chunk_tokens, self._counter)
         prior = split.prior_summary.content if split.prior_summary else None
-        summaries = await self._summarizer.summarize_chunks(chunks, position, prior, calls)
+        summaries = await summarizer.summarize_chunks(chunks, position, prior, calls)
         fresh = [
             StoredBatch(
                 id=f"{compaction_id}:{index}",
@@ -331,7 +369,7 @@ class PipelineCompactor:
         threshold = config.clip_first + config.clip_last + config.resummarize_buffer
         if len(archive.live) > threshold:
             sources = archive.live[: len(archive.live) - config.clip_last]
-            merged = await self._summarizer.resummarize(
+            merged = await summarizer.resummarize(
                 sources, conversation_id, compaction_id, calls, suffix="resummarized"
             )
             archive.merge(sources, merged)
@@ -342,7 +380,9 @@ class PipelineCompactor:
         over_target = None
         if self._target is not None and self._tokens(clip) + kept_tokens > self._target:
             room = self._target - kept_tokens
-            fitted = await self._fit(archive, room, conversation_id, compaction_id, calls, cycles)
+            fitted = await self._fit(
+                archive, room, (conversation_id, compaction_id), calls, cycles, summarizer
+            )
             if fitted is None and not split.to_compress:
                 return None
             clip = fitted or clip
@@ -401,10 +441,10 @@ class PipelineCompactor:
         self,
         archive: _Archive,
         room: int,
-        conversation_id: str,
-        compaction_id: str,
+        ids: tuple[str, str],
         calls: LlmSpend,
         cycles: int,
+        summarizer: Summarizer,
     ) -> ConversationMessage | None:
         """A clip-archive of at most ``room`` tokens, or ``None`` when not even one
         showing nothing but its pointer to archival memory fits.
@@ -416,6 +456,7 @@ class PipelineCompactor:
         Showing fewer batches would not do: the clip-archive already shows only
         ``clip_first + clip_last``, and all of them may be at the size cap.
         """
+        conversation_id, compaction_id = ids
         sources = list(archive.live)
         least = self._clip(
             [merged_batch(sources, SHORTENED_NOTE)], conversation_id, compaction_id, cycles
@@ -424,7 +465,7 @@ class PipelineCompactor:
             return None
         bare = self._clip([merged_batch(sources, "")], conversation_id, compaction_id, cycles)
         max_tokens = max(1, min(self._config.max_summary_tokens, room - self._tokens(bare)))
-        fitted = await self._summarizer.resummarize(
+        fitted = await summarizer.resummarize(
             sources, conversation_id, compaction_id, calls, suffix="fitted", max_tokens=max_tokens
         )
         archive.merge(sources, fitted)
@@ -492,6 +533,8 @@ def create_compactor(
     guard: ProviderGuard | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
+    fallback: ModelProvider | None = None,
+    prices: Mapping[str, ModelPrice] | None = None,
 ) -> PipelineCompactor:
     """The pipeline over the given ports.
 
@@ -499,6 +542,9 @@ def create_compactor(
     (``BudgetConfig.target_tokens``); without it there is none.
     ``sleep`` and ``clock`` drive every wait and cool-down, so a test can
     replace both (they must agree: a sleep advances the clock).
+    ``fallback``: the summariser ``plan(..., fallback=True)`` uses (the
+    extractive one, for a tenant whose LLM budget is spent); ``prices``: the
+    price table a compaction's cost is estimated with (``[usage].prices``).
     """
     return PipelineCompactor(
         model=model,
@@ -513,4 +559,6 @@ def create_compactor(
         guard=guard or ProviderGuard(guard_limits(config), clock=clock, sleep=sleep),
         budget=budget,
         sleep=sleep,
+        fallback=fallback,
+        prices=prices,
     )

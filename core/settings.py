@@ -21,6 +21,7 @@ from core.domain.budget import BudgetConfig
 from core.domain.compaction import CompactionConfig, CompactionTuning
 from core.domain.scoring import ImportanceScoringConfig
 from core.domain.tenancy import TENANT_ID_PATTERN, is_tenant_id
+from core.domain.usage import DEFAULT_PRICES, ModelPrice
 
 ProviderKind = Literal["auto", "anthropic", "openai", "extractive"]
 ResolvedKind = Literal["anthropic", "openai", "extractive"]
@@ -51,6 +52,9 @@ class SummarizationSettings(CompactionTuning, ImportanceScoringConfig):
     model: str | None = None
     base_url: str | None = None
     api_key_env: str | None = None
+    # Anthropic: mark the stable prefix (system prompt + directive) cacheable
+    # (cache_control); cache reads are billed at a tenth of the input price.
+    prompt_caching: bool = True
 
     def scoring(self) -> ImportanceScoringConfig:
         fields = ImportanceScoringConfig.model_fields
@@ -284,6 +288,25 @@ class TenancySettings(_Section):
         return value
 
 
+class UsageSettings(_Section):
+    """``[usage]``: what a compaction's LLM calls are estimated to cost."""
+
+    # model -> USD per million tokens: {input, output, cache_read, cache_write}.
+    # Replaces the built-in table (the default models' list prices) when set.
+    prices: dict[str, ModelPrice] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
+
+
+class TenantSettings(_Section):
+    """One ``[[tenants]]`` entry: settings of one tenant. More per-tenant settings
+    (a fair-share weight, ...) join this table as keys of their own."""
+
+    id: str = Field(pattern=TENANT_ID_PATTERN)
+    # LLM tokens (input + output + cache reads and writes) the tenant's compactions
+    # may use per UTC day; once spent, its compactions use the extractive
+    # summariser until the next day. Unset: no limit.
+    llm_tokens_per_day: int | None = Field(default=None, ge=0)
+
+
 class Settings(_Section):
     summarization: SummarizationSettings = SummarizationSettings()
     budget: BudgetConfig = BudgetConfig()
@@ -293,6 +316,21 @@ class Settings(_Section):
     kafka: KafkaSettings = KafkaSettings()
     service: ServiceSettings = ServiceSettings()
     tenancy: TenancySettings = TenancySettings()
+    usage: UsageSettings = UsageSettings()
+    tenants: tuple[TenantSettings, ...] = ()
+
+    @field_validator("tenants")
+    @classmethod
+    def _one_entry_per_tenant(cls, value: tuple[TenantSettings, ...]) -> tuple[TenantSettings, ...]:
+        ids = [tenant.id for tenant in value]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"tenant {twice[0]!r} has more than one [[tenants]] entry")
+        return value
+
+    def tenant(self, tenant_id: str | None) -> TenantSettings | None:
+        """The ``[[tenants]]`` entry of ``tenant_id``, if it has one."""
+        return next((t for t in self.tenants if t.id == tenant_id), None)
 
 
 _SECRET_WORDS = ("token", "password", "secret", "dsn", "key")
@@ -339,6 +377,10 @@ ENV_PREFIX = "COMPACTOR_"
 ENV_NESTED_DELIMITER = "__"
 
 
+#: ``[[tenants]]`` from the environment: the whole list, as JSON.
+TENANTS_ENV = "COMPACTOR_TENANTS"
+
+
 def env_name(section: str, key: str) -> str:
     """The environment variable of ``[section].key``."""
     return f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}{key.upper()}"
@@ -363,6 +405,9 @@ def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, str], tuple[str
     (``COMPACTOR_CONFIG`` and ``COMPACTOR_API_TOKENS`` have no ``__``: not settings keys.)"""
     found: dict[tuple[str, str], tuple[str, Any]] = {}
     for variable in sorted(environ):
+        if variable == TENANTS_ENV:  # [[tenants]], a list of tables: JSON
+            found[("tenants", "")] = (variable, env_value(environ[variable]))
+            continue
         if not variable.startswith(ENV_PREFIX) or ENV_NESTED_DELIMITER not in variable:
             continue
         section, _, key = variable.removeprefix(ENV_PREFIX).lower().partition(ENV_NESTED_DELIMITER)
@@ -391,6 +436,9 @@ def _layered(
         return data
     merged = dict(data)
     for (section, key), (_, value) in overrides.items():
+        if not key:  # a whole list of tables ([[tenants]])
+            merged[section] = value
+            continue
         table = merged.get(section)
         # A section that is not a table in the file is reported by validation as is.
         if table is None or isinstance(table, Mapping):

@@ -22,7 +22,19 @@ from core.domain.compaction import (
     batch_label,
     merged_batch,
 )
+from core.domain.messages import ConversationMessage
 from core.domain.prompts import build_resummarization_request, build_summarization_request
+from core.domain.scoring import score_message
+from core.domain.specifics import (
+    Ledger,
+    Specific,
+    apply_ledger,
+    merge_ranked,
+    rank_specifics,
+    split_section,
+)
+from core.domain.tokens import DEFAULT_COUNTER, TokenCounter
+from core.domain.usage import LlmUsage
 from core.ports.model import (
     ModelError,
     ModelProvider,
@@ -36,6 +48,8 @@ from core.provider_guard import ProviderGuard
 
 log = logging.getLogger("compactor")
 
+EXTRACTIVE = "extractive"  # the offline summariser's name: not an LLM
+
 
 @dataclass
 class LlmSpend:
@@ -44,11 +58,37 @@ class LlmSpend:
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    calls: int = 0
+    summarizer: str | None = None  # the provider that answered
+    model: str | None = None
     answers_at_first_failure: int | None = None
+
+    def usage(self) -> LlmUsage:
+        summarizer = self.summarizer or EXTRACTIVE
+        if summarizer == EXTRACTIVE:
+            # No LLM: nothing billed, nothing against a tenant's budget (its own
+            # word counts are no provider's tokens).
+            return LlmUsage(summarizer=summarizer, model=self.model or EXTRACTIVE)
+        return LlmUsage(
+            summarizer=summarizer,
+            model=self.model or EXTRACTIVE,
+            calls=self.calls,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cache_read_tokens=self.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens,
+        )
 
 
 class Summarizer:
-    """Summaries from the model, retried by one policy (``_retry_or_raise``)."""
+    """Summaries from the model, retried by one policy (``_retry_or_raise``), each
+    with its specifics ledger (``core.domain.specifics``), whichever model wrote it.
+
+    ``guard`` None: the model is local (the extractive fallback), its calls
+    neither take a provider slot nor wait out a provider's outage.
+    """
 
     def __init__(
         self,
@@ -56,14 +96,37 @@ class Summarizer:
         model: ModelProvider,
         config: CompactionConfig,
         model_name: str,
-        guard: ProviderGuard,
+        guard: ProviderGuard | None,
         sleep: Callable[[float], Awaitable[None]],
+        counter: TokenCounter = DEFAULT_COUNTER,
     ) -> None:
         self._model = model
         self._config = config
         self._model_name = model_name
         self._guard = guard
         self._sleep = sleep
+        self._counter = counter
+
+    @property
+    def provider(self) -> str:
+        return self._model.name
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    def _allowances(self, max_tokens: int, *, within: bool) -> tuple[int, int]:
+        """(the model's max_tokens, the ledger's allowance). ``within``: both must
+        share ``max_tokens`` (a batch fitted to the room left); otherwise the
+        ledger comes on top of a summary of ``max_tokens``."""
+        ratio = self._config.specifics_ratio
+        if within:
+            ledger = int(max_tokens * ratio / (1 + ratio))
+            return max(1, max_tokens - ledger), ledger
+        return max_tokens, int(max_tokens * ratio)
+
+    def _ledger(self, text: str, ranked: Sequence[Specific], allowance: int) -> Ledger:
+        return apply_ledger(text, ranked, allowance, self._counter.count)
 
     async def summarize_chunks(
         self,
@@ -80,6 +143,8 @@ class Summarizer:
         out: list[SummaryBatch] = []
         running = prior
         pending: deque[tuple[Chunk, int]] = deque((chunk, 0) for chunk in chunks)
+        max_tokens, allowance = self._allowances(self._config.max_summary_tokens, within=False)
+        importance = self._importance(position, chunks)
         while pending:
             chunk, attempt = pending.popleft()
             ordered = in_history_order(chunk, position)
@@ -88,7 +153,7 @@ class Summarizer:
                 previous_summary=running,
                 messages=ordered,
                 model_name=self._model_name,
-                max_tokens=self._config.max_summary_tokens,
+                max_tokens=max_tokens,
             )
             try:
                 text = await self._complete(request, calls)
@@ -99,19 +164,30 @@ class Summarizer:
                 else:
                     pending.appendleft((ordered, attempt + 1))
                 continue
+            ledger = self._ledger(text, rank_specifics(ordered, importance), allowance)
             out.append(
                 SummaryBatch(
-                    content=text,
+                    content=ledger.content,
                     depth=0,
                     start_time=min(m.created_at for m in ordered),
                     end_time=max(m.created_at for m in ordered),
                     message_count=len(ordered),
                     source_message_ids=tuple(m.id for m in ordered),
                     days=covered_days(m.created_at for m in ordered),
+                    specifics=ledger.remembered,
+                    ledger=ledger.shown,
                 )
             )
-            running = text
+            running = text  # the summary alone: the next chunk's model needs no ledger
         return out
+
+    def _importance(self, position: dict[str, int], chunks: Sequence[Chunk]) -> dict[str, float]:
+        """Each compressed turn's importance score (what the split ranked it by),
+        one of the ledger's ranking signals."""
+        total = max(position.values(), default=-1) + 1
+        scoring = self._config.scoring
+        messages: list[ConversationMessage] = [m for chunk in chunks for m in chunk]
+        return {m.id: score_message(m, position[m.id], total, scoring) for m in messages}
 
     async def resummarize(
         self,
@@ -123,11 +199,18 @@ class Summarizer:
         suffix: str,
         max_tokens: int | None = None,
     ) -> StoredBatch:
+        """``sources`` as one batch; its ledger carries forward the most important
+        specifics the sources remembered that the new summary dropped. The
+        model sees the sources' summaries without their ledger sections: the
+        ledger, not the model, is what keeps them."""
+        limit, allowance = self._allowances(
+            max_tokens or self._config.max_summary_tokens, within=max_tokens is not None
+        )
         request = build_resummarization_request(
             system_prompt=self._config.prompt,
-            batch_contents=[s.batch.content for s in sources],
+            batch_contents=[split_section(s.batch.content)[0] for s in sources],
             model_name=self._model_name,
-            max_tokens=max_tokens or self._config.max_summary_tokens,
+            max_tokens=limit,
         )
         attempt = 0
         while True:
@@ -137,7 +220,11 @@ class Summarizer:
             except ModelError as error:
                 await self._retry_or_raise(error, attempt)
                 attempt += 1
-        merged = merged_batch(sources, text)
+        ranked = merge_ranked(s.batch.specifics for s in sources)
+        ledger = self._ledger(text, ranked, allowance)
+        merged = merged_batch(sources, ledger.content).model_copy(
+            update={"specifics": ledger.remembered, "ledger": ledger.shown}
+        )
         return StoredBatch(
             id=f"{compaction_id}:{suffix}",
             label=batch_label(conversation_id, merged.end_time),
@@ -149,13 +236,22 @@ class Summarizer:
     async def _complete(self, request: ModelRequest, calls: LlmSpend) -> str:
         guard = self._guard
         try:
-            response = await guard.call(lambda: self._call_model(request))
+            if guard is None:
+                response = await self._call_model(request)
+            else:
+                response = await guard.call(lambda: self._call_model(request))
         except ModelError:
-            if calls.answers_at_first_failure is None:
+            if calls.answers_at_first_failure is None and guard is not None:
                 calls.answers_at_first_failure = guard.successes
             raise
-        calls.input_tokens += response.usage.input_tokens
-        calls.output_tokens += response.usage.output_tokens
+        usage = response.usage
+        calls.calls += 1
+        calls.input_tokens += usage.input_tokens
+        calls.output_tokens += usage.output_tokens
+        calls.cache_read_tokens += usage.cache_read_tokens
+        calls.cache_write_tokens += usage.cache_write_tokens
+        calls.summarizer = self._model.name
+        calls.model = self._model_name
         text = response.text.strip()
         if not text:
             raise ModelResponseError(
@@ -190,7 +286,7 @@ class Summarizer:
             raise error
         delay = self._config.retry_backoff_seconds * 2**attempt
         if isinstance(error, ModelRateLimitError) and error.retry_after is not None:
-            if error.retry_after > self._guard.limits.max_wait_seconds:
+            if self._guard is not None and error.retry_after > self._guard.limits.max_wait_seconds:
                 raise error
             delay = max(delay, error.retry_after)
         log.info("retrying LLM call in %.2fs after %s", delay, type(error).__name__)

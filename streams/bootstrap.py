@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import faust
 
 from core.adapters.embedding.factory import build_embedder
-from core.adapters.llm.factory import build_model_provider
+from core.adapters.llm.factory import build_fallback_provider, build_model_provider
 from core.adapters.postgres.embedded import (
     POSTGRES_DSN_ENV,
     EmbeddedPostgres,
@@ -65,6 +65,7 @@ from streams.worker.retry import backoff_seconds
 from streams.worker.runtime import Runtime
 from streams.worker.scheduler import CompactionScheduler
 from streams.worker.tally_table import TallyTable, WriteContext
+from streams.worker.tenant_budget import TenantBudgets
 
 log = logging.getLogger("compactor.runtime")
 
@@ -181,7 +182,10 @@ async def open_all(settings: Settings) -> Opened:
         raise
     try:
         model = await asyncio.to_thread(
-            build_model_provider, resolved, timeout_seconds=settings.summarization.timeout_seconds
+            build_model_provider,
+            resolved,
+            timeout_seconds=settings.summarization.timeout_seconds,
+            prompt_caching=settings.summarization.prompt_caching,
         )
     except BaseException:
         await _release(store, embedded)
@@ -192,6 +196,8 @@ async def open_all(settings: Settings) -> Opened:
         config=settings.summarization.compaction(),
         model_name=resolved.model,
         budget=settings.budget,
+        fallback=build_fallback_provider() if resolved.kind != "extractive" else None,
+        prices=settings.usage.prices,
     )
     return Opened(settings, store, model, resolved, dsn, embedded, compactor)
 
@@ -312,9 +318,12 @@ def build_components(
         content=settings.kafka.dead_letter_content,
     )
     relay = OutboxRelay(runtime, publisher, metrics)
+    tenant_budgets = TenantBudgets(
+        {t.id: t.llm_tokens_per_day for t in settings.tenants}, runtime, metrics, clock
+    )
     processor = Processor(
         runtime=runtime, publisher=publisher, relay=relay, metrics=metrics,
-        budget=settings.budget, clock=clock,
+        budget=settings.budget, clock=clock, tenant_budgets=tenant_budgets,
     )  # fmt: skip
     scheduler: CompactionScheduler[Token] = CompactionScheduler(
         ack, max_concurrent=service.max_concurrent_compactions

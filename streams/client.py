@@ -13,8 +13,6 @@ safe). Anything else raises an ``ApiError`` that says what the worker said.
         async for message in client.history("support-1", tenant_id="acme"):
             ...
 
-Not covered yet: ``GET /tenants/{tenant}/usage`` (issue 18 adds the view; its
-method belongs here once the route is in the document).
 """
 
 from __future__ import annotations
@@ -23,8 +21,9 @@ import asyncio
 import email.utils
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import aiohttp
 from pydantic import BaseModel, ValidationError
@@ -38,6 +37,7 @@ from streams.http.bodies import (
     HistoryPage,
     Message,
     SearchResult,
+    UsageReport,
 )
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -255,6 +255,13 @@ class CompactorClient:
         }
         return await self._get(SearchResult, "/memory/search", params)
 
+    async def usage(self, tenant: str, *, since: date | None = None) -> UsageReport:
+        """What the tenant's compactions cost, by UTC day (the admin's token, or the
+        tenant's own)."""
+        path = "/tenants/" + quote(tenant, safe="") + "/usage"
+        query = {"since": None if since is None else since.isoformat()}
+        return await self._get(UsageReport, path, query)
+
     async def health(self) -> Health:
         """``/healthz`` (a degraded worker's 503 is returned, not raised)."""
         return await self._get(Health, "/healthz", {}, answers=(200, 503))
@@ -316,8 +323,6 @@ class CompactorClient:
 
 
 def _path(conversation_id: str, *rest: str) -> str:
-    from urllib.parse import quote
-
     parts = ["conversations", conversation_id, *rest]
     return "/" + "/".join(quote(part, safe="") for part in parts)
 

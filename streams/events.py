@@ -12,7 +12,9 @@ from typing import Annotated, Literal, Protocol
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from core.domain.messages import ConversationMessage, Role, Text, ToolCall
+from core.domain.specifics import Specific
 from core.domain.tenancy import TENANT_ID_PATTERN, ConversationRef, conversation_key
+from core.domain.usage import LlmUsage
 
 MAX_ID_LENGTH = 256
 DEFAULT_MAX_CONTENT_CHARS = 1_000_000
@@ -198,6 +200,12 @@ class BatchInfo(BaseModel):
     end_time: AwareDatetime
     message_count: int
     superseded_by: str | None = None
+    specifics: tuple[Specific, ...] = Field(
+        default=(),
+        description="The batch's specifics ledger: the specifics of its source turns that its "
+        "summary dropped, most important first, each with the id of the message that stated it "
+        "(`expand` fetches the turn); the clip-archive shows them in the batch's Specifics section",
+    )
 
 
 class ClipArchiveEvent(Scoped, BaseModel):
@@ -226,6 +234,12 @@ class ClipArchiveEvent(Scoped, BaseModel):
     tokens_before: int
     tokens_after: int
     created_at: AwareDatetime
+    usage: LlmUsage | None = Field(
+        default=None,
+        description="What the compaction's LLM calls cost: calls, input/output/cache tokens, the "
+        "summariser and model (extractive when the tenant's LLM budget for the day was spent: "
+        "fallback true), the estimated cost in USD from [usage].prices (null: no price)",
+    )
 
 
 def public_message(message: ConversationMessage) -> ConversationMessage:

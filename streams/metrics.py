@@ -21,6 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from core.domain.usage import LlmUsage
 from core.provider_guard import GUARD_STATES, CallOutcome, GuardState, ProviderGuard
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -98,6 +99,7 @@ class Metrics:
         self.in_flight = Gauge(
             "compactor_compactions_in_flight", "Compactions running now", registry=r
         )
+        self._usage_metrics(r)
         self.consumer_lag = Gauge(
             "compactor_consumer_lag",
             "Records not yet read, per topic partition",
@@ -126,6 +128,47 @@ class Metrics:
         )
         self._fault_metrics(r, state_dir)
         self._provider_metrics(r)
+
+    def _usage_metrics(self, r: CollectorRegistry) -> None:
+        """What applied compactions spent, by provider and model (never by tenant:
+        `compactor usage` and GET /tenants/{tenant}/usage have that)."""
+        self.usage_calls = Counter(
+            "compactor_usage_llm_calls_total",
+            "LLM calls of applied compactions",
+            ["provider", "model"],
+            registry=r,
+        )
+        self.usage_tokens = Counter(
+            "compactor_usage_tokens_total",
+            "Tokens of applied compactions' LLM calls (kind: input, output, cache_read, "
+            "cache_write)",
+            ["provider", "model", "kind"],
+            registry=r,
+        )
+        self.usage_cost = Counter(
+            "compactor_usage_cost_usd_total",
+            "Estimated cost of applied compactions ([usage].prices)",
+            ["provider", "model"],
+            registry=r,
+        )
+        self.tenant_budget_fallbacks = Counter(
+            "compactor_tenant_budget_fallbacks_total",
+            "Compactions sent to the extractive summariser: their tenant's "
+            "llm_tokens_per_day was spent",
+            registry=r,
+        )
+
+    def count_usage(self, usage: LlmUsage) -> None:
+        labels = (usage.summarizer, usage.model)
+        self.usage_calls.labels(*labels).inc(usage.calls)
+        for kind, tokens in (
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cache_read", usage.cache_read_tokens),
+            ("cache_write", usage.cache_write_tokens),
+        ):
+            self.usage_tokens.labels(*labels, kind).inc(tokens)
+        self.usage_cost.labels(*labels).inc(usage.cost_usd or 0.0)
 
     def observe_history_at_compaction(self, stored_tokens: int, budget_tokens: int) -> None:
         """How far over the budget a conversation got before its compaction began:

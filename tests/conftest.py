@@ -16,10 +16,18 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, start_temporary
 from core.adapters.postgres.migrate import migrate
 from core.adapters.postgres.store import PostgresStore
+
+# In CI the property tests draw the same examples every run (derandomize): a run
+# that fails fails again on the same input, and a new random find cannot block a
+# landing unannounced. On a developer's machine they explore anew each time.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
+    hypothesis_settings.load_profile("ci")
 
 
 def dsn_for_database(dsn: str, database: str) -> str:

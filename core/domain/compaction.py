@@ -15,6 +15,8 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validato
 
 from core.domain.messages import ConversationMessage
 from core.domain.scoring import ImportanceScoringConfig
+from core.domain.specifics import Specific
+from core.domain.usage import LlmUsage
 
 
 class SummaryBatch(BaseModel):
@@ -31,6 +33,11 @@ class SummaryBatch(BaseModel):
     # The UTC days its messages were written on, ascending (empty when unknown):
     # an importance-ordered chunk can span months but cover a few days.
     days: tuple[date, ...] = ()
+    # The specifics ledger (core/domain/specifics.py): the specifics of the source
+    # turns, ranked (what a re-summary carries forward), and those the summary
+    # dropped that its "Specifics" section shows.
+    specifics: tuple[Specific, ...] = ()
+    ledger: tuple[Specific, ...] = ()
 
     @model_validator(mode="after")
     def _time_range_is_ordered(self) -> SummaryBatch:
@@ -71,6 +78,9 @@ class CompactionTuning(BaseModel):
     chunk_order: ChunkOrder = "importance"
     keep_recent: int = Field(default=5, ge=0)
     max_summary_tokens: int = Field(default=1024, ge=1)
+    # The specifics ledger's allowance per batch, a share of max_summary_tokens
+    # (0: no ledger). Chosen by measurement: bench/specifics_bench.py, docs/memory.md.
+    specifics_ratio: float = Field(default=0.25, ge=0, le=1)
     clip_first: int = Field(default=2, ge=0)
     clip_last: int = Field(default=2, ge=0)
     resummarize_buffer: int = Field(default=2, ge=0)
@@ -112,6 +122,7 @@ class CompactionPlan(BaseModel):
     messages_compressed: int
     tokens_estimate_before: int
     tokens_estimate_after: int
+    usage: LlmUsage = LlmUsage()
 
 
 class AppliedStats(BaseModel):
@@ -153,6 +164,7 @@ class CompactionResult(BaseModel):
     tokens_added: int = 0
     llm_input_tokens: int = 0
     llm_output_tokens: int = 0
+    usage: LlmUsage | None = None  # the LLM spend in full (None: no call was made)
     # The history this compaction left (or, when it could not compact, found)
     # is over the target; ``reason`` says why it could not do better.
     over_target: bool = False
@@ -185,6 +197,7 @@ class CompactionResult(BaseModel):
             already_applied=already_applied,
             llm_input_tokens=self.llm_input_tokens,
             llm_output_tokens=self.llm_output_tokens,
+            usage=self.usage,
             target_tokens=self.target_tokens,
         )
 

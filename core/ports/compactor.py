@@ -22,7 +22,10 @@ class Compactor(Protocol):
         conversation_id: str,
         *,
         compaction_id: str | None = None,
+        fallback: bool = False,
     ) -> CompactionResult:
         """The compaction of ``history`` as a plan (``CompactionResult.plan``), or
-        the history back unchanged with the reason (failed, nothing to compress)."""
+        the history back unchanged with the reason (failed, nothing to compress).
+        ``fallback``: with the local fallback summariser instead of the LLM (the
+        tenant's LLM budget for the day is spent)."""
         ...

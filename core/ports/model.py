@@ -31,13 +31,18 @@ class ModelRequest(BaseModel):
     system: str | None = None
     max_tokens: int = Field(gt=0)
     temperature: float | None = None
+    # The fixed instructions, when the last message states them: the same in every
+    # request, so a provider with prompt caching may move them into the cached prefix.
+    directive: str | None = None
 
 
 class ModelUsage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    input_tokens: int = 0
+    input_tokens: int = 0  # billed at the input price (cache reads and writes apart)
     output_tokens: int = 0
+    cache_read_tokens: int = 0  # a cached prompt prefix read (prompt caching)
+    cache_write_tokens: int = 0  # a prompt prefix written to the cache
 
 
 class ModelResponse(BaseModel):

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from typing import Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
 from core.domain.messages import ConversationMessage
+from core.domain.usage import LlmUsage, UsageDay
 
 
 class StoreError(Exception):
@@ -101,6 +102,7 @@ class OutboxRow(BaseModel):
     topic: str
     key: str
     payload: str
+    published: bool = False  # the broker acknowledged it once already
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,7 @@ class CompactionRecord(BaseModel):
     batches_created: int
     tokens_before: int
     tokens_after: int
+    usage: LlmUsage | None = None  # None: recorded before usage was (migration 0012)
     batches: tuple[CompactedBatch, ...] = ()
 
 
@@ -460,7 +463,7 @@ class OutboxStore(Protocol):
         ...
 
     async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
-        """Every row of one compaction, published or not, in order."""
+        """Every row of one compaction, published or not (``published`` says), in order."""
         ...
 
     async def mark_published(self, ids: Sequence[int]) -> None:
@@ -522,7 +525,26 @@ class PrivacyStore(Protocol):
         ...
 
 
-class WorkerStore(MessageStore, MemoryStore, OutboxStore, TallySource, PrivacyStore, Protocol):
+class UsageStore(Protocol):
+    """What compactions cost (their LLM spend, recorded with each compaction)."""
+
+    async def tenant_llm_tokens(self, tenant_id: str, since: datetime) -> int:
+        """LLM tokens (input, output, cache reads and writes) of the tenant's
+        compactions since ``since``, the extractive summariser's not counted:
+        what its ``llm_tokens_per_day`` is compared with."""
+        ...
+
+    async def usage_by_day(
+        self, *, scope: ReadScope, tenant_id: str | None = None, since: date | None = None
+    ) -> list[UsageDay]:
+        """Compactions and their spend summed by tenant and UTC day (from ``since``),
+        oldest day first; only what ``scope`` sees. ``tenant_id``: that tenant's only."""
+        ...
+
+
+class WorkerStore(
+    MessageStore, MemoryStore, OutboxStore, TallySource, PrivacyStore, UsageStore, Protocol
+):
     """Everything the streaming worker asks of storage."""
 
     async def close(self) -> None: ...

@@ -42,6 +42,7 @@ from streams.cli.schema_commands import cmd_schemas
 from streams.cli.store_commands import cmd_compact, cmd_migrate
 from streams.cli.tail import TailError
 from streams.cli.tenant_commands import add_tenant_commands, cmd_tenants
+from streams.cli.usage_commands import add_usage_command, cmd_usage
 from streams.kafka.admin import TopicMismatchError
 from streams.logs import configure as configure_logging
 from streams.stack_state import DEFAULT_STATE_DIR, DEV_STATE_DIR_ENV
@@ -56,6 +57,7 @@ COMMANDS: dict[str, Handler] = {
     "history": cmd_history,
     "memory-read": cmd_memory_read,
     "tenants": cmd_tenants,
+    "usage": cmd_usage,
     "expand": cmd_expand,
     "worker": cmd_worker,
     "replay": cmd_replay,
@@ -217,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     # In the order `compactor --help` lists them.
     _add_store_commands(sub)
     add_tenant_commands(sub)
+    add_usage_command(sub)
     _add_demo(sub)
     _add_kafka_commands(sub)
     _add_schemas(sub)

@@ -22,8 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
-from core.settings import ConfigError, Settings, env_name, env_overrides, resolve_model
+from core.settings import (
+    TENANTS_ENV,
+    ConfigError,
+    Settings,
+    TenantSettings,
+    env_name,
+    env_overrides,
+    resolve_model,
+)
 from streams.bootstrap import (
     configured_dsn,
     explicit_addresses,
@@ -166,9 +175,11 @@ def check_config(
 def _text(report: Mapping[str, Any]) -> str:
     lines = []
     for section, values in report["settings"].items():
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
-        lines.append("")
+        tables = values if isinstance(values, list) else [values]
+        for table in tables:
+            lines.append(f"[[{section}]]" if isinstance(values, list) else f"[{section}]")
+            lines += [f"{key} = {json.dumps(value)}" for key, value in table.items()]
+            lines.append("")
     lines.append(
         f"# Kafka: {report['kafka_bootstrap_servers']} (from {report['kafka_bootstrap_source']})"
     )
@@ -196,9 +207,7 @@ def _default(field: Any) -> str:
     value = field.get_default(call_default_factory=True)
     if value is None:
         return "unset"
-    if isinstance(value, BaseModel):
-        value = value.model_dump(mode="json")
-    return f"`{json.dumps(value, default=str)}`"
+    return f"`{json.dumps(to_jsonable_python(value, exclude_none=True))}`"
 
 
 def render_reference(model: type[BaseModel] = Settings) -> str:
@@ -220,6 +229,13 @@ def render_reference(model: type[BaseModel] = Settings) -> str:
     ]
     for section, section_field in model.model_fields.items():
         annotation = section_field.annotation
+        if section == "tenants":  # a list of tables, set as a whole
+            for key, field in TenantSettings.model_fields.items():
+                default = _default(field).replace("|", "\\|")
+                lines.append(
+                    f"| `[[tenants]].{key}` | {default} | `{TENANTS_ENV}` (the list, JSON) |"
+                )
+            continue
         assert isinstance(annotation, type) and issubclass(annotation, BaseModel)
         for key, field in annotation.model_fields.items():
             default = _default(field).replace("|", "\\|")

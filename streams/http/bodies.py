@@ -13,6 +13,7 @@ No Faust or aiohttp here: the client imports this module.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import date
 from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -21,8 +22,10 @@ from core.domain.accounting import ConversationTally
 from core.domain.budget import BudgetConfig, over_budget
 from core.domain.clip_archive import is_clip_archive
 from core.domain.messages import ConversationMessage, Text, ToolCall
+from core.domain.specifics import Specific
 from core.domain.tenancy import TENANT_ID_PATTERN, ConversationRef
 from core.domain.tokens import estimate_history_tokens
+from core.domain.usage import LlmUsage, UsageDay
 from core.ports.storage import (
     CompactionRecord,
     ExpandedBatch,
@@ -155,6 +158,12 @@ class BatchPage(Identity):
         description="The deeper batch that replaced it in the clip-archive (still searchable)"
     )
     summary: str
+    specifics: list[Specific] = Field(
+        description="The specifics of the batch's source turns, ranked (docs/memory.md)"
+    )
+    ledger: list[Specific] = Field(
+        description="Those the summary dropped, which its Specifics section shows"
+    )
     turns: list[Message]
     turns_missing: int = Field(
         description="Covered turns no longer archived ([archive].raw_retention_days)"
@@ -174,6 +183,8 @@ class BatchPage(Identity):
             message_count=stored.batch.message_count,
             superseded_by=stored.superseded_by,
             summary=stored.batch.content,
+            specifics=list(stored.batch.specifics),
+            ledger=list(stored.batch.ledger),
             turns=[Message.of(m) for m in expanded.turns],
             turns_missing=expanded.turns_missing,
             next_cursor=next_cursor,
@@ -224,6 +235,10 @@ class Compaction(Body):
     batches_created: int
     tokens_before: int
     tokens_after: int
+    usage: LlmUsage | None = Field(
+        description="Its LLM spend: summariser, model, calls, tokens, estimated cost "
+        "(null for compactions recorded before usage was)"
+    )
     batches: list[CompactionBatch]
 
 
@@ -238,6 +253,40 @@ class CompactionLog(Identity):
             **Identity.fields(conversation_key),
             compactions=[Compaction.model_validate(r.model_dump()) for r in records],
         )
+
+
+class UsageTotals(Body):
+    compactions: int
+    llm_calls: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    fallback_compactions: int
+    cost_usd: float
+
+    @classmethod
+    def of(cls, days: Sequence[UsageDay]) -> UsageTotals:
+        counted = {
+            name: sum(getattr(d, name) for d in days)
+            for name in cls.model_fields
+            if name != "cost_usd"
+        }
+        return cls(**counted, cost_usd=round(sum(d.cost_usd for d in days), 9))
+
+
+class UsageReport(Body):
+    """``GET /tenants/{tenant}/usage``: the tenant's compactions and their LLM spend,
+    by UTC day, oldest first, and their total."""
+
+    tenant_id: str | None
+    since: date | None
+    days: list[UsageDay]
+    total: UsageTotals
+
+    @classmethod
+    def of(cls, tenant: str | None, since: date | None, days: Sequence[UsageDay]) -> UsageReport:
+        return cls(tenant_id=tenant, since=since, days=list(days), total=UsageTotals.of(days))
 
 
 class HealthProblem(Body):
@@ -324,6 +373,10 @@ class SearchParams(Params):
     mode: QueryMode = Field(
         default="plain", description="websearch: quoted phrases, or, -word (PostgreSQL's syntax)"
     )
+
+
+class UsageParams(Params):
+    since: date | None = Field(default=None, description="From this UTC day on (YYYY-MM-DD)")
 
 
 PathId = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]

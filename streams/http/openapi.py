@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from core.domain.tenancy import TENANT_ID_PATTERN
 from core.settings import ServiceSettings
 from streams.events import MAX_ID_LENGTH
 from streams.http import bodies
@@ -94,6 +95,16 @@ ROUTES: tuple[Route, ...] = (
         scope="search",
         notes="Scoped by conversation_id or tenant_id; a search across every conversation "
         "needs [service].allow_global_search.",
+    ),
+    Route(
+        "/tenants/{tenant}/usage",
+        "getTenantUsage",
+        "What the tenant's compactions cost: LLM calls, tokens and estimated cost by UTC day",
+        bodies.UsageReport,
+        bodies.UsageParams,
+        ("tenant",),
+        (400, 401, 403, 413, 429, 503),
+        notes="A token with the admin scope, or a tenant-bound token for its own tenant.",
     ),
     Route(
         "/openapi.json",
@@ -212,7 +223,9 @@ def _path_parameters(route: Route) -> list[dict[str, Any]]:
             "name": name,
             "in": "path",
             "required": True,
-            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+            "schema": {"type": "string", "pattern": TENANT_ID_PATTERN}
+            if name == "tenant"
+            else {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
         }
         for name in route.path_params
     ]

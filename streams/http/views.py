@@ -67,6 +67,7 @@ from streams.http.forwarding import (
 )
 from streams.http.limits import RateLimiter
 from streams.http.probes import PROBE_PATHS, register_probes
+from streams.http.usage import USAGE_PATH, register_usage
 from streams.worker.components import Components
 
 log = logging.getLogger("compactor.auth")
@@ -210,8 +211,12 @@ def _refusal(status: int, body: Mapping[str, str]) -> web.Response:
 
 def _tenant_views(path: str) -> bool:
     """The views a tenant-bound token may reach: those that check a conversation's
-    tenant themselves, and the API's document."""
-    return path in ("/memory/search", OPENAPI_PATH) or path.startswith("/conversations/")
+    (or the usage's) tenant themselves, and the API's document."""
+    return (
+        path in ("/memory/search", OPENAPI_PATH)
+        or path.startswith("/conversations/")
+        or USAGE_PATH.match(path) is not None
+    )
 
 
 def required_scope(method: str, path: str) -> Scope:
@@ -222,6 +227,8 @@ def required_scope(method: str, path: str) -> Scope:
         return "search"
     if path == OPENAPI_PATH:
         return "read"
+    if USAGE_PATH.match(path):
+        return "read"  # the view lets only the admin scope or the tenant's own token in
     if path.startswith("/conversations/"):
         return "erase" if method == "DELETE" else "read"
     return "admin"  # Faust's own views (/table, /router, /, …) and anything else
@@ -359,6 +366,7 @@ def register_views(
     register_probes(app, components, runtime)
     register_conversations(app, settings, components, runtime)
     register_memory(app, settings, runtime)
+    register_usage(app, runtime)
     register_document(app, settings.service)
     ui.register_ui(app)
 

@@ -58,12 +58,14 @@ def clip_archive_event(
                 end_time=b.batch.end_time,
                 message_count=b.batch.message_count,
                 superseded_by=b.superseded_by,
+                specifics=b.batch.ledger,
             )
             for b in plan.new_batches
         ),
         tokens_before=plan.tokens_estimate_before,
         tokens_after=plan.tokens_estimate_after,
         created_at=created,
+        usage=plan.usage,
     )
 
 
@@ -193,14 +195,16 @@ class OutboxRelay:
         first, one round trip fewer before the clip-archive is out, then marked
         by compaction id.
 
-        ``again`` publishes every row of ``compaction_id``, published or not.
-        A command that comes back for an applied compaction (redelivered, or
-        re-sent by reconciliation because no completion arrived) means the
-        completion may have been lost on its way (a crash, a rebalance); if it
-        were not sent again the table would wait for it forever, re-sending
-        the command every ``command_timeout_seconds``. Duplicates are harmless:
-        the accounting agent applies a completion once, and clip-archive
-        consumers de-duplicate by compaction id.
+        ``again``: a command came back for an applied compaction (redelivered
+        after a crash, or re-sent by reconciliation because no completion was
+        applied). Its completion is sent again whether or not it was published:
+        it may not have been applied (a rebalance, an entry rebuilt meanwhile),
+        and without it the table would wait for it forever, re-sending the
+        command every ``command_timeout_seconds``; the accounting agent applies
+        a completion once. Its clip-archive is sent only if it was never
+        published: once the broker has acknowledged it, consumers have it, and
+        every copy is work and noise for each of them (a kill soak published
+        54 % more clip-archives than compactions when they were all re-sent).
         """
         store = self._runtime.store
         if compaction_id is None:
@@ -215,7 +219,11 @@ class OutboxRelay:
             await store.mark_compaction_published(compaction_id)
             return len(records)
         if again:
-            rows = await store.outbox_rows(compaction_id)
+            rows = [
+                row
+                for row in await store.outbox_rows(compaction_id)
+                if not row.published or row.topic == "control"
+            ]
         else:
             rows = await store.pending_outbox(compaction_id=compaction_id, limit=500)
         return await self._publish(store, rows)

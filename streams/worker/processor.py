@@ -30,6 +30,7 @@ from streams.worker.outbox import OutboxEvents, OutboxRelay, completion
 from streams.worker.records import InvalidRecord, Record, decode_command
 from streams.worker.runtime import Runtime
 from streams.worker.scheduler import CompactionScheduler
+from streams.worker.tenant_budget import TenantBudgets
 
 log = logging.getLogger("compactor.worker")
 
@@ -65,7 +66,9 @@ class Processor:
         metrics: Metrics,
         budget: BudgetConfig,
         clock: Callable[[], float] = time.time,
+        tenant_budgets: TenantBudgets | None = None,
     ) -> None:
+        self._tenant_budgets = tenant_budgets
         self._runtime = runtime
         self._publisher = publisher
         self._relay = relay
@@ -87,13 +90,22 @@ class Processor:
         metrics.in_flight.inc()
         with self._relay.claim(command.compaction_id):
             try:
+                fallback = await self._budget_spent(command)
                 planned = await self._runtime.compactor.plan(
-                    inputs.history, command.conversation_key, compaction_id=command.compaction_id
+                    inputs.history,
+                    command.conversation_key,
+                    compaction_id=command.compaction_id,
+                    fallback=fallback,
                 )
                 result, records = await self._apply(command, inputs.history, planned)
             finally:
                 metrics.in_flight.dec()
             return await self._settle(command, result, records)
+
+    async def _budget_spent(self, command: CompactionCommand) -> bool:
+        """The tenant's LLM budget for the day is spent: compact with the fallback."""
+        budgets = self._tenant_budgets
+        return budgets is not None and await budgets.spent(command.conversation_key)
 
     async def _apply(
         self,
@@ -126,6 +138,8 @@ class Processor:
             return await self._complete_without_compaction(command, "nothing_to_compress")
         await self._relay.relay(command.compaction_id, records=records)
         metrics.compactions_succeeded.inc()
+        if result.usage is not None:
+            metrics.count_usage(result.usage)
         issued = (datetime.fromtimestamp(self._clock(), UTC) - command.issued_at).total_seconds()
         metrics.compaction_latency.observe(max(0.0, issued))
         return CompactionOutcome(
@@ -153,7 +167,9 @@ class Processor:
 
     async def _replayed(self, command: CompactionCommand) -> CompactionOutcome:
         self._metrics.compactions_noop.labels("replayed").inc()
-        await self._relay.relay(command.compaction_id, again=True)
+        # Claimed, so the relay timer does not publish the same unpublished rows meanwhile.
+        with self._relay.claim(command.compaction_id):
+            await self._relay.relay(command.compaction_id, again=True)
         return CompactionOutcome("replayed", "compaction already applied")
 
     async def _complete_without_compaction(

@@ -40,6 +40,7 @@ from tests.chaos.invariants import (
     MalformedRecord,
     ProducedMessage,
     check_invariants,
+    clip_archive_copies,
 )
 from tests.chaos.kafka_tools import ChaosProducer, create_topics
 from tests.chaos.workload import Conversation
@@ -51,6 +52,8 @@ from tests.support.worker import WorkerProcess, terminate_all
 PARTITIONS = 6
 BUDGET_TOKENS = 1000  # [budget] context_budget 0.5 x model_max_tokens 2000
 RECOVERY_LIMIT_SECONDS = 60.0  # every invariant true within this of the fault's end
+# Below this many compactions a duplicate rate is noise (one copy of 30 is 3 %).
+MIN_COMPACTIONS_FOR_A_RATE = 200
 # After the limit, polling goes on this much longer, only to tell "recovered
 # late, after N s" from "never recovered" in the report.
 RECOVERY_GRACE_SECONDS = 60.0
@@ -422,11 +425,32 @@ class ChaosStack:
         *,
         fault_window: float,
         checks: Sequence[tuple[bool, str]] = (),
+        max_duplicate_rate: float | None = None,
     ) -> None:
         """Settle, report the figures, and fail with every violation found.
 
-        ``checks`` are the scenario's own (did the faults happen as planned?)."""
+        ``checks`` are the scenario's own (did the faults happen as planned?).
+        ``max_duplicate_rate``: the most extra clip-archive copies per committed
+        compaction the scenario allows (always reported; bounded once there are
+        enough compactions for a rate to mean something)."""
         outcome = await self.settle(fault_end)
+        copies = await clip_archive_copies(self.context())
+        self.notes["clip_archive_events"] = copies.events
+        self.notes["compactions_committed"] = copies.committed
+        self.notes["duplicate_clip_archive_rate"] = round(copies.rate, 4)
+        if (
+            max_duplicate_rate is not None
+            and copies.committed >= MIN_COMPACTIONS_FOR_A_RATE
+            and copies.rate > max_duplicate_rate
+        ):
+            checks = [
+                *checks,
+                (
+                    False,
+                    f"{copies.extra} duplicate clip-archive events for {copies.committed} "
+                    f"compactions ({copies.rate:.1%}, limit {max_duplicate_rate:.0%})",
+                ),
+            ]
         late = outcome.recovered_after is not None and (
             outcome.recovered_after > RECOVERY_LIMIT_SECONDS
         )
@@ -478,7 +502,9 @@ class ChaosStack:
             f"{result['events_produced']} events ({len(self.conversations)} conversations), "
             f"faults {dict(self.faults)}, window {fault_window:.0f}s, "
             f"recovered {'never' if recovered is None else f'{recovered:.1f}s'} after, "
-            f"violations {violated}"
+            f"violations {violated}, "
+            f"clip-archive copies {self.notes.get('clip_archive_events')} for "
+            f"{self.notes.get('compactions_committed')} compactions"
         )
         print(line)
         RESULTS.append(line)

@@ -418,6 +418,34 @@ async def _guarded(
         report.add(name, f"check could not run: {error!r:.300}")
 
 
+@dataclass(frozen=True)
+class ClipArchiveCopies:
+    """How many clip-archive events the topic holds for how many compactions."""
+
+    events: int  # records with a value (tombstones are not events)
+    distinct: int  # distinct compaction ids among them
+    committed: int  # compactions committed in PostgreSQL
+
+    @property
+    def extra(self) -> int:
+        return self.events - self.distinct
+
+    @property
+    def rate(self) -> float:
+        """Extra copies per committed compaction (0.05: 5 copies for 100 compactions)."""
+        return self.extra / self.committed if self.committed else 0.0
+
+
+async def clip_archive_copies(ctx: InvariantContext) -> ClipArchiveCopies:
+    """Delivery is at least once, so a compaction's event may be on the topic twice;
+    every copy is work and noise for every consumer, so the scenarios report the rate
+    (and the kill scenario bounds it)."""
+    records = await read_topic(ctx.bootstrap, ctx.names.clip_archives, ctx.partitions)
+    ids = [json.loads(r.value)["compaction_id"] for r in records if r.value is not None]
+    committed = int(await ctx.db.fetchval("SELECT count(*) FROM compactions"))
+    return ClipArchiveCopies(len(ids), len(set(ids)), committed)
+
+
 async def check_invariants(ctx: InvariantContext) -> InvariantReport:
     report = InvariantReport()
     try:

@@ -76,4 +76,7 @@ async def test_sigkill_workers_every_15_to_20s_during_replay(
                 f"only {mid} of {kills} kills landed mid-compaction",
             ),
         ],
+        # A replayed compaction re-sends its completion, not a clip-archive the broker
+        # acknowledged: 54 % extra copies before, issue 20 asks for at most 5 %.
+        max_duplicate_rate=0.05,
     )

@@ -127,14 +127,18 @@ async def test_a_person_inspects_a_compacted_conversation_in_a_browser(
     await eventually(compacted_and_counted, timeout=60, what="the tally counts the compaction")
     status, body = await worker.get(f"/conversations/{CONVERSATION}/history", token="-")
     assert status == 401 and "bearer token" in body["error"]
+    status, log = await worker.get(f"/conversations/{CONVERSATION}/compactions", token=ACME)
+    first = log["compactions"][0]["batches"][0]["batch_id"]
+    status, batch = await worker.get(f"/conversations/{CONVERSATION}/batches/{first}", token=ACME)
+    assert status == 200
     shot = tmp_path / "inspector.png"
-    await asyncio.to_thread(browse, worker.url, shot)
+    await asyncio.to_thread(browse, worker.url, shot, bool(batch["ledger"] or batch["specifics"]))
     target = os.environ.get("COMPACTOR_INSPECTOR_SCREENSHOT")
     if target:
         shutil.copyfile(shot, REPO_ROOT / target)
 
 
-def browse(url: str, screenshot: Path) -> None:
+def browse(url: str, screenshot: Path, has_specifics: bool) -> None:
     with chromium(1400, 1900) as driver:
         page = Page(driver, url)
         page.load()
@@ -146,11 +150,14 @@ def browse(url: str, screenshot: Path) -> None:
         messages = page.all("#history-list .message", at_least=2)
         assert "clip" in messages[0].get_attribute("class")  # clip-archive first
         assert "[Context Summary" in messages[0].text
-        assert page.all("#compactions-table tbody tr[data-compaction]")
+        rows = page.all("#compactions-table tbody tr[data-compaction]")
+        assert "extractive" in rows[0].text  # its summariser and spend
         assert page.all("#overview-facts div", at_least=4)
         batch = page.all("#batch-list .batch")[0]
         batch.find_element(page.by.CSS_SELECTOR, ".expand").click()
         page.all("#batch-list .batch .detail .summary")
+        if has_specifics:  # the specifics ledger, shown when the batch has one
+            page.all("#batch-list .batch .detail .specifics li")
         turns = page.all("#batch-list .batch .detail .turns .message", at_least=2)
         assert any("payments-api" in turn.text for turn in turns)
 

@@ -100,7 +100,7 @@ def make(
     budget = defaults.pop("budget", None)
     sleeps = sleeps or Sleeps()
     if provider == "anthropic":
-        model: Any = AnthropicProvider("test-key", base_url=llm.base_url)
+        model: Any = AnthropicProvider("test-key", base_url=llm.base_url, prompt_caching=False)
     else:
         model = OpenAICompatProvider("test-key", base_url=llm.openai_base_url)
     return applying_compactor(

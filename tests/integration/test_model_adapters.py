@@ -70,7 +70,10 @@ FAST_TIMEOUT = 0.5
 
 
 def _anthropic(base_url: str, timeout: float = 5.0, api_key: str = API_KEY) -> AnthropicProvider:
-    return AnthropicProvider(api_key, base_url=base_url, timeout_seconds=timeout)
+    # The request's shape without prompt caching (test_prompt_caching.py has it with).
+    return AnthropicProvider(
+        api_key, base_url=base_url, timeout_seconds=timeout, prompt_caching=False
+    )
 
 
 def _openai(base_url: str, timeout: float = 5.0, api_key: str = API_KEY) -> OpenAICompatProvider:

@@ -889,7 +889,7 @@ async def test_outbox_rows_returns_published_rows_too_and_first_publication_time
 
     await pg_store.apply_compaction(plan, outbox)
     rows = await pg_store.outbox_rows("cmp-1")
-    assert [r.payload for r in rows] == ["a", "b"]
+    assert [(r.payload, r.published) for r in rows] == [("a", False), ("b", False)]
     await pg_store.mark_published([rows[0].id])
     first = await pg_store.pool.fetchval(
         "SELECT published_at FROM outbox WHERE id = $1", rows[0].id
@@ -899,7 +899,10 @@ async def test_outbox_rows_returns_published_rows_too_and_first_publication_time
         await pg_store.pool.fetchval("SELECT published_at FROM outbox WHERE id = $1", rows[0].id)
         == first
     )
-    assert [r.payload for r in await pg_store.outbox_rows("cmp-1")] == ["a", "b"]
+    assert [(r.payload, r.published) for r in await pg_store.outbox_rows("cmp-1")] == [
+        ("a", True),
+        ("b", True),
+    ]
     assert await pg_store.pending_outbox() == []
 
 

@@ -51,6 +51,11 @@ from aiohttp import web
 Protocol = Literal["anthropic", "openai"]
 
 ANTHROPIC_PATH = "/v1/messages"
+#: The Messages API caches no prefix shorter than this (the documented minimum of
+#: most models; some want 2,048 or 4,096), and keeps one warm for five minutes.
+ANTHROPIC_MIN_CACHEABLE_TOKENS = 1024
+ANTHROPIC_CACHE_TTL_SECONDS = 300.0
+USAGE_KINDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "calls")
 OPENAI_CHAT_PATH = "/v1/chat/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
 
@@ -205,8 +210,17 @@ class LLMTestServer:
         responder: Responder = summary_responder,
         embedding_dim: int = 64,
         api_key: str | None = None,
+        cache_min_tokens: int = ANTHROPIC_MIN_CACHEABLE_TOKENS,
     ) -> None:
         self.latency_seconds = latency_seconds
+        # Prompt caching as the Messages API does it: a prefix up to a block marked
+        # cache_control, of at least cache_min_tokens, is written on first use and
+        # read while it is warm (tokens: words, as everywhere here).
+        self.cache_min_tokens = cache_min_tokens
+        self.cache_ttl_seconds = ANTHROPIC_CACHE_TTL_SECONDS
+        self._cache: dict[str, float] = {}
+        # What the chat endpoints answered, summed: what a bill would count.
+        self.usage_totals: dict[str, int] = dict.fromkeys(USAGE_KINDS, 0)
         self.responder = responder
         self.embedding_dim = embedding_dim
         self.api_key = api_key
@@ -293,6 +307,29 @@ class LLMTestServer:
     def reset(self) -> None:
         self._script.clear()
         self.requests.clear()
+        self._cache.clear()
+        self.usage_totals = dict.fromkeys(USAGE_KINDS, 0)
+
+    def _cache_use(self, body: Mapping[str, Any]) -> tuple[int, int]:
+        """(tokens read from the cache, tokens written to it) for a Messages API
+        body: the prefix through the last system block marked ``cache_control``
+        (this server caches system blocks only, which is what the adapter marks),
+        if it is long enough; warm for ``cache_ttl_seconds`` after each use."""
+        blocks = body.get("system")
+        if not isinstance(blocks, list):
+            return 0, 0
+        marked = [i for i, b in enumerate(blocks) if isinstance(b, dict) and b.get("cache_control")]
+        if not marked:
+            return 0, 0
+        prefix = [str(b.get("text", "")) for b in blocks[: marked[-1] + 1] if isinstance(b, dict)]
+        tokens = _word_count(*prefix)
+        if tokens < self.cache_min_tokens:
+            return 0, 0
+        key = hashlib.sha256("\x00".join([str(body.get("model")), *prefix]).encode()).hexdigest()
+        now = time.monotonic()
+        warm = self._cache.get(key, 0.0) > now
+        self._cache[key] = now + self.cache_ttl_seconds
+        return (tokens, 0) if warm else (0, tokens)
 
     @property
     def pending(self) -> int:
@@ -371,6 +408,13 @@ class LLMTestServer:
         output_tokens = (
             action.output_tokens if action.output_tokens is not None else _word_count(text)
         )
+        cache_read, cache_write = self._cache_use(chat.body) if protocol == "anthropic" else (0, 0)
+        input_tokens = max(0, input_tokens - cache_read - cache_write)
+        for kind, tokens in zip(
+            USAGE_KINDS[:4], (input_tokens, output_tokens, cache_read, cache_write), strict=True
+        ):
+            self.usage_totals[kind] += tokens
+        self.usage_totals["calls"] += 1
         number = next(self._ids)
         if protocol == "anthropic":
             payload: dict[str, Any] = {
@@ -381,7 +425,12 @@ class LLMTestServer:
                 "model": chat.model,
                 "stop_reason": action.stop_reason or "end_turn",
                 "stop_sequence": None,
-                "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+                "usage": {
+                    "input_tokens": input_tokens,
+                    "output_tokens": output_tokens,
+                    "cache_creation_input_tokens": cache_write,
+                    "cache_read_input_tokens": cache_read,
+                },
             }
             headers = {"request-id": f"req_test_{number:06d}"}
         else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
@@ -22,6 +22,7 @@ from core.domain.erasure import EraseMark, merged_offsets
 from core.domain.messages import ConversationMessage
 from core.domain.tenancy import conversation_key, tenant_of
 from core.domain.tokens import estimate_message_tokens
+from core.domain.usage import LlmUsage, UsageDay
 from core.ports.storage import (
     ApplyResult,
     AuditEntry,
@@ -91,6 +92,9 @@ class InMemoryStore:
     compaction_owner: dict[str, str] = field(default_factory=dict)  # compaction → conversation
     # compaction → (when, plan) in apply order, for compaction_log (dropped with the owner).
     compaction_plans: dict[str, tuple[datetime, CompactionPlan]] = field(default_factory=dict)
+    # compaction → (its tenant when it was applied, when, its LLM spend): the
+    # compactions table's usage columns (migration 0012)
+    compaction_usage: dict[str, tuple[str | None, datetime, LlmUsage]] = field(default_factory=dict)
     outbox: list[_Outbox] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     fail_next: dict[str, Exception] = field(default_factory=dict)
@@ -263,6 +267,7 @@ class InMemoryStore:
         self.compactions.add(plan.compaction_id)
         self.compaction_owner[plan.compaction_id] = plan.conversation_id
         self.compaction_plans[plan.compaction_id] = (self.now(), plan)
+        self.compaction_usage[plan.compaction_id] = (tenant_of(cid), self.now(), plan.usage)
         stats = AppliedStats(tokens_removed=removed, tokens_added=added)
         for record in outbox(stats) if outbox is not None else ():
             row = OutboxRow(
@@ -410,6 +415,7 @@ class InMemoryStore:
                 batches_created=len(plan.new_batches),
                 tokens_before=plan.tokens_estimate_before,
                 tokens_after=plan.tokens_estimate_after,
+                usage=plan.usage,
                 batches=tuple(self._compacted(b.id) for b in plan.new_batches),
             )
             for compaction_id, (when, plan) in self.compaction_plans.items()
@@ -540,6 +546,7 @@ class InMemoryStore:
             self.compactions.discard(c)
             del self.compaction_owner[c]
             self.compaction_plans.pop(c, None)
+            self.compaction_usage.pop(c, None)
         self.outbox = [o for o in self.outbox if o.conversation_id != conversation_id]
         known = conversation_id in self.tenants
         self.tenants.pop(conversation_id, None)
@@ -567,7 +574,11 @@ class InMemoryStore:
 
     async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
         self._call("outbox_rows")
-        return [o.row for o in self.outbox if o.row.compaction_id == compaction_id]
+        return [
+            o.row.model_copy(update={"published": o.published})
+            for o in self.outbox
+            if o.row.compaction_id == compaction_id
+        ]
 
     async def mark_published(self, ids: Sequence[int]) -> None:
         self._call("mark_published")
@@ -622,6 +633,46 @@ class InMemoryStore:
             totals[cid] = totals.get(cid, 0) + row.tokens
         over = [(cid, total) for cid, total in totals.items() if total > threshold]
         return sorted(over, key=lambda pair: (-pair[1], pair[0]))
+
+    async def tenant_llm_tokens(self, tenant_id: str, since: datetime) -> int:
+        self._call("tenant_llm_tokens")
+        return sum(
+            usage.total_tokens
+            for tenant, at, usage in self.compaction_usage.values()
+            if tenant == tenant_id and at >= since and usage.summarizer != "extractive"
+        )
+
+    async def usage_by_day(
+        self, *, scope: ReadScope, tenant_id: str | None = None, since: date | None = None
+    ) -> list[UsageDay]:
+        self._call("usage_by_day")
+        self.read_scopes.append(("usage_by_day", scope))
+        days: dict[tuple[str | None, date], list[LlmUsage]] = {}
+        for compaction_id, (tenant, at, usage) in self.compaction_usage.items():
+            conversation = self.compaction_owner[compaction_id]
+            if not self._visible(scope, conversation):
+                continue
+            day = at.astimezone(UTC).date()
+            if (tenant_id is None or tenant == tenant_id) and (since is None or day >= since):
+                days.setdefault((tenant, day), []).append(usage)
+        return [
+            UsageDay(
+                tenant_id=tenant,
+                day=day,
+                compactions=len(spent),
+                llm_calls=sum(u.calls for u in spent),
+                input_tokens=sum(u.input_tokens for u in spent),
+                output_tokens=sum(u.output_tokens for u in spent),
+                cache_read_tokens=sum(u.cache_read_tokens for u in spent),
+                cache_write_tokens=sum(u.cache_write_tokens for u in spent),
+                cost_usd=round(sum(u.cost_usd or 0.0 for u in spent), 9),
+                fallback_compactions=sum(u.fallback for u in spent),
+            )
+            for (tenant, day), spent in sorted(
+                days.items(),
+                key=lambda item: (item[0][1], item[0][0] is not None, item[0][0] or ""),
+            )
+        ]
 
     async def close(self) -> None:
         self.closed = True

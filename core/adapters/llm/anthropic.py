@@ -13,11 +13,18 @@ from collections.abc import Mapping
 from typing import Literal
 
 import anthropic
-from anthropic.types import AssistantMessageParam, Message, MessageParam, UserMessageParam
+from anthropic.types import (
+    AssistantMessageParam,
+    Message,
+    MessageParam,
+    TextBlockParam,
+    UserMessageParam,
+)
 
 from core.adapters.llm.errors import ErrorMap, ErrorRule, SdkErrors
 from core.ports.model import (
     ModelAuthError,
+    ModelMessage,
     ModelRequest,
     ModelResponse,
     ModelResponseError,
@@ -52,7 +59,48 @@ LEADING_USER_PLACEHOLDER = "[Conversation excerpt follows]"
 #: ``system``, so the turn just hands over to them.
 EMPTY_CONVERSATION_PLACEHOLDER = "[No conversation messages; follow the system instructions.]"
 
+#: The last turn of a request whose directive moved into the cached system
+#: prefix: the conversation must end with a user turn (an assistant turn last
+#: would be taken as the start of the answer).
+DIRECTIVE_REMINDER = "Write the summary now, following the instructions in the system prompt."
+
 _Turn = tuple[Literal["user", "assistant"], list[str]]
+
+
+def cached_prefix_request(request: ModelRequest) -> tuple[list[TextBlockParam], ModelRequest]:
+    """Prompt caching: (the system blocks, the request left to send as messages).
+
+    The stable prefix (the configured system prompt and the fixed directive,
+    the same in every summarisation request) is one system block marked
+    ``cache_control``, so the provider bills it at the cache-read price once
+    it is warm; the request's own system messages (the running summary,
+    summary batches) follow it uncached, and the directive's place at the end
+    is taken by ``DIRECTIVE_REMINDER``. A request without a directive gets its
+    system text cached alone. The API caches no prefix shorter than its
+    minimum (1,024 tokens for most models): with the default prompt (about 300
+    tokens) nothing is cached; a long configured prompt is.
+    """
+    messages = request.messages
+    directive = request.directive
+    moved = directive is not None and bool(messages) and messages[-1].content == directive
+    stable = [request.system] if request.system else []
+    if moved and directive is not None:
+        stable.append(directive)
+        messages = (*messages[:-1], ModelMessage(role="user", content=DIRECTIVE_REMINDER))
+    blocks: list[TextBlockParam] = []
+    if stable:
+        blocks.append(
+            TextBlockParam(
+                type="text", text="\n\n".join(stable), cache_control={"type": "ephemeral"}
+            )
+        )
+    blocks.extend(
+        TextBlockParam(type="text", text=m.content)
+        for m in messages
+        if m.role == "system" and m.content
+    )
+    rest = request.model_copy(update={"system": None, "messages": messages, "directive": None})
+    return blocks, rest
 
 
 def build_system_prompt(request: ModelRequest) -> str | None:
@@ -120,7 +168,9 @@ class AnthropicProvider:
         timeout_seconds: float = 60.0,
         max_retries: int = 0,
         default_headers: Mapping[str, str] | None = None,
+        prompt_caching: bool = True,
     ) -> None:
+        self._prompt_caching = prompt_caching
         self._client = anthropic.AsyncAnthropic(
             api_key=api_key,
             base_url=base_url,
@@ -134,7 +184,12 @@ class AnthropicProvider:
         await self._client.close()
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        system = build_system_prompt(request)
+        system: str | list[TextBlockParam] | None
+        if self._prompt_caching:
+            system, request = cached_prefix_request(request)
+            system = system or None
+        else:
+            system = build_system_prompt(request)
         # anthropic 2.x dropped the ``temperature`` keyword from
         # ``messages.create``; the body field is added directly instead.
         extra_body = (
@@ -188,6 +243,8 @@ def parse_message(result: object) -> ModelResponse:
         usage=ModelUsage(
             input_tokens=_as_int(getattr(usage, "input_tokens", 0)),
             output_tokens=_as_int(getattr(usage, "output_tokens", 0)),
+            cache_read_tokens=_as_int(getattr(usage, "cache_read_input_tokens", 0)),
+            cache_write_tokens=_as_int(getattr(usage, "cache_creation_input_tokens", 0)),
         ),
         model=model if isinstance(model, str) else None,
         stop_reason=stop_reason if isinstance(stop_reason, str) else None,

@@ -14,12 +14,17 @@ from core.settings import ResolvedModel
 log = logging.getLogger("compactor.model")
 
 
-def build_model_provider(resolved: ResolvedModel, *, timeout_seconds: float) -> ModelProvider:
+def build_model_provider(
+    resolved: ResolvedModel, *, timeout_seconds: float, prompt_caching: bool = True
+) -> ModelProvider:
     if resolved.kind == "anthropic":
         from core.adapters.llm.anthropic import AnthropicProvider
 
         provider: ModelProvider = AnthropicProvider(
-            resolved.api_key or "", base_url=resolved.base_url, timeout_seconds=timeout_seconds
+            resolved.api_key or "",
+            base_url=resolved.base_url,
+            timeout_seconds=timeout_seconds,
+            prompt_caching=prompt_caching,
         )
     elif resolved.kind == "openai":
         from core.adapters.llm.openai_compat import OpenAICompatProvider
@@ -39,3 +44,10 @@ def build_model_provider(resolved: ResolvedModel, *, timeout_seconds: float) -> 
         return provider
     log.info("summariser: %s model %s (%s)", resolved.kind, resolved.model, resolved.reason)
     return provider
+
+
+def build_fallback_provider() -> ModelProvider:
+    """The summariser of a tenant whose LLM budget for the day is spent."""
+    from core.adapters.llm.extractive import ExtractiveProvider
+
+    return ExtractiveProvider()

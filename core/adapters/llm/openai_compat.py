@@ -144,12 +144,26 @@ def parse_completion(result: object) -> ModelResponse:
     return ModelResponse(
         text=content,
         usage=ModelUsage(
-            input_tokens=_as_int(getattr(usage, "prompt_tokens", 0)),
+            input_tokens=_uncached_prompt_tokens(usage),
             output_tokens=_as_int(getattr(usage, "completion_tokens", 0)),
+            cache_read_tokens=_cached_prompt_tokens(usage),
         ),
         model=model if isinstance(model, str) else None,
         stop_reason=finish_reason if isinstance(finish_reason, str) else None,
     )
+
+
+def _cached_prompt_tokens(usage: object) -> int:
+    """OpenAI caches long prompts by itself and reports the share it read from the
+    cache in ``prompt_tokens_details.cached_tokens`` (compatible servers often omit it)."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    return _as_int(getattr(details, "cached_tokens", 0))
+
+
+def _uncached_prompt_tokens(usage: object) -> int:
+    """``prompt_tokens`` counts the cached ones too: the rest is billed at the input price."""
+    prompt = _as_int(getattr(usage, "prompt_tokens", 0))
+    return max(0, prompt - _cached_prompt_tokens(usage))
 
 
 def _as_int(value: object) -> int:

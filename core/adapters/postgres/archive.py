@@ -11,6 +11,7 @@ import asyncpg
 
 from core.adapters.postgres.rows import BATCH_COLUMNS, row_to_batch, row_to_message
 from core.domain.compaction import StoredBatch
+from core.domain.usage import LlmUsage
 from core.ports.storage import CompactedBatch, CompactionRecord, ExpandedBatch, MessageKey
 
 if TYPE_CHECKING:
@@ -135,7 +136,9 @@ async def compaction_log(pool: Queryable, conversation_id: str) -> list[Compacti
     rows = await pool.fetch(
         """
         SELECT c.compaction_id, c.created_at, c.messages_compressed, c.batches_created,
-               c.tokens_before, c.tokens_after,
+               c.tokens_before, c.tokens_after, c.summarizer, c.model, c.llm_calls,
+               c.input_tokens, c.output_tokens, c.cache_read_tokens, c.cache_write_tokens,
+               c.cost_usd, c.budget_fallback,
                coalesce(jsonb_agg(jsonb_build_object(
                    'batch_id', a.id, 'label', a.label, 'depth', a.depth,
                    'start_time', a.start_time, 'end_time', a.end_time,
@@ -158,10 +161,28 @@ async def compaction_log(pool: Queryable, conversation_id: str) -> list[Compacti
             batches_created=row["batches_created"],
             tokens_before=row["tokens_before"],
             tokens_after=row["tokens_after"],
+            usage=_usage(row),
             batches=tuple(CompactedBatch.model_validate(b) for b in _json(row["batches"])),
         )
         for row in rows
     ]
+
+
+def _usage(row: asyncpg.Record) -> LlmUsage | None:
+    """The compaction's LLM spend (None for a row from before migration 0012)."""
+    if row["summarizer"] is None:
+        return None
+    return LlmUsage(
+        summarizer=row["summarizer"],
+        model=row["model"] or row["summarizer"],
+        calls=row["llm_calls"],
+        input_tokens=row["input_tokens"],
+        output_tokens=row["output_tokens"],
+        cache_read_tokens=row["cache_read_tokens"],
+        cache_write_tokens=row["cache_write_tokens"],
+        cost_usd=row["cost_usd"],
+        fallback=row["budget_fallback"],
+    )
 
 
 def _json(value: object) -> list[dict[str, object]]:

@@ -18,8 +18,10 @@ import asyncpg
 
 from core.adapters.postgres import ingest as pg_ingest
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
+from core.adapters.postgres.rows import specifics_json
 from core.adapters.postgres.vectors import check_vectors
 from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
+from core.domain.tenancy import tenant_of
 from core.domain.tokens import estimate_message_tokens
 from core.ports.embedding import Embedder
 from core.ports.storage import ApplyResult, HistoryConflictError, OutboxBuilder, OutboxRecord
@@ -126,13 +128,18 @@ async def _lock_and_record(conn: AnyConnection, plan: CompactionPlan) -> bool:
     One statement: the row to insert comes out of the lock call, so the lock is
     held before the insert. Later statements see whatever committed before it
     (each statement takes a fresh snapshot at read committed); the insert's own
-    conflict check reads the index, not the snapshot.
+    conflict check reads the index, not the snapshot. The row carries what the
+    compaction's LLM calls cost (migration 0012), for usage and tenant budgets.
     """
+    usage = plan.usage
     recorded = await conn.fetchval(
         """
         INSERT INTO compactions (compaction_id, conversation_id, messages_compressed,
-                                 batches_created, tokens_before, tokens_after)
-        SELECT $1, $2, $3, $4, $5, $6
+                                 batches_created, tokens_before, tokens_after, tenant_id,
+                                 summarizer, model, llm_calls, input_tokens, output_tokens,
+                                 cache_read_tokens, cache_write_tokens, cost_usd,
+                                 budget_fallback)
+        SELECT $1, $2, $3, $4, $5, $6, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17
           FROM (SELECT pg_advisory_xact_lock($7, hashtext($2))) AS locked
         ON CONFLICT (conversation_id, compaction_id) DO NOTHING
         RETURNING compaction_id
@@ -144,6 +151,16 @@ async def _lock_and_record(conn: AnyConnection, plan: CompactionPlan) -> bool:
         plan.tokens_estimate_before,
         plan.tokens_estimate_after,
         CONVERSATION_LOCK_CLASS,
+        tenant_of(plan.conversation_id),
+        usage.summarizer,
+        usage.model,
+        usage.calls,
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cache_read_tokens,
+        usage.cache_write_tokens,
+        usage.cost_usd,
+        usage.fallback,
     )
     return recorded is not None
 
@@ -188,8 +205,8 @@ async def _insert_batches(
         INSERT INTO archival_memory (id, label, conversation_id, content, depth, start_time,
                                      end_time, message_count, source_message_ids,
                                      compaction_id, superseded_by, embedding, embedding_model,
-                                     covered_days)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                                     covered_days, specifics, ledger)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
         ON CONFLICT (conversation_id, id) DO NOTHING
         """,
         [
@@ -208,6 +225,8 @@ async def _insert_batches(
                 vectors[index] if vectors is not None else None,
                 model if vectors is not None else None,
                 list(stored.batch.days) or None,
+                specifics_json(stored.batch.specifics),
+                specifics_json(stored.batch.ledger),
             )
             for index, stored in enumerate(batches)
         ],

@@ -55,6 +55,32 @@ async def keep_session(conn: asyncpg.Connection) -> None:
     del conn
 
 
+class ReadOnlyServerError(ConnectionError):
+    """A pooled connection's server no longer takes writes (a primary fenced with
+    ``default_transaction_read_only`` or demoted by a failover): this connection
+    is useless to the worker, the pool must find the new primary."""
+
+
+async def refuse_read_only(conn: asyncpg.Connection) -> None:
+    """The pool's ``setup`` on every acquire: drop a connection whose server says it
+    is read-only now, so the next one is opened afresh and the DSN's
+    ``target_session_attrs=read-write`` picks the primary among its hosts.
+
+    PostgreSQL reports ``default_transaction_read_only`` and ``in_hot_standby`` to
+    the client whenever they change (at the connection's next statement), so this
+    costs no round trip. Raising here makes asyncpg close the connection, and the
+    error (a ``ConnectionError``) reads as ``StoreUnavailable``: the caller retries.
+    A primary that is stopped or restarted as a standby closes its connections
+    itself; this covers the one that stays up, read-only (``docs/operations.md``,
+    "PostgreSQL: replication, failover"). Pass as ``setup=`` to any pool handed to
+    ``PostgresStore``.
+    """
+    settings = conn.get_settings()
+    for name in ("default_transaction_read_only", "in_hot_standby"):
+        if getattr(settings, name, "off") == "on":
+            raise ReadOnlyServerError(f"the server reports {name}=on: not the primary now")
+
+
 # Migration 0009: the role the HTTP views read as, the setting its policies
 # read, and the value of that setting that shows every tenant (no tenant id
 # can be "*": tenant ids are letters, digits and ._:@-).

@@ -3,8 +3,9 @@
 A store raises the ports' errors and nothing of its driver
 (``core.ports.storage``): the worker's retry policy decides on those types
 alone. Every way PostgreSQL can be briefly away (refused or lost connection,
-server shutting down or starting up, too many connections, a timeout) becomes
-``StoreUnavailable``, with the driver's error as its ``__cause__``. Data the
+server shutting down or starting up, too many connections, a timeout, no
+read-write host during a failover) becomes ``StoreUnavailable``, with the
+driver's error as its ``__cause__``. Data the
 database refuses (SQLSTATE class 22: text it cannot hold such as a NUL, a value
 out of range, a string too long; class 54: a value over a limit such as an
 index row; asyncpg raises the same ``DataError`` for an argument it cannot
@@ -43,6 +44,13 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     pg_errors.OperatorInterventionError,  # class 57: shutting down, starting up, terminated
     pg_errors.InsufficientResourcesError,  # class 53: too many connections
     pg_errors.TooManyConnectionsError,
+    # A failover under way (docs/operations.md, "PostgreSQL: replication, failover"):
+    # every host of a multi-host DSN answered, none read-write (target_session_attrs),
+    pg_errors.TargetServerAttributeNotMatched,
+    # or a pooled connection's server became read-only (a fenced or demoted primary;
+    # the pool then drops it: connection.refuse_read_only). The worker never writes
+    # in a READ ONLY transaction, so this is the server, not the statement.
+    pg_errors.ReadOnlySQLTransactionError,
 )
 """The driver errors that mean PostgreSQL is (briefly) not there."""
 

@@ -34,7 +34,8 @@ async def rows_of(pool: asyncpg.Pool, compaction_id: str) -> list[OutboxRow]:
     """
     rows = await pool.fetch(
         """
-        SELECT id, compaction_id, topic, key, payload FROM outbox
+        SELECT id, compaction_id, topic, key, payload, published_at IS NOT NULL AS published
+          FROM outbox
          WHERE compaction_id = $1
          ORDER BY id
         """,

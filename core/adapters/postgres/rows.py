@@ -6,10 +6,11 @@ from typing import Any
 
 from core.domain.compaction import StoredBatch, SummaryBatch
 from core.domain.messages import ConversationMessage, ToolCall
+from core.domain.specifics import Specific
 
 BATCH_COLUMNS = """
     id, label, conversation_id, content, depth, start_time, end_time, message_count,
-    source_message_ids, compaction_id, superseded_by, covered_days
+    source_message_ids, compaction_id, superseded_by, covered_days, specifics, ledger
 """
 
 
@@ -45,7 +46,18 @@ def row_to_batch(row: Any) -> StoredBatch:
             message_count=row["message_count"],
             source_message_ids=tuple(row["source_message_ids"]),
             days=tuple(row["covered_days"] or ()),
+            specifics=_specifics(row["specifics"]),
+            ledger=_specifics(row["ledger"]),
         ),
         compaction_id=row["compaction_id"],
         superseded_by=row["superseded_by"],
     )
+
+
+def _specifics(value: Any) -> tuple[Specific, ...]:
+    return tuple(Specific.model_validate(item) for item in value or ())
+
+
+def specifics_json(specifics: tuple[Specific, ...]) -> list[dict[str, Any]] | None:
+    """A batch's specifics as its jsonb column holds them (None: none)."""
+    return [s.model_dump(mode="json") for s in specifics] or None

@@ -28,7 +28,7 @@ the CLI) they run on the pool as the tables' owner, whom the
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -42,16 +42,19 @@ from core.adapters.postgres import outbox as pg_outbox
 from core.adapters.postgres import privacy as pg_privacy
 from core.adapters.postgres import tallies as pg_tallies
 from core.adapters.postgres import tenants as pg_tenants
+from core.adapters.postgres import usage as pg_usage
 from core.adapters.postgres.connection import (
     CONVERSATION_LOCK_CLASS,
     configure_connection,
     keep_session,
     reading,
+    refuse_read_only,
 )
 from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.migrate import migrate
 from core.domain.compaction import CompactionPlan, StoredBatch
 from core.domain.messages import ConversationMessage
+from core.domain.usage import UsageDay
 from core.ports.embedding import Embedder
 from core.ports.storage import (
     ApplyResult,
@@ -127,6 +130,7 @@ class PostgresStore:
             min_size=min_size,
             max_size=max_size,
             init=configure_connection,
+            setup=refuse_read_only,
             reset=keep_session,
         )
         return cls(
@@ -343,6 +347,16 @@ class PostgresStore:
 
     async def conversations_over(self, threshold: int) -> list[tuple[str, int]]:
         return await pg_tallies.conversations_over(self._pool, threshold)
+
+    async def tenant_llm_tokens(self, tenant_id: str, since: datetime) -> int:
+        return await pg_usage.tenant_llm_tokens(self._pool, tenant_id, since)
+
+    async def usage_by_day(
+        self, *, scope: ReadScope, tenant_id: str | None = None, since: date | None = None
+    ) -> list[UsageDay]:
+        """Read as ``scope`` (row-level security), like the other views' reads."""
+        async with reading(self._pool, scope) as conn:
+            return await pg_usage.usage_by_day(conn, tenant_id, since)
 
 
 if TYPE_CHECKING:

@@ -159,8 +159,16 @@ function renderChart(compactions) {
 
 const KNOWN_COMPACTION_FIELDS = new Set([
   "compaction_id", "created_at", "messages_compressed", "batches_created",
-  "tokens_before", "tokens_after", "batches",
+  "tokens_before", "tokens_after", "batches", "usage",
 ]);
+
+function spent(usage) {
+  if (!usage) return "not recorded";
+  const tokens = usage.input_tokens + usage.output_tokens + usage.cache_read_tokens + usage.cache_write_tokens;
+  const cost = usage.cost_usd === null ? "no price" : `$${usage.cost_usd.toFixed(4)}`;
+  const who = usage.model && usage.model !== usage.summarizer ? `${usage.summarizer} ${usage.model}` : usage.summarizer;
+  return `${who} · ${usage.calls} calls · ${tokens} tokens · ${cost}` + (usage.fallback ? " · budget fallback" : "");
+}
 
 function extraFacts(record, known) {
   // Fields a newer worker adds (summariser, cost, usage…) are shown as they come.
@@ -185,7 +193,7 @@ async function loadCompactions(ticket) {
         el("td", { text: when(c.created_at) }),
         el("td", { text: `${c.messages_compressed} → ${c.batches_created} batches` }),
         el("td", { text: `${c.tokens_before} → ${c.tokens_after}` }),
-        el("td", { class: "muted", text: extraFacts(c, KNOWN_COMPACTION_FIELDS) }),
+        el("td", { class: "usage", text: [spent(c.usage), extraFacts(c, KNOWN_COMPACTION_FIELDS)].filter(Boolean).join(", ") }),
       ),
     );
     for (const batch of c.batches) batches.append(renderBatch(batch));
@@ -218,7 +226,18 @@ function renderBatch(batch) {
 const KNOWN_BATCH_FIELDS = new Set([
   "batch_id", "label", "conversation_id", "tenant_id", "depth", "start_time", "end_time",
   "message_count", "superseded_by", "summary", "turns", "turns_missing", "next_cursor",
+  "specifics", "ledger",
 ]);
+
+function renderSpecifics(title, specifics) {
+  const box = el("div", { class: "specifics" }, el("h3", { text: title }));
+  const list = el("ul", {});
+  for (const s of specifics) {
+    list.append(el("li", {}, el("span", { class: "tag", text: s.kind }), " ", s.text, " ", el("span", { class: "muted", text: s.message_id })));
+  }
+  box.append(list);
+  return box;
+}
 
 async function expandBatch(item, batchId, toggle) {
   const open = item.querySelector(".detail");
@@ -240,12 +259,17 @@ async function expandBatch(item, batchId, toggle) {
       );
       if (first) {
         detail.append(el("div", { class: "summary", text: page.summary }));
+        if (page.ledger && page.ledger.length) {
+          detail.append(renderSpecifics("Specifics the summary dropped (its ledger)", page.ledger));
+        } else if (page.specifics && page.specifics.length) {
+          detail.append(renderSpecifics("Specifics", page.specifics.slice(0, 12)));
+        }
         const extra = Object.fromEntries(
           Object.entries(page).filter(([name, value]) => !KNOWN_BATCH_FIELDS.has(name) && value !== null),
         );
         if (Object.keys(extra).length) {
           // Specifics (issue 18) and any field a newer worker adds.
-          detail.append(el("pre", { class: "specifics", text: JSON.stringify(extra, null, 2) }));
+          detail.append(el("pre", { class: "extra", text: JSON.stringify(extra, null, 2) }));
         }
         detail.append(el("h3", { text: "Raw turns" }));
         if (page.turns_missing) {

@@ -16,7 +16,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from core.settings import Settings
+from streams.cli.errors import CommandError
 from streams.cli.read_commands import cmd_expand, cmd_history, cmd_memory_read
+from streams.cli.usage_commands import cmd_usage
 from streams.client import (
     BadRequest,
     CompactorClient,
@@ -71,6 +73,11 @@ async def test_every_view_is_a_typed_method(worker: tuple[Site, str]) -> None:
         found = await client.search("acmesecret1", conversation_id="acme-c0")
         assert found.hits and {h.tenant_id for h in found.hits} == {"acme"}
         assert (await client.openapi())["openapi"] == "3.1.0"
+        usage = await client.usage("acme")
+        assert usage.tenant_id == "acme" and usage.total.compactions == len(log.compactions) * 2
+        assert sum(d.compactions for d in usage.days) == usage.total.compactions
+        with pytest.raises(Forbidden):
+            await client.usage("globex")
     async with CompactorClient(url, ADMIN) as admin:
         assert (await admin.conversation("acme-c0", tenant_id="acme")).tenant_id == "acme"
     async with CompactorClient(url, METRICS) as scraper:
@@ -218,11 +225,15 @@ async def test_cli_reads_from_a_worker_print_the_apis_json_and_text(
     assert await cmd_memory_read(config, argparse.Namespace(**{**vars(search), "json": False})) == 0
     assert "score=" in capsys.readouterr().out
 
+    usage = argparse.Namespace(tenant="acme", since=None, json=True, url=url)
+    assert await cmd_usage(config, usage) == 0
+    assert json.loads(capsys.readouterr().out)["tenant_id"] == "acme"
+    with pytest.raises(CommandError, match="needs --tenant"):
+        await cmd_usage(config, argparse.Namespace(tenant=None, since=None, json=True, url=url))
+
     monkeypatch.setenv("COMPACTOR_TOKEN", ACME)
     assert await cmd_history(config, args(conversation_id="nope", url=url)) == 1
     assert "no messages for conversation 'nope'" in capsys.readouterr().err
     monkeypatch.delenv("COMPACTOR_TOKEN")
-    from streams.cli.errors import CommandError
-
     with pytest.raises(CommandError, match="401"):
         await cmd_history(config, args(conversation_id="acme-c0", url=url))

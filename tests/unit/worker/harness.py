@@ -37,7 +37,11 @@ BUDGET_TOKENS = 200  # 0.5 x 400
 NAMES = TopicNames.with_prefix("t.")
 
 
-def settings(tenancy: dict[str, Any] | None = None, **service: Any) -> Settings:
+def settings(
+    tenancy: dict[str, Any] | None = None,
+    tenants: list[dict[str, Any]] | None = None,
+    **service: Any,
+) -> Settings:
     return parse_settings(
         {
             "budget": {"context_budget": 0.5, "model_max_tokens": 400},
@@ -45,6 +49,7 @@ def settings(tenancy: dict[str, Any] | None = None, **service: Any) -> Settings:
             "summarization": {"keep_recent": 2, "chunk_size": 4, "retry_backoff_seconds": 0},
             "service": {"command_timeout_seconds": 60, "reconcile_interval_seconds": 10, **service},
             "tenancy": tenancy or {},
+            "tenants": tenants or [],
         }
     )
 
@@ -81,10 +86,13 @@ class Harness:
         raw_value = value.encode() if isinstance(value, str) else value
         return Record(topic, 0, next(self.offsets), raw_key, raw_value)
 
-    async def message(self, index: int, content: str, conversation: str = "c1") -> None:
+    async def message(
+        self, index: int, content: str, conversation: str = "c1", tenant: str | None = None
+    ) -> None:
         event = MessageEvent(
             message_id=f"{conversation}-m{index:04d}",
             conversation_id=conversation,
+            tenant_id=tenant,
             role="user" if index % 2 == 0 else "assistant",
             content=content,
             created_at=T0 + timedelta(seconds=index),
@@ -146,18 +154,26 @@ class Harness:
         ]
 
 
-def harness(model: Any = None, tenancy: dict[str, Any] | None = None, **service: Any) -> Harness:
-    config = settings(tenancy, **service)
+def harness(
+    model: Any = None,
+    tenancy: dict[str, Any] | None = None,
+    tenants: list[dict[str, Any]] | None = None,
+    **service: Any,
+) -> Harness:
+    config = settings(tenancy, tenants=tenants, **service)
     store = InMemoryStore()
+    clock = Clock()
+    store.now = lambda: datetime.fromtimestamp(clock.now, UTC)
     compactor = create_compactor(
         model=model or ExtractiveProvider(),
         memory_store=store,
         config=config.summarization.compaction(),
         model_name="test",
+        fallback=ExtractiveProvider() if model is not None else None,
+        prices=config.usage.prices,
     )
     publisher = RecordingPublisher()
     table: dict[str, Any] = {}
-    clock = Clock()
     acked: list[int] = []
 
     async def ack(token: int) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from core.ports.publisher import PublisherUnavailable
 from streams.events import DeadLetterHeaders, ReconcileRequest
 from streams.worker.runtime import StaticRuntime
 from tests.support.builders import T0
@@ -40,7 +41,9 @@ async def test_a_command_compacts_and_publishes_its_events_asking_applied_once()
     assert all(o.published for o in h.store.outbox)
 
 
-async def test_a_replayed_compaction_id_republishes_its_events() -> None:
+async def test_a_replayed_compaction_id_republishes_its_completion_not_its_clip_archive() -> None:
+    """Its completion may not have been applied; its clip-archive, acknowledged by
+    the broker, reached its consumers already (a copy is only noise for them)."""
     h = harness()
     command = await over_budget(h)
     await h.components.processor.compact(command)
@@ -48,11 +51,25 @@ async def test_a_replayed_compaction_id_republishes_its_events() -> None:
     outcome = await h.components.processor.compact(command)
     assert outcome.status == "replayed"
     republished = h.publisher.sent[len(first) :]
-    assert [p.topic for p in republished] == ["clip_archives", "control"]
-    assert [p.value for p in republished] == [
-        p.value for p in first if p.topic in ("clip_archives", "control")
-    ]
+    assert [p.topic for p in republished] == ["control"]
+    assert [p.value for p in republished] == [p.value for p in first if p.topic == "control"]
     assert h.components.metrics.compactions_noop.labels("replayed")._value.get() == 1
+
+
+async def test_a_replayed_compaction_never_published_publishes_both() -> None:
+    """A crash between the commit and the relay: the redelivered command sends both."""
+    h = harness()
+    command = await over_budget(h)
+    # The relay right after the commit fails: nothing is marked published.
+    h.publisher.fail_next = PublisherUnavailable("the broker is away")
+    with pytest.raises(PublisherUnavailable):
+        await h.components.processor.compact(command)
+    assert h.store.outbox and not any(o.published for o in h.store.outbox)
+    sent = len(h.publisher.sent)
+    outcome = await h.components.processor.compact(command)
+    assert outcome.status == "replayed"
+    assert [p.topic for p in h.publisher.sent[sent:]] == ["clip_archives", "control"]
+    assert all(o.published for o in h.store.outbox)
 
 
 async def test_a_failed_compaction_writes_nothing_and_is_counted() -> None:

@@ -182,8 +182,8 @@ def soft_harness(monkeypatch: pytest.MonkeyPatch, compact_at: float) -> Any:
     """The worker-components harness (budget 200) with a soft trigger."""
     plain = components.settings
 
-    def with_trigger(tenancy: Any = None, **service: Any) -> Any:
-        config = plain(tenancy, **service)
+    def with_trigger(tenancy: Any = None, tenants: Any = None, **service: Any) -> Any:
+        config = plain(tenancy, tenants, **service)
         budget = config.budget.model_copy(update={"compact_at": compact_at})
         return config.model_copy(update={"budget": budget})
 

@@ -1,0 +1,60 @@
+"""What compactions cost, per tenant and UTC day, read from ``compactions`` (0012)."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import TYPE_CHECKING
+
+from core.domain.usage import UsageDay
+
+if TYPE_CHECKING:
+    from core.adapters.postgres.connection import Queryable
+
+#: Tokens a tenant's LLM budget counts: every token an LLM processed (the
+#: extractive summariser's, and rows from before 0012, are no LLM's).
+_SPENT_SQL = """
+SELECT coalesce(sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), 0)
+  FROM compactions
+ WHERE tenant_id = $1 AND created_at >= $2
+   AND summarizer IS NOT NULL AND summarizer <> 'extractive'
+"""
+
+_BY_DAY_SQL = """
+SELECT tenant_id, (created_at AT TIME ZONE 'UTC')::date AS day,
+       count(*) AS compactions, sum(llm_calls) AS llm_calls,
+       sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
+       sum(cache_read_tokens) AS cache_read_tokens,
+       sum(cache_write_tokens) AS cache_write_tokens,
+       coalesce(sum(cost_usd), 0) AS cost_usd,
+       count(*) FILTER (WHERE budget_fallback) AS fallback_compactions
+  FROM compactions
+ WHERE ($1::text IS NULL OR tenant_id = $1)
+   AND ($2::date IS NULL OR created_at >= ($2::date)::timestamp AT TIME ZONE 'UTC')
+ GROUP BY 1, 2
+ ORDER BY 2, 1 NULLS FIRST
+"""
+
+
+async def tenant_llm_tokens(conn: Queryable, tenant_id: str, since: datetime) -> int:
+    return int(await conn.fetchval(_SPENT_SQL, tenant_id, since))
+
+
+async def usage_by_day(
+    conn: Queryable, tenant_id: str | None, since: date | None
+) -> list[UsageDay]:
+    rows = await conn.fetch(_BY_DAY_SQL, tenant_id, since)
+    return [
+        UsageDay(
+            tenant_id=row["tenant_id"],
+            day=row["day"],
+            compactions=row["compactions"],
+            llm_calls=int(row["llm_calls"]),
+            input_tokens=int(row["input_tokens"]),
+            output_tokens=int(row["output_tokens"]),
+            cache_read_tokens=int(row["cache_read_tokens"]),
+            cache_write_tokens=int(row["cache_write_tokens"]),
+            cost_usd=round(float(row["cost_usd"]), 9),
+            fallback_compactions=row["fallback_compactions"],
+        )
+        for row in rows
+    ]
