@@ -14,8 +14,10 @@ below, each of which checks the conversation's tenant (403 otherwise, also
 for an unknown conversation, so a 403/404 difference reveals nothing).
 Inputs are bounded: path ids by ``MAX_ID_LENGTH``, the query by
 ``[service].max_query_chars``, ``limit`` by ``[service].max_search_limit``.
-The bodies are built by plain functions, so their shape is testable without
-a server.
+Every body is built by a model of ``streams.http.bodies``, the API's contract:
+``streams.http.openapi`` generates the document (``/openapi.json``) from the
+same models, and ``tests/unit/http/test_openapi.py`` keeps routes, parameters
+and fields in step with it.
 """
 
 from __future__ import annotations

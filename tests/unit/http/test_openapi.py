@@ -244,3 +244,19 @@ async def test_the_inspector_page_is_served_without_a_token_and_holds_no_data(
     assert redirect.status == 308 and redirect.headers["Location"] == "/ui/"
     assert (await client.get("/ui/secrets.txt")).status == 404
     assert (await client.get("/ui/../openapi.json")).status == 401
+
+
+def test_every_query_parameter_a_view_reads_is_declared() -> None:
+    """A view that starts reading a query parameter no ``Params`` model declares fails
+    here (the document would not tell clients, nor schemathesis, about it)."""
+    read: set[str] = set()
+    for module in sorted((ROOT / "streams" / "http").glob("*.py")):
+        read |= set(re.findall(r"query\.get\(\s*\"(\w+)\"", module.read_text()))
+    declared = {
+        parameter["name"]
+        for path in openapi.document()["paths"].values()
+        for parameter in path["get"]["parameters"]
+        if parameter["in"] == "query"
+    }
+    assert read, "the scan found no parameter: the pattern no longer matches the views"
+    assert read <= declared, f"read but not declared: {sorted(read - declared)}"
