@@ -19,6 +19,12 @@ from core.domain.usage import LlmUsage
 MAX_ID_LENGTH = 256
 DEFAULT_MAX_CONTENT_CHARS = 1_000_000
 
+EVENT_CONFIG = ConfigDict(frozen=True, extra="ignore")
+"""Every event's: a field this version does not know is ignored, never an error, so a
+producer (or a newer worker, mid-upgrade) may add one without its records being
+dead-lettered. A change that is not an added optional field is a new
+``schema_version`` (docs/events/README.md, "Schema evolution")."""
+
 TenantId = Annotated[str, Field(pattern=TENANT_ID_PATTERN)]
 """Letters, digits and ``._:@-`` (1 to 256): never ``/``, which separates the
 tenant from the conversation id in a conversation key."""
@@ -49,7 +55,7 @@ class MessageEvent(Scoped, BaseModel):
     The conversation is (``tenant_id``, ``conversation_id``): two tenants using the
     same id have two conversations, and neither can reach the other's."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     schema_version: Literal[1] = 1
     # Unique within the conversation: a redelivery (same conversation, same id)
@@ -93,7 +99,7 @@ class CompactionCommand(Scoped, BaseModel):
     never touched.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     schema_version: Literal[1] = 1
     compaction_id: str
@@ -120,7 +126,7 @@ class CompactionCommand(Scoped, BaseModel):
 class CompactionCompleted(Scoped, BaseModel):
     """The processor's answer, consumed by the accounting agent (internal)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["completed"] = "completed"
     schema_version: Literal[1] = 1
@@ -140,7 +146,7 @@ class CompactionCompleted(Scoped, BaseModel):
 class ReconcileRequest(Scoped, BaseModel):
     """Sent by the reconciliation timer so that all table changes happen in the agent."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["reconcile"] = "reconcile"
     schema_version: Literal[1] = 1
@@ -157,7 +163,7 @@ class RecompactRequest(Scoped, BaseModel):
     conversation does it; idempotent by ``request_id`` (its compaction id derives
     from it)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     type: Literal["recompact"] = "recompact"
     schema_version: Literal[1] = 1
@@ -176,7 +182,7 @@ class RestoreRequest(Scoped, BaseModel):
     ``RecompactRequest``: control topic, one compaction, idempotent by
     ``request_id``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     type: Literal["restore"] = "restore"
     schema_version: Literal[1] = 1
@@ -200,7 +206,7 @@ class EraseRequest(Scoped, BaseModel):
     offsets when it was asked (partition → next offset): every message below
     them stays erased, however often it is redelivered or replayed."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["erase"] = "erase"
     schema_version: Literal[2] = 2
@@ -217,7 +223,7 @@ class EraseCompleted(Scoped, BaseModel):
     """Published on ``{prefix}erase-completions`` once an erase is applied (again for a
     redelivered request, with the first application's counts). Ids and counts only."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["erase_completed"] = "erase_completed"
     schema_version: Literal[1] = 1
@@ -239,7 +245,7 @@ CONTROL_EVENT: TypeAdapter[AnyControl] = TypeAdapter(ControlEvent)
 
 
 class BatchInfo(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     id: str
     label: str
@@ -268,7 +274,7 @@ class ClipArchiveEvent(Scoped, BaseModel):
     that arrived later) is what the model should see now.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     schema_version: Literal[1] = 1
     compaction_id: str
@@ -322,7 +328,7 @@ class DeadLetterHeaders(BaseModel):
     so the record can be fixed and re-driven (unless ``dlq.truncated``: a record
     larger than a producer request keeps its first bytes and its size)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     reason: str = Field(alias="dlq.reason")
     error_type: str = Field(alias="dlq.error_type")

@@ -22,7 +22,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
 from core.domain.messages import ConversationMessage
-from core.domain.usage import UsageDay
+from core.domain.usage import LlmUsage, UsageDay
 
 
 class StoreError(Exception):
@@ -320,6 +320,35 @@ class ExpandedBatch(BaseModel):
     turns_missing: int
 
 
+class CompactedBatch(BaseModel):
+    """A batch as a compaction archived it (its summary is read with ``expand_batch``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_id: str
+    label: str
+    depth: int
+    start_time: AwareDatetime
+    end_time: AwareDatetime
+    message_count: int
+    superseded_by: str | None
+
+
+class CompactionRecord(BaseModel):
+    """One applied compaction of a conversation, as ``compactions`` recorded it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compaction_id: str
+    created_at: AwareDatetime
+    messages_compressed: int
+    batches_created: int
+    tokens_before: int
+    tokens_after: int
+    usage: LlmUsage | None = None  # None: recorded before usage was (migration 0012)
+    batches: tuple[CompactedBatch, ...] = ()
+
+
 class MemorySearchResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -436,6 +465,14 @@ class MemoryStore(Protocol):
         """The batch with all its archived raw turns in order; None if unknown
         (or outside ``scope``). ``after`` / ``limit``: one page of the turns, as
         ``load_history`` (``turns_missing`` still counts the whole batch)."""
+        ...
+
+    async def compaction_log(
+        self, conversation_id: str, *, scope: ReadScope | None = None
+    ) -> list[CompactionRecord]:
+        """The conversation's applied compactions, oldest first, each with the batches
+        it archived (empty when unknown, or outside ``scope``): read-only, for the
+        inspector page."""
         ...
 
     async def expire_raw_turns(self) -> int:

@@ -29,6 +29,7 @@ from faust.web import Request, Response, View
 from pydantic import ValidationError
 
 from streams.events import MAX_ID_LENGTH
+from streams.http.bodies import RedoAccepted
 from streams.http.views import (
     FORBIDDEN,
     Forbidden,
@@ -77,17 +78,13 @@ def _register(
                 return self.json({"error": _first_error(error)}, status=400)
             await components.requests.send(event)
             components.metrics.operator_requests.labels(action, "requested").inc()
-            return self.json(
-                {
-                    "action": action,
-                    "request_id": event.request_id,
-                    "conversation_id": event.conversation_id,
-                    "tenant_id": event.tenant_id,
-                    "status": "accepted: the conversation's worker does it; its clip-archive "
-                    "event carries this request_id",
-                },
-                status=202,
+            accepted = RedoAccepted(
+                action=action,
+                request_id=event.request_id,
+                conversation_id=event.conversation_id,
+                tenant_id=event.tenant_id,
             )
+            return self.json(accepted.model_dump(mode="json"), status=202)
 
     Redo.__name__ = f"{action.capitalize()}View"
 

@@ -29,8 +29,11 @@ async def test_graceful_restart_restores_the_table_from_its_changelog(stack: Sta
     small = Conversation("conv-small", "pebble")
     await stack.send_all(compacted.until_over(0))
     await stack.send_all([small.message() for _ in range(5)])
-    await stack.send_all([compacted.message() for _ in range(3)])
     await stack.wait_for_clip_events({compacted.id: 1}, timeout=30)
+    # Sent after the compaction: had they been sent before it, a lagging worker could
+    # count them in the group that crossed the budget, so the command's cut (the
+    # group's newest message) would cover them and they would be compacted too.
+    await stack.send_all([compacted.message() for _ in range(3)])
 
     # The clip-archive can be out before the last three messages are consumed
     # (a loaded machine): idle with all of them stored and counted, not just idle.

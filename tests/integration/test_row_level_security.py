@@ -335,3 +335,20 @@ async def test_a_scoped_read_leaves_its_pooled_connection_as_it_was(pg_database:
         assert len(await store.load_history("globex/shared")) == 3  # the worker's reads see all
     finally:
         await store.close()
+
+
+async def test_the_compaction_log_is_read_through_the_scope(pg_store: PostgresStore) -> None:
+    """GET /conversations/{id}/compactions reads compaction_log with the caller's scope:
+    a tenant sees its own conversation's compactions and batches, never another's."""
+    await _two_tenants(pg_store)
+    acme = await pg_store.compaction_log("acme/shared", scope=ReadScope.of_tenant("acme"))
+    assert [r.compaction_id for r in acme] == ["cmp-acme/shared"]
+    (record,) = acme
+    assert record.messages_compressed == 2 and record.batches_created == 1
+    assert [b.batch_id for b in record.batches] == ["batch-1"]
+    assert record.usage is not None and record.usage.summarizer == "extractive"
+    assert await pg_store.compaction_log("globex/shared", scope=ReadScope.of_tenant("acme")) == []
+    assert await pg_store.compaction_log("loose-1", scope=ReadScope.of_tenant("acme")) == []
+    everything = ReadScope.everything()
+    assert len(await pg_store.compaction_log("loose-1", scope=everything)) == 1
+    assert await pg_store.compaction_log("nobody", scope=everything) == []

@@ -60,6 +60,7 @@ from core.ports.storage import (
     ApplyResult,
     AuditEntry,
     CompactionInputs,
+    CompactionRecord,
     EraseOutcome,
     Erasure,
     ExpandedBatch,
@@ -309,6 +310,14 @@ class PostgresStore:
             return await pg_archive.expand_batch(
                 conn, conversation_id, batch_id, after=after, limit=limit
             )
+
+    async def compaction_log(
+        self, conversation_id: str, *, scope: ReadScope | None = None
+    ) -> list[CompactionRecord]:
+        if scope is None:
+            return await pg_archive.compaction_log(self._pool, conversation_id)
+        async with reading(self._pool, scope) as conn:
+            return await pg_archive.compaction_log(conn, conversation_id)
 
     async def expire_raw_turns(self) -> int:
         return await pg_archive.expire_raw_turns(self._pool, self._raw_retention_days)

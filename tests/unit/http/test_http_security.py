@@ -57,6 +57,8 @@ SECURED = {
 
 
 class ViewRuntime:
+    is_open = True
+
     def __init__(self, store: InMemoryStore) -> None:
         self._store = store
         self.resolved_model = ResolvedModel(kind="extractive", model="x", reason="test")

@@ -6,6 +6,7 @@ import pytest
 
 from core.ports.publisher import RecordTooLarge
 from streams.events import DeadLetterHeaders
+from streams.worker.records import Record
 from tests.unit.worker.harness import NAMES, harness
 
 pytestmark = pytest.mark.unit
@@ -39,3 +40,21 @@ async def test_small_dead_letters_are_copied_whole() -> None:
     await h.components.accounting.handle(h.record(NAMES.messages, "c1", b"{not json"))
     headers = DeadLetterHeaders.from_kafka(list(h.publisher.sent[0].headers))
     assert not headers.truncated and headers.original_size == 9
+
+
+async def test_a_dead_letter_keeps_the_records_own_headers_for_a_redrive() -> None:
+    h = harness()
+    record = Record(
+        NAMES.messages,
+        0,
+        7,
+        b"c1",
+        b"{not json",
+        (("compactor-signature", b"v1=abc"), ("dlq.reason", b"forged"), ("trace", b"t-1")),
+    )
+    await h.components.accounting.handle(record)
+    (letter,) = h.publisher.on("dead_letters")
+    names = [name for name, _ in letter.headers]
+    assert names[:2] == ["compactor-signature", "trace"]  # its own first, no forged dlq.*
+    assert dict(letter.headers)["compactor-signature"] == b"v1=abc"
+    assert DeadLetterHeaders.from_kafka(list(letter.headers)).source_offset == 7
