@@ -405,7 +405,7 @@ class SearchParams(Params):
     )
 
 
-class RedoParams(TenantParams):
+class RecompactParams(TenantParams):
     request_id: str | None = Field(
         default=None,
         min_length=1,
@@ -413,12 +413,14 @@ class RedoParams(TenantParams):
         description="The request's id: the same id again is the same compaction (a client "
         "that retries should send its own; absent: a new one is made)",
     )
+
+
+class RestoreParams(RecompactParams):
     batch_id: str | None = Field(
         default=None,
         min_length=1,
         max_length=MAX_ID_LENGTH,
-        description="restore only: the archived batch whose raw turns come back (absent: "
-        "the newest)",
+        description="The archived batch whose raw turns come back (absent: the newest)",
     )
 
 

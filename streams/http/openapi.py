@@ -114,7 +114,7 @@ ROUTES: tuple[Route, ...] = (
             f"{action}Conversation",
             summary,
             bodies.RedoAccepted,
-            bodies.RedoParams,
+            params,
             ("conversation_id",),
             (400, 401, 403, 413, 429, 503),
             scope="admin",
@@ -123,9 +123,17 @@ ROUTES: tuple[Route, ...] = (
             method="post",
             ok_status=202,
         )
-        for action, summary in (
-            ("recompact", "Rebuild the conversation's archived summaries from their raw turns"),
-            ("restore", "Bring an archived batch's raw turns back into the history"),
+        for action, summary, params in (
+            (
+                "recompact",
+                "Rebuild the conversation's archived summaries from their raw turns",
+                bodies.RecompactParams,
+            ),
+            (
+                "restore",
+                "Bring an archived batch's raw turns back into the history",
+                bodies.RestoreParams,
+            ),
         )
     ),
     Route(

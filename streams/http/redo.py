@@ -56,7 +56,7 @@ def _register(
             principal = principal_of(request)
             query = request.query
             for name, value in (
-                ("path parameter", conversation_id),
+                ("conversation_id", conversation_id),
                 *((key, query[key]) for key in ("request_id", "batch_id") if key in query),
             ):
                 problem = bad_text(name, value, MAX_ID_LENGTH)

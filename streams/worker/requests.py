@@ -39,7 +39,7 @@ def operator_request(
     }
     if action == "recompact":
         if batch_id is not None:
-            raise ValueError("a recompact rebuilds every live batch: it takes no batch id")
+            raise ValueError("batch_id: a recompact rebuilds every live batch, it takes none")
         return RecompactRequest.model_validate(fields)
     return RestoreRequest.model_validate({**fields, "batch_id": batch_id})
 
