@@ -439,8 +439,14 @@ class ChaosStack:
         """Poll every invariant from ``fault_end`` until all hold (or limit + grace)."""
         give_up = fault_end + RECOVERY_LIMIT_SECONDS + RECOVERY_GRACE_SECONDS
         recovered_after: float | None = None
+        last_violated: dict[str, float] = {}
         while True:
             report = await check_invariants(self.context())
+            for name, count in report.counts().items():
+                if count or report.violations[name]:
+                    last_violated[name] = round(time.monotonic() - fault_end, 1)
+            # Which invariant held recovery up, and until when (seconds after the fault).
+            self.notes["last_violated_after_fault"] = dict(last_violated)
             if report.ok:
                 recovered_after = time.monotonic() - fault_end
                 break
