@@ -22,7 +22,6 @@ from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, start_temporary
 from core.adapters.postgres.migrate import migrate
 from core.adapters.postgres.store import PostgresStore
 
-
 # In CI the property tests draw the same examples every run (derandomize): a run
 # that fails fails again on the same input, and a new random find cannot block a
 # landing unannounced. On a developer's machine they explore anew each time.
