@@ -9,8 +9,9 @@ prefix, app id and database) unless they crash one: the PostgreSQL scenario
 gets a server of its own (``own_postgres``), the broker scenario a broker of
 its own (``own_broker``). The cluster scenarios share one three-node cluster
 (``kafka_cluster``), started the first time one of them runs (about 25 s)
-and made whole again before and after each (``cluster``). A failing test gets every worker's log tail, and
-the crashed server's, in its report; the summary lines are printed at the end.
+and made whole again before and after each (``cluster``). A failing test
+gets every worker's log tail, and the crashed server's, in its report; the
+summary lines are printed at the end.
 """
 
 from __future__ import annotations
