@@ -766,7 +766,7 @@ async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, f
     resources = StaticRuntime(store, compactor)
     relay = OutboxRelay(resources, publisher, metrics)
     processor = Processor(
-        resources=resources, publisher=publisher, relay=relay, metrics=metrics, budget=budget
+        runtime=resources, publisher=publisher, relay=relay, metrics=metrics, budget=budget
     )
     conversations = [f"cpu-{i:05d}" for i in range(args.cpu_compactions)]
     try:

@@ -21,7 +21,11 @@ Summarisers: the extractive one, and the LLM test server
 (tests/support/llm_server.py) replaying fixed summaries (its deterministic
 responder: the first six words of each message) through the OpenAI SDK.
 
-    .venv/bin/python -m bench.memory_recall [--conversations 4 --sessions 12]
+    .venv/bin/python -m bench.memory_recall [--conversations 4 --sessions 12] [--embedder local]
+
+``--embedder local`` runs the same with all-MiniLM-L6-v2 vectors (hybrid
+search); the paraphrased columns ask every question with its subject in other
+words (``PARAPHRASES``), where keyword search has nothing to go on.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from core.adapters.llm.extractive import ExtractiveProvider
 from core.adapters.llm.openai_compat import OpenAICompatProvider
 from core.adapters.postgres.store import PostgresStore
 from core.compactor import create_compactor
+from core.ports.embedding import Embedder
 from core.ports.model import ModelProvider
 from core.settings import Settings, parse_settings
 from streams.cli.offline import OfflineRun
@@ -55,6 +60,40 @@ SUBJECTS = (
     "photo exhibition|roof inspection|language course|camping trip|server migration|"
     "podcast episode|charity run|family reunion"
 ).split("|")
+# The same subjects in other words (no content word shared with any subject):
+# questions asked this way are where keyword search has nothing to go on.
+PARAPHRASES = {
+    "dentist appointment": "checkup for my teeth",
+    "gym membership": "fitness centre subscription",
+    "car insurance": "policy covering my vehicle",
+    "garden shed": "little hut in the backyard",
+    "piano lesson": "music tuition at the keyboard",
+    "tax return": "annual filing with the revenue office",
+    "kitchen renovation": "remodelling of the cooking area",
+    "wedding venue": "place where we get married",
+    "team offsite": "away day with colleagues",
+    "school trip": "excursion with the pupils",
+    "book club": "reading circle",
+    "laptop repair": "fixing my notebook computer",
+    "passport renewal": "getting a new travel document",
+    "birthday dinner": "evening meal for my special day",
+    "bike service": "bicycle maintenance",
+    "flat viewing": "look round the apartment",
+    "conference talk": "presentation at the summit",
+    "vet visit": "checkup at the animal doctor",
+    "yoga class": "stretching and breathing session",
+    "boat rental": "hiring a vessel",
+    "choir concert": "singing performance",
+    "climbing course": "bouldering training",
+    "photo exhibition": "picture show at the gallery",
+    "roof inspection": "survey of the top of the house",
+    "language course": "lessons in a foreign tongue",
+    "camping trip": "holiday in a tent",
+    "server migration": "moving the machines to the new data centre",
+    "podcast episode": "audio show recording",
+    "charity run": "fundraising race",
+    "family reunion": "gathering with relatives",
+}
 NAMES = "Margarethe Oskar Ingrid Tobias Leontine Ferdinand Anouk Casimir Rosalind Evander".split()
 CITIES = "Lisbon Porto Bergen Utrecht Ghent Trieste Lyon Krakow Tallinn Seville".split()
 OPTIONS = "mornings|weekends|the window seat|vegetarian food|email reminders|the blue one".split(
@@ -84,6 +123,14 @@ class Question:
     text: str
     answer_id: str
     answer_value: str
+
+    @property
+    def paraphrased(self) -> str:
+        """The question with its subject in other words (``PARAPHRASES``)."""
+        for subject, other in PARAPHRASES.items():
+            if subject in self.text:
+                return self.text.replace(subject, other)
+        return self.text
 
 
 @dataclass
@@ -187,6 +234,81 @@ def bm25_top(turns: list[tuple[str, str]], query: str, k: int = 5) -> list[str]:
     return [m for _, m in sorted(scored, reverse=True)[:k]]
 
 
+ABLATION = (
+    "lexemes, length = distinct lexemes",
+    "lexemes, length = words",
+    "lexemes, length = words, copies collapsed",
+    "Python tokens, copies collapsed",
+)
+"""Why raw-turn search trailed plain BM25: BM25 in Python over the archived
+turns' own tsvectors (English stems, stop words out), with the document
+length the old SQL used (distinct lexemes) or the words (``word_count``),
+and with turns of the same text counted once (the best-ranked kept)."""
+
+
+def bm25_ranked(
+    docs: list[tuple[str, Counter[str], int]], terms: list[str], texts: dict[str, str] | None
+) -> list[str]:
+    """Message ids by BM25 over (id, term frequencies, length); ``texts``: collapse copies."""
+    n = len(docs) or 1
+    avg = sum(length for _, _, length in docs) / n or 1
+    df = Counter(t for _, tf, _ in docs for t in tf)
+    scored = []
+    for message_id, tf, length in docs:
+        score = sum(
+            math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+            * tf[t]
+            * 2.2
+            / (tf[t] + 1.2 * (0.25 + 0.75 * length / avg))
+            for t in terms
+            if tf[t]
+        )
+        if score > 0:
+            scored.append((score, message_id))
+    ranked = [m for _, m in sorted(scored, reverse=True)]
+    if texts is None:
+        return ranked
+    seen: set[str] = set()
+    kept = []
+    for message_id in ranked:
+        text = " ".join(texts[message_id].lower().split())
+        if text not in seen:
+            seen.add(text)
+            kept.append(message_id)
+    return kept
+
+
+async def ablation(pool: Any, conversation: str, rows: Any, q: Question) -> dict[str, bool]:
+    lexemes = await pool.fetch(
+        "SELECT a.id, u.lexeme, cardinality(u.positions) AS tf FROM archived_messages AS a, "
+        "unnest(a.content_tsv) AS u WHERE a.conversation_id = $1",
+        conversation,
+    )
+    terms = [
+        r["lexeme"]
+        for r in await pool.fetch("SELECT lexeme FROM unnest(to_tsvector('english', $1))", q.text)
+    ]
+    tf: dict[str, Counter[str]] = {r["id"]: Counter() for r in rows}
+    for r in lexemes:
+        tf[r["id"]][r["lexeme"]] = r["tf"]
+    texts = {r["id"]: r["content"] for r in rows}
+    words = {r["id"]: len(re.findall(r"\w+", r["content"])) for r in rows}
+    distinct = [(i, tf[i], len(tf[i])) for i in tf]
+    by_words = [(i, tf[i], words[i]) for i in tf]
+    counted = {
+        i: Counter(w for w in _TOKEN.findall(t.lower()) if w not in _STOP) for i, t in texts.items()
+    }
+    python = [(i, c, sum(c.values())) for i, c in counted.items()]
+    query = [w for w in _TOKEN.findall(q.text.lower()) if w not in _STOP]
+    found = {
+        ABLATION[0]: bm25_ranked(distinct, terms, None),
+        ABLATION[1]: bm25_ranked(by_words, terms, None),
+        ABLATION[2]: bm25_ranked(by_words, terms, texts),
+        ABLATION[3]: bm25_ranked(python, query, texts),
+    }
+    return {name: q.answer_id in ranked[:5] for name, ranked in found.items()}
+
+
 def _settings(chunk_order: str) -> Settings:
     return parse_settings(
         {
@@ -204,11 +326,30 @@ def _settings(chunk_order: str) -> Settings:
     )
 
 
+class CachedEmbedder:
+    """The runs archive the same turns: each distinct text is embedded once."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self._vectors: dict[str, list[float]] = {}
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        todo = sorted({t for t in texts if t not in self._vectors})
+        for text, vector in zip(todo, await self.inner.embed(todo), strict=True):
+            self._vectors[text] = vector
+        return [self._vectors[t] for t in texts]
+
+
 async def replay(
-    dsn: str, model: ModelProvider, chats: list[Chat], chunk_order: str
+    dsn: str,
+    model: ModelProvider,
+    chats: list[Chat],
+    chunk_order: str,
+    embedder: Embedder | None = None,
 ) -> PostgresStore:
     settings = _settings(chunk_order)
-    store = await PostgresStore.connect(dsn, run_migrations=False)
+    store = await PostgresStore.connect(dsn, run_migrations=False, embedder=embedder)
     compactor = create_compactor(
         model=model,
         memory_store=store,
@@ -229,6 +370,20 @@ SYSTEMS = (
     "BM25 raw turns",
     "random batches",
 )
+STRICT = (
+    "turn: memory_read",
+    "turn: memory_read raw",
+    "turn: BM25",
+    "batch: memory_read",
+    "batch: BM25",
+    "paraphrased turn: memory_read",
+    "paraphrased turn: BM25",
+    "paraphrased batch: memory_read",
+)
+"""Strict recall@5: the answering turn among the first 5 raw turns returned
+(``MemorySearchResult.turns``), or its depth-0 batch among the first 5 hits;
+BM25 over the raw turns, and over the same batches (a batch's document is the
+text of its archived turns)."""
 
 
 @dataclass
@@ -241,13 +396,31 @@ class Score:
     compactions: int = 0
 
 
-async def _memory_found(store: PostgresStore, q: Question, sources: Any) -> tuple[bool, bool]:
+@dataclass
+class Found:
+    lenient: bool  # answering turn among the hits' turns, or the answer in a summary
+    turn: bool  # answering turn among the first 5 raw turns returned
+    batch: bool  # its batch among the first 5 hits
+    empty: bool
+
+
+async def _memory_found(
+    store: PostgresStore, q: Question, sources: Any, batch_of: dict[str, str]
+) -> Found:
     result = await store.memory_read(
         q.text, conversation_id=q.conversation_id, limit=5, sources=sources
     )
     turns = {t.message_id for hit in result.hits for t in hit.turns}
     in_summary = any(q.answer_value.lower() in hit.content.lower() for hit in result.hits)
-    return q.answer_id in turns or in_summary, not result.hits
+    first_turns = [t.message_id for t in getattr(result, "turns", ())]
+    if not first_turns:  # a result without its own turn list: the hits' turns in order
+        first_turns = [t.message_id for hit in result.hits for t in hit.turns]
+    return Found(
+        lenient=q.answer_id in turns or in_summary,
+        turn=q.answer_id in first_turns[:5],
+        batch=batch_of.get(q.answer_id) in {hit.batch_id for hit in result.hits},
+        empty=not result.hits,
+    )
 
 
 async def evaluate(store: PostgresStore, chats: list[Chat], rng: random.Random) -> Score:
@@ -261,10 +434,16 @@ async def evaluate(store: PostgresStore, chats: list[Chat], rng: random.Random) 
             continue
         conversation = chat.questions[0].conversation_id
         rows = await pool.fetch(
-            "SELECT id, content FROM archived_messages WHERE conversation_id = $1", conversation
+            "SELECT id, content, batch_id FROM archived_messages WHERE conversation_id = $1",
+            conversation,
         )
         turns = [(r["id"], r["content"]) for r in rows]
         archived = {i for i, _ in turns}
+        batch_of = {r["id"]: r["batch_id"] for r in rows}
+        batch_text: dict[str, list[str]] = {}
+        for r in rows:
+            batch_text.setdefault(r["batch_id"], []).append(r["content"])
+        batch_docs = [(b, " ".join(texts)) for b, texts in batch_text.items()]
         depth0 = await pool.fetch(
             "SELECT source_message_ids FROM archival_memory WHERE conversation_id = $1 AND depth = 0",
             conversation,
@@ -274,11 +453,25 @@ async def evaluate(store: PostgresStore, chats: list[Chat], rng: random.Random) 
                 continue  # still in the live history: nothing to retrieve
             score.asked += 1
             for system, sources in (("both", "both"), ("summaries", "summaries"), ("raw", "raw")):
-                found, empty = await _memory_found(store, q, sources)
-                score.found[f"memory_read {system}"] += found
+                found = await _memory_found(store, q, sources, batch_of)
+                score.found[f"memory_read {system}"] += found.lenient
                 if system == "both":
-                    score.empty += empty
-            score.found["BM25 raw turns"] += q.answer_id in bm25_top(turns, q.text)
+                    score.empty += found.empty
+                    score.found["turn: memory_read"] += found.turn
+                    score.found["batch: memory_read"] += found.batch
+                if system == "raw":
+                    score.found["turn: memory_read raw"] += found.turn
+            other = Question(q.conversation_id, q.paraphrased, q.answer_id, q.answer_value)
+            found = await _memory_found(store, other, "both", batch_of)
+            score.found["paraphrased turn: memory_read"] += found.turn
+            score.found["paraphrased batch: memory_read"] += found.batch
+            score.found["paraphrased turn: BM25"] += q.answer_id in bm25_top(turns, other.text)
+            for name, hit in (await ablation(pool, conversation, rows, q)).items():
+                score.found[name] += hit
+            in_bm25 = q.answer_id in bm25_top(turns, q.text)
+            score.found["BM25 raw turns"] += in_bm25
+            score.found["turn: BM25"] += in_bm25
+            score.found["batch: BM25"] += batch_of[q.answer_id] in bm25_top(batch_docs, q.text)
             picked = rng.sample(list(depth0), min(5, len(depth0)))
             score.found["random batches"] += any(
                 q.answer_id in r["source_message_ids"] for r in picked
@@ -286,8 +479,14 @@ async def evaluate(store: PostgresStore, chats: list[Chat], rng: random.Random) 
     return score
 
 
-async def run_one(infra: Infra, model: ModelProvider, chats: list[Chat], order: str) -> Score:
-    store = await replay(await infra.new_database(), model, chats, order)
+async def run_one(
+    infra: Infra,
+    model: ModelProvider,
+    chats: list[Chat],
+    order: str,
+    embedder: Embedder | None = None,
+) -> Score:
+    store = await replay(await infra.new_database(), model, chats, order, embedder)
     try:
         return await evaluate(store, chats, random.Random(7))
     finally:
@@ -313,8 +512,14 @@ async def main_async(args: argparse.Namespace) -> None:
                 ("LLM test server, importance", llm, "importance"),
                 ("LLM test server, chronological", llm, "chronological"),
             ]
+            embedder = None
+            if args.embedder == "local":
+                from core.adapters.embedding.minilm import MiniLMEmbedder
+
+                embedder = CachedEmbedder(MiniLMEmbedder())
             for label, model, order in runs:
-                results.append((label, await run_one(infra, model, chats, order)))
+                results.append((label, await run_one(infra, model, chats, order, embedder)))
+    print(f"\nembedder: {embedder.model if embedder else 'none (full text only)'}")
     header = (
         "| summariser, chunk_order | questions | "
         + " | ".join(SYSTEMS)
@@ -331,6 +536,20 @@ async def main_async(args: argparse.Namespace) -> None:
             + " | ".join(cells)
             + f" | {ratio:.2f} | {score.empty} |"
         )
+    print("\n| summariser, chunk_order | " + " | ".join(STRICT) + " | turn ratio | batch ratio |")
+    print("|" + " --- |" * (len(STRICT) + 3))
+    for label, score in results:
+        n = max(score.asked, 1)
+        cells = [f"{score.found[s] / n:.3f}" for s in STRICT]
+        turn = score.found["turn: memory_read"] / max(score.found["turn: BM25"], 1)
+        batch = score.found["batch: memory_read"] / max(score.found["batch: BM25"], 1)
+        print(f"| {label} | " + " | ".join(cells) + f" | {turn:.2f} | {batch:.2f} |")
+    print("\n| summariser, chunk_order | BM25 (Python) | " + " | ".join(ABLATION) + " |")
+    print("|" + " --- |" * (len(ABLATION) + 2))
+    for label, score in results:
+        n = max(score.asked, 1)
+        cells = [f"{score.found[s] / n:.3f}" for s in ("turn: BM25", *ABLATION)]
+        print(f"| {label} | " + " | ".join(cells) + " |")
     for label, score in results:
         print(
             f"{label}: {score.compactions} compactions, {score.batches} batches, "
@@ -344,6 +563,12 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=12)
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--seed", type=int, default=20260301)
+    parser.add_argument(
+        "--embedder",
+        choices=("none", "local"),
+        default="none",
+        help="local: all-MiniLM-L6-v2 with numpy (hybrid search), embedded once per text",
+    )
     args = parser.parse_args()
     quiet_clients()
     print_header("memory_read recall@5", "bench.memory_recall")

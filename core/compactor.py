@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeAlias
 
 from core.domain.budget import BudgetConfig
 from core.domain.chunking import chunk_messages, in_history_order
@@ -34,6 +35,7 @@ from core.domain.clip_archive import (
     ClipArchiveFormatError,
     build_clip_archive,
     clip_archive_message,
+    is_clip_archive,
     parse_clip_archive,
     shortened,
 )
@@ -47,9 +49,11 @@ from core.domain.compaction import (
     batch_label,
     longest_fitting_prefix,
     merged_batch,
+    restored_by,
 )
 from core.domain.messages import ConversationMessage
 from core.domain.split import HistorySplit, split_history
+from core.domain.tenancy import tenant_of
 from core.domain.tokens import (
     DEFAULT_COUNTER,
     TokenCounter,
@@ -83,6 +87,7 @@ def derive_compaction_id(conversation_id: str, history: Sequence[ConversationMes
 class _Archive:
     """The conversation's live batches as this compaction reshapes them."""
 
+    conversation_id: str
     existing: list[StoredBatch]
     fresh: list[StoredBatch]
     live: list[StoredBatch] = field(init=False)
@@ -110,6 +115,10 @@ class _Planned:
     plan: CompactionPlan
     batches: tuple[StoredBatch, ...]
     over_target: str | None  # why the history stays over the target, if it does
+    restored: tuple[ConversationMessage, ...] = ()  # a restore's turns, live again
+
+
+_Step: TypeAlias = CompactionResult | tuple[_Planned, HistorySplit]
 
 
 class _Unchanged:
@@ -134,8 +143,10 @@ class _Unchanged:
         *,
         failed: bool,
         over_target: bool = False,
+        provider_down: int | None = None,
     ) -> CompactionResult:
         return CompactionResult(
+            provider_down_at=provider_down,
             history=self._history,
             tokens_estimate_before=self._tokens,
             tokens_estimate_after=self._tokens,
@@ -227,13 +238,8 @@ class PipelineCompactor:
         summarizer = self._fallback if fallback and self._fallback else self._summarizer
         compaction_id = compaction_id or derive_compaction_id(conversation_id, history)
         unchanged = _Unchanged(history, compaction_id, self._counter, self._target)
-        if not self.breaker.try_acquire(conversation_id):
-            retry_in = self.breaker.retry_in(conversation_id)
-            return unchanged(f"circuit open: retry in {retry_in:.0f}s", failed=True)
 
-        started = time.perf_counter()
-        calls = LlmSpend()
-        try:
+        async def step(calls: LlmSpend) -> _Step:
             split = split_history(history, self._config.keep_recent, self._config.scoring)
             planned = None
             if split.to_compress or self._may_refit(history, split):
@@ -241,13 +247,35 @@ class PipelineCompactor:
                     history, split, conversation_id, compaction_id, calls, summarizer
                 )
             if planned is None:
-                self.breaker.release(conversation_id)
                 return unchanged.nothing_to_compress(conversation_id, split)
+            return planned, split
+
+        return await self._attempt(unchanged, conversation_id, compaction_id, step, summarizer)
+
+    async def _attempt(
+        self,
+        unchanged: _Unchanged,
+        conversation_id: str,
+        compaction_id: str,
+        step: Callable[[LlmSpend], Awaitable[_Step]],
+        summarizer: Summarizer | None = None,
+    ) -> CompactionResult:
+        """Run one planning ``step`` under the conversation's circuit breaker: a
+        failure hands the history back unchanged (``provider_down`` when the
+        provider was), a result from ``step`` (nothing to do) is returned as is."""
+        if not self.breaker.try_acquire(conversation_id):
+            retry_in = self.breaker.retry_in(conversation_id)
+            return unchanged(f"circuit open: retry in {retry_in:.0f}s", failed=True)
+        started = time.perf_counter()
+        calls = LlmSpend(tenant=tenant_of(conversation_id))
+        try:
+            outcome = await step(calls)
         except asyncio.CancelledError:
             self.breaker.release(conversation_id)
             raise
         except Exception as error:
-            self._blame(error, conversation_id, calls)
+            answers = self.provider_guard.successes
+            provider_down = answers if self._blame(error, conversation_id, calls) else None
             # Refusals come by the thousand in an outage; the guard logs the outage once.
             log.log(
                 logging.INFO if isinstance(error, ProviderUnavailableError) else logging.WARNING,
@@ -257,9 +285,15 @@ class PipelineCompactor:
                 type(error).__name__,
                 error,
             )
-            return unchanged(f"{type(error).__name__}: {error}", failed=True)
-
+            return unchanged(
+                f"{type(error).__name__}: {error}", failed=True, provider_down=provider_down
+            )
+        if isinstance(outcome, CompactionResult):
+            self.breaker.release(conversation_id)
+            return outcome
         self.breaker.record_success(conversation_id)
+        planned, split = outcome
+        summarizer = summarizer or self._summarizer
         if calls.summarizer is None:
             calls.summarizer, calls.model = summarizer.provider, summarizer.model_name
         usage = calls.usage().priced(self._prices)
@@ -268,11 +302,156 @@ class PipelineCompactor:
         planned = replace(planned, plan=planned.plan.model_copy(update={"usage": usage}))
         return self._planned(planned, split, calls, time.perf_counter() - started)
 
-    def _blame(self, error: Exception, conversation_id: str, calls: LlmSpend) -> None:
+    # -- redo and undo (compactor recompact / restore) --------------------------
+
+    async def recompact(
+        self, history: Sequence[ConversationMessage], conversation_id: str, *, compaction_id: str
+    ) -> CompactionResult:
+        """Re-summarise the live batches from their archived raw turns with the
+        current prompt, model and settings: one compaction whose new batches
+        supersede them (a batch whose raw turns expired stays as it is). The live
+        messages are kept; the clip-archive is rebuilt and fitted under the target."""
+        history = tuple(history)
+        unchanged = _Unchanged(history, compaction_id, self._counter, self._target)
+
+        async def step(calls: LlmSpend) -> _Step:
+            existing = await self._memory.live_batches(conversation_id)
+            rebuilt, untouched, turns = await self._raw_turns(conversation_id, existing)
+            if not rebuilt:
+                why = "no live batch" if not existing else "no live batch has all its raw turns"
+                return unchanged(f"nothing to recompact: {why}", failed=False)
+            position = {turn.id: index for index, turn in enumerate(turns)}
+            config = self._config
+            chunks = chunk_messages(
+                turns, config.chunk_size, config.max_chunk_tokens, self._counter
+            )
+            summaries = await self._summarizer.summarize_chunks(chunks, position, None, calls)
+            fresh = self._stored(summaries, conversation_id, compaction_id)
+            archive = _Archive(conversation_id, existing=untouched, fresh=fresh)
+            archive.superseded += _replacements(rebuilt, fresh, position)
+            split = _live_split(history)
+            planned = await self._shaped(
+                history, split, archive, existing, compaction_id, calls, rebuilding=True
+            )
+            assert planned is not None  # rebuilding: a plan, over the target or not
+            return planned, split
+
+        return await self._attempt(unchanged, conversation_id, compaction_id, step)
+
+    async def _raw_turns(
+        self, conversation_id: str, batches: Sequence[StoredBatch]
+    ) -> tuple[list[StoredBatch], list[StoredBatch], list[ConversationMessage]]:
+        """(batches whose every raw turn is archived, the others, those turns in
+        conversation order)."""
+        rebuilt: list[StoredBatch] = []
+        untouched: list[StoredBatch] = []
+        turns: dict[str, ConversationMessage] = {}
+        for batch in batches:
+            expanded = await self._memory.expand_batch(conversation_id, batch.id)
+            if expanded is None or not expanded.turns or expanded.turns_missing:
+                untouched.append(batch)
+                continue
+            rebuilt.append(batch)
+            turns.update((turn.id, turn) for turn in expanded.turns)
+        return rebuilt, untouched, sorted(turns.values(), key=lambda t: (t.created_at, t.id))
+
+    async def restore(
+        self,
+        history: Sequence[ConversationMessage],
+        conversation_id: str,
+        *,
+        compaction_id: str,
+        batch_id: str | None = None,
+    ) -> CompactionResult:
+        """Bring the raw turns of a live batch (``batch_id``; None: the newest) back
+        into the live history: the newest of them that fit under the target with
+        the rest of the history. The turns that do not fit are summarised into a
+        batch of their own in its place (``plan.not_restored_message_ids``)."""
+        history = tuple(history)
+        unchanged = _Unchanged(history, compaction_id, self._counter, self._target)
+
+        async def step(calls: LlmSpend) -> _Step:
+            existing = await self._memory.live_batches(conversation_id)
+            chosen = _chosen_batch(existing, batch_id)
+            if chosen is None:
+                return unchanged(
+                    f"nothing to restore: no live batch {batch_id or ''}", failed=False
+                )
+            expanded = await self._memory.expand_batch(conversation_id, chosen.id)
+            turns = tuple(expanded.turns) if expanded is not None else ()
+            if not turns:
+                return unchanged(
+                    f"nothing to restore: batch {chosen.id} has no raw turns", failed=False
+                )
+            split = _live_split(history)
+            others = [b for b in existing if b.id != chosen.id]
+            restored, rest = self._fitting_turns(turns, split, others, chosen, compaction_id)
+            if not restored:
+                return unchanged(f"no turn of batch {chosen.id} fits the target", failed=False)
+            fresh: list[StoredBatch] = []
+            if rest:
+                position = {turn.id: index for index, turn in enumerate(rest)}
+                config = self._config
+                chunks = chunk_messages(
+                    rest, config.chunk_size, config.max_chunk_tokens, self._counter
+                )
+                summaries = await self._summarizer.summarize_chunks(chunks, position, None, calls)
+                fresh = self._stored(summaries, conversation_id, compaction_id)
+            archive = _Archive(conversation_id, existing=others, fresh=fresh)
+            archive.superseded.append(
+                (chosen.id, fresh[0].id if fresh else restored_by(compaction_id))
+            )
+            planned = await self._shaped(
+                history, split, archive, existing, compaction_id, calls, restored, rebuilding=True
+            )
+            assert planned is not None  # rebuilding: a plan, over the target or not
+            left = tuple(t.id for t in rest)
+            plan = planned.plan.model_copy(update={"not_restored_message_ids": left})
+            return _Planned(plan, planned.batches, planned.over_target, restored), split
+
+        return await self._attempt(unchanged, conversation_id, compaction_id, step)
+
+    def _fitting_turns(
+        self,
+        turns: tuple[ConversationMessage, ...],
+        split: HistorySplit,
+        others: Sequence[StoredBatch],
+        chosen: StoredBatch,
+        compaction_id: str,
+    ) -> tuple[tuple[ConversationMessage, ...], tuple[ConversationMessage, ...]]:
+        """(the newest turns that fit under the target, the older rest): the clip-archive
+        is counted with a summary of the rest as long as ``max_summary_tokens``
+        allows, and a restored run never starts with a tool result."""
+        if self._target is None:
+            return turns, ()
+        kept = estimate_history_tokens(split.to_keep, self._counter)
+        for count in range(len(turns), 0, -1):
+            restored, rest = turns[len(turns) - count :], turns[: len(turns) - count]
+            if restored[0].role == "tool":
+                continue  # its call stays summarised: the pair stays together
+            batches = [b.batch for b in others]
+            if rest:
+                size = min(
+                    self._config.max_summary_tokens, estimate_history_tokens(rest, self._counter)
+                )
+                batches.append(chosen.batch.model_copy(update={"content": "x " * size}))
+            clip = 0
+            if batches:
+                clip = self._tokens(self._clip(batches, chosen.conversation_id, compaction_id, 1))
+            if clip + kept + estimate_history_tokens(restored, self._counter) <= self._target:
+                return restored, rest
+        return (), turns
+
+    async def provider_answers(self, since: int) -> None:
+        """Return once the provider answered after a compaction failed with
+        ``provider_down_at=since`` (``ProviderGuard.until_answering``)."""
+        await self.provider_guard.until_answering(since)
+
+    def _blame(self, error: Exception, conversation_id: str, calls: LlmSpend) -> bool:
         """Count a failure against the conversation's breaker only when it is the
         conversation's: a provider outage is the provider guard's business, and
         counting it against every conversation would shut them all out for a
-        cool-down after the provider is back.
+        cool-down after the provider is back. ``True`` for a provider outage.
 
         Rate limits, refusals by the guard and a rejected key are never the
         conversation's. A 5xx or a timeout is, when other calls got answers
@@ -290,6 +469,7 @@ class PipelineCompactor:
             self.breaker.release(conversation_id)
         else:
             self.breaker.record_failure(conversation_id)
+        return provider_wide
 
     def _planned(
         self, planned: _Planned, split: HistorySplit, calls: LlmSpend, elapsed: float
@@ -306,8 +486,10 @@ class PipelineCompactor:
         )
         if planned.over_target is not None:
             log.warning("compaction of %s: %s", plan.conversation_id, planned.over_target)
+        clip = () if plan.clip_archive is None else (plan.clip_archive,)
         return CompactionResult(
-            history=(plan.clip_archive, *split.to_keep),
+            history=(*clip, *split.to_keep, *planned.restored),
+            messages_restored=len(planned.restored),
             batches_created=len(planned.batches),
             messages_compressed=plan.messages_compressed,
             tokens_estimate_before=plan.tokens_estimate_before,
@@ -352,7 +534,19 @@ class PipelineCompactor:
         chunks = chunk_messages(to_chunk, config.chunk_size, config.max_chunk_tokens, self._counter)
         prior = split.prior_summary.content if split.prior_summary else None
         summaries = await summarizer.summarize_chunks(chunks, position, prior, calls)
-        fresh = [
+        fresh = self._stored(summaries, conversation_id, compaction_id)
+        existing = await self._memory.live_batches(conversation_id)
+        archive = _Archive(conversation_id, existing=existing, fresh=fresh)
+        if not archive.live:
+            return None
+        return await self._shaped(
+            history, split, archive, existing, compaction_id, calls, summarizer=summarizer
+        )
+
+    def _stored(
+        self, summaries: Sequence[SummaryBatch], conversation_id: str, compaction_id: str
+    ) -> list[StoredBatch]:
+        return [
             StoredBatch(
                 id=f"{compaction_id}:{index}",
                 label=batch_label(conversation_id, batch.end_time),
@@ -362,10 +556,32 @@ class PipelineCompactor:
             )
             for index, batch in enumerate(summaries)
         ]
-        existing = await self._memory.live_batches(conversation_id)
-        archive = _Archive(existing=existing, fresh=fresh)
-        if not archive.live:
-            return None
+
+    async def _shaped(
+        self,
+        history: tuple[ConversationMessage, ...],
+        split: HistorySplit,
+        archive: _Archive,
+        existing: Sequence[StoredBatch],
+        compaction_id: str,
+        calls: LlmSpend,
+        restored: tuple[ConversationMessage, ...] = (),
+        rebuilding: bool = False,
+        summarizer: Summarizer | None = None,
+    ) -> _Planned | None:
+        """Re-summarise when there are too many live batches, build the clip-archive
+        and fit it under the target with what stays live (``split.to_keep`` and any
+        ``restored`` turns): the plan. ``None`` when nothing is compressed (and not
+        ``rebuilding``: a recompact, a restore) and the clip-archive cannot be made
+        to fit."""
+        summarizer = summarizer or self._summarizer
+        config = self._config
+        conversation_id = archive.conversation_id
+        if not archive.live:  # a restore brought every archived turn back: no clip-archive
+            plan = self._compaction_plan(
+                history, split, archive, None, compaction_id, conversation_id, restored
+            )
+            return _Planned(plan, tuple(archive.fresh), None, restored)
         threshold = config.clip_first + config.clip_last + config.resummarize_buffer
         if len(archive.live) > threshold:
             sources = archive.live[: len(archive.live) - config.clip_last]
@@ -376,41 +592,48 @@ class PipelineCompactor:
 
         cycles = _previous_cycles(split.prior_summary, existing) + 1
         clip = self._clip([b.batch for b in archive.live], conversation_id, compaction_id, cycles)
-        kept_tokens = estimate_history_tokens(split.to_keep, self._counter)
+        live = (*split.to_keep, *restored)
+        kept_tokens = estimate_history_tokens(live, self._counter)
         over_target = None
         if self._target is not None and self._tokens(clip) + kept_tokens > self._target:
             room = self._target - kept_tokens
             fitted = await self._fit(
                 archive, room, (conversation_id, compaction_id), calls, cycles, summarizer
             )
-            if fitted is None and not split.to_compress:
+            if fitted is None and not split.to_compress and not rebuilding:
                 return None
             clip = fitted or clip
-            over_target = self._over_target_reason(clip, split.to_keep, kept_tokens)
-        plan = self._compaction_plan(history, split, archive, clip, compaction_id)
-        return _Planned(plan, tuple(archive.fresh), over_target)
+            over_target = self._over_target_reason(clip, live, kept_tokens)
+        plan = self._compaction_plan(
+            history, split, archive, clip, compaction_id, conversation_id, restored
+        )
+        return _Planned(plan, tuple(archive.fresh), over_target, restored)
 
     def _compaction_plan(
         self,
         history: tuple[ConversationMessage, ...],
         split: HistorySplit,
         archive: _Archive,
-        clip: ConversationMessage,
+        clip: ConversationMessage | None,
         compaction_id: str,
+        conversation_id: str,
+        restored: Sequence[ConversationMessage] = (),
     ) -> CompactionPlan:
         deleted = [m.id for m in split.to_compress]
         if split.prior_summary is not None:
             deleted.append(split.prior_summary.id)
+        after = (*([] if clip is None else [clip]), *split.to_keep, *restored)
         return CompactionPlan(
             compaction_id=compaction_id,
-            conversation_id=clip.conversation_id,
+            conversation_id=conversation_id,
             new_batches=tuple(archive.fresh),
             superseded=tuple(archive.superseded),
             deleted_message_ids=tuple(deleted),
             clip_archive=clip,
             messages_compressed=len(split.to_compress),
             tokens_estimate_before=estimate_history_tokens(history, self._counter),
-            tokens_estimate_after=estimate_history_tokens((clip, *split.to_keep), self._counter),
+            tokens_estimate_after=estimate_history_tokens(after, self._counter),
+            restored_message_ids=tuple(m.id for m in restored),
         )
 
     def _clip(
@@ -497,6 +720,34 @@ class PipelineCompactor:
         )
 
 
+def _live_split(history: Sequence[ConversationMessage]) -> HistorySplit:
+    """The history as a recompact or restore sees it: the clip-archive it replaces,
+    and every other message kept live."""
+    prior = next((m for m in history if is_clip_archive(m)), None)
+    kept = tuple(m for m in history if m is not prior)
+    return HistorySplit(to_compress=(), to_keep=kept, prior_summary=prior)
+
+
+def _chosen_batch(existing: Sequence[StoredBatch], batch_id: str | None) -> StoredBatch | None:
+    if batch_id is None:
+        return existing[-1] if existing else None
+    return next((b for b in existing if b.id == batch_id), None)
+
+
+def _replacements(
+    rebuilt: Sequence[StoredBatch], fresh: Sequence[StoredBatch], position: dict[str, int]
+) -> list[tuple[str, str]]:
+    """(old batch, the new batch that summarises its earliest turn): what supersedes
+    what, so the new batches take the old ones' places in the clip-archive."""
+    owner = {turn: batch.id for batch in fresh for turn in batch.batch.source_message_ids}
+    pairs = []
+    for old in rebuilt:
+        turns = [t for t in old.batch.source_message_ids if t in position]
+        first = min(turns, key=position.__getitem__) if turns else None
+        pairs.append((old.id, owner.get(first or "", fresh[0].id)))
+    return pairs
+
+
 def _previous_cycles(prior: ConversationMessage | None, existing: Sequence[StoredBatch]) -> int:
     """How many compactions came before, read from the prior clip-archive's header.
 
@@ -511,8 +762,12 @@ def _previous_cycles(prior: ConversationMessage | None, existing: Sequence[Store
     return len({batch.compaction_id for batch in existing})
 
 
-def guard_limits(config: CompactionTuning) -> GuardLimits:
+def guard_limits(
+    config: CompactionTuning, tenant_weights: Mapping[str, float] | None = None
+) -> GuardLimits:
     return GuardLimits(
+        fair_share=config.fair_share,
+        tenant_weights=dict(tenant_weights or {}),
         max_concurrent=config.max_concurrent_llm_calls,
         failure_threshold=config.provider_failure_threshold,
         cooldown_seconds=config.provider_cooldown_seconds,
@@ -533,6 +788,7 @@ def create_compactor(
     guard: ProviderGuard | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
+    tenant_weights: Mapping[str, float] | None = None,
     fallback: ModelProvider | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
 ) -> PipelineCompactor:
@@ -542,6 +798,8 @@ def create_compactor(
     (``BudgetConfig.target_tokens``); without it there is none.
     ``sleep`` and ``clock`` drive every wait and cool-down, so a test can
     replace both (they must agree: a sleep advances the clock).
+    ``tenant_weights`` weigh the tenants' shares of the guard's slots
+    (``[[tenants]]`` ``weight``; 1 for a tenant without one).
     ``fallback``: the summariser ``plan(..., fallback=True)`` uses (the
     extractive one, for a tenant whose LLM budget is spent); ``prices``: the
     price table a compaction's cost is estimated with (``[usage].prices``).
@@ -556,7 +814,8 @@ def create_compactor(
         or CircuitBreaker(
             config.max_consecutive_failures, config.circuit_cooldown_seconds, clock=clock
         ),
-        guard=guard or ProviderGuard(guard_limits(config), clock=clock, sleep=sleep),
+        guard=guard
+        or ProviderGuard(guard_limits(config, tenant_weights), clock=clock, sleep=sleep),
         budget=budget,
         sleep=sleep,
         fallback=fallback,

@@ -7,7 +7,9 @@ compaction in the process (the compactor holds it, and there is one compactor
 per runtime), so what reaches the provider is bounded by the guard's limits
 alone:
 
-* at most ``max_concurrent`` calls are in flight at once;
+* at most ``max_concurrent`` calls are in flight at once, and the slots are
+  shared by tenant (``core.fair_slots``: round robin, optional weights), so
+  one tenant's burst does not starve the others;
 * a 429's ``retry-after`` pauses every call, not just the one that got it: no
   call starts before it ends. A call that would start during a pause waits it
   out when the wait is short (``max_wait_seconds``), else it is refused;
@@ -19,7 +21,10 @@ alone:
   breaker, another failure re-opens it.
 
 A refused call raises ``ProviderUnavailableError`` at once, so the compaction
-fails fast with its history untouched and reconciliation retries it later.
+fails fast with its history untouched. Its command then waits in
+``until_answering`` and goes again as soon as the guard admits calls (its
+half-open probe answered), paced by the same limits; reconciliation is the
+net only for a command that waited past its timeout.
 An answer that rejects the request itself (a 400, a malformed body) says the
 provider is up, and neither counts as a failure nor resets the count.
 """
@@ -29,10 +34,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
+from core.fair_slots import FairSlots
 from core.ports.model import (
     ModelAuthError,
     ModelError,
@@ -99,6 +105,8 @@ class GuardLimits:
     cooldown_seconds: float
     max_cooldown_seconds: float
     max_wait_seconds: float
+    fair_share: bool = True  # slots by tenant (round robin); False: one FIFO queue
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1 or self.failure_threshold < 1:
@@ -121,7 +129,16 @@ class ProviderGuard:
         self.observer = observer
         self._clock = clock
         self._sleep = sleep
-        self._slots = asyncio.Semaphore(limits.max_concurrent)
+        # A quarter of the slots stays free for another tenant active in the last 10 s
+        # (FairSlots, headroom): a burst cannot make it wait a whole call.
+        self._slots = FairSlots(
+            limits.max_concurrent,
+            weights=limits.tenant_weights,
+            fair=limits.fair_share,
+            headroom=limits.max_concurrent // 4,
+            active_seconds=10.0,
+            clock=clock,
+        )
         self._failures = 0  # provider failures in a row
         self._opened = 0  # times opened since it last closed: the back-off exponent
         self._tripped = False
@@ -130,6 +147,8 @@ class ProviderGuard:
         self.in_flight = 0
         self.waiting = 0
         self.successes = 0  # answers so far; lets a caller tell whether others got through
+        # Resolved at the next answer, opening or verdict (``until_answering`` waits on it).
+        self._changed: asyncio.Future[None] | None = None
 
     def state(self) -> GuardState:
         blocked = self._clock() < self._blocked_until
@@ -140,14 +159,50 @@ class ProviderGuard:
     def retry_in(self) -> float:
         return max(0.0, self._blocked_until - self._clock())
 
-    async def call(self, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run ``operation`` (one LLM call) under the guard's limits.
+    async def until_answering(self, since: int) -> None:
+        """Return once the provider has answered anyone since the guard's answer
+        count was ``since`` (``successes``), or a call of the caller's would be
+        the half-open probe, or a pause it waited out is over.
+
+        For compactions refused or failed in an outage: they wait here instead
+        of for their command's timeout, so they go again the moment the
+        provider is back, paced by the guard's cap. Nothing here calls the
+        provider: with the guard closed and no answer yet (failures below the
+        threshold), the wait is for the next answer or the breaker opening; while
+        a probe is out, for its verdict. The caller bounds the wait.
+        """
+        while True:
+            state = self.state()
+            if state == "half_open" and not self._probe_in_flight:
+                return
+            if state in ("open", "paused"):  # a late answer while open changes nothing
+                await self._waiting(self._sleep(max(self.retry_in(), 0.001)))
+                if self.state() == "closed":
+                    return  # a pause (retry-after) is over: calls go again
+                continue
+            if state == "closed" and self.successes > since:
+                return
+            await self._waiting(asyncio.shield(self._next_change()))
+
+    def _next_change(self) -> asyncio.Future[None]:
+        if self._changed is None or self._changed.done():
+            self._changed = asyncio.get_running_loop().create_future()
+        return self._changed
+
+    def _notify(self) -> None:
+        """An answer, the breaker opening, a probe's verdict: wake ``until_answering``."""
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
+
+    async def call(self, operation: Callable[[], Awaitable[T]], tenant: str | None = None) -> T:
+        """Run ``operation`` (one LLM call) under the guard's limits, in ``tenant``'s
+        turn for a slot.
 
         Raises ``ProviderUnavailableError`` without calling when refused. The
         call's own timeout belongs inside ``operation``: time spent waiting
         for a slot must not count as the provider being slow.
         """
-        probe = await self._admit()
+        probe = await self._admit(tenant)
         try:
             result = await operation()
         except ModelError as error:
@@ -155,16 +210,17 @@ class ProviderGuard:
             raise
         except BaseException:
             if probe:
-                self._probe_in_flight = False  # cancelled: no verdict
+                self._probe_in_flight = False  # cancelled: no verdict, another may probe
+                self._notify()
             raise
         else:
             self._record_success(probe)
             return result
         finally:
             self.in_flight -= 1
-            self._slots.release()
+            self._slots.release(tenant)
 
-    async def _admit(self) -> bool:
+    async def _admit(self, tenant: str | None) -> bool:
         """Wait for a slot and any short pause; ``True`` when this call is the probe."""
         waited = 0.0
         while True:
@@ -173,14 +229,14 @@ class ProviderGuard:
                 waited += wait
                 await self._waiting(self._sleep(wait))
                 continue
-            await self._waiting(self._slots.acquire())
+            await self._waiting(self._slots.acquire(tenant))
             try:
                 wait = self._gate(waited)  # things may have changed while queued
             except ProviderUnavailableError:
-                self._slots.release()
+                self._slots.release(tenant)
                 raise
             if wait > 0:
-                self._slots.release()
+                self._slots.release(tenant)
                 continue
             probe = self._tripped  # admitted while tripped: only as the half-open probe
             if probe:
@@ -220,12 +276,14 @@ class ProviderGuard:
             self._opened = 0
             log.info("LLM provider answers again: calls resume")
         self._observe("success")
+        self._notify()
 
     def _record_failure(self, error: ModelError, probe: bool) -> None:
         kind = provider_failure(error)
-        if probe:
-            self._probe_in_flight = False
         if kind is None:
+            if probe:
+                self._probe_in_flight = False
+                self._notify()
             self._observe("rejected")
             return
         self._observe(kind)
@@ -235,6 +293,9 @@ class ProviderGuard:
             self._blocked_until = max(self._blocked_until, now + error.retry_after)
         if probe or (not self._tripped and self._failures >= self.limits.failure_threshold):
             self._open(now, error)
+        if probe:
+            self._probe_in_flight = False
+        self._notify()  # after re-opening: the waiters see the new cool-down
 
     def _open(self, now: float, error: ModelError) -> None:
         limits = self.limits

@@ -332,13 +332,16 @@ class UsageSettings(_Section):
 
 class TenantSettings(_Section):
     """One ``[[tenants]]`` entry: settings of one tenant. More per-tenant settings
-    (a fair-share weight, ...) join this table as keys of their own."""
+    join this table as keys of their own."""
 
     id: str = Field(pattern=TENANT_ID_PATTERN)
     # LLM tokens (input + output + cache reads and writes) the tenant's compactions
     # may use per UTC day; once spent, its compactions use the extractive
     # summariser until the next day. Unset: no limit.
     llm_tokens_per_day: int | None = Field(default=None, ge=0)
+    # The tenant's share of the provider guard's call slots and of the compaction
+    # slots, against 1 for every tenant without an entry ([summarization].fair_share).
+    weight: float = Field(default=1.0, gt=0, le=1000)
 
 
 class Settings(_Section):
@@ -365,6 +368,10 @@ class Settings(_Section):
     def tenant(self, tenant_id: str | None) -> TenantSettings | None:
         """The ``[[tenants]]`` entry of ``tenant_id``, if it has one."""
         return next((t for t in self.tenants if t.id == tenant_id), None)
+
+    def tenant_weights(self) -> dict[str, float]:
+        """Tenant → fair-share weight, for the tenants whose entry sets one."""
+        return {t.id: t.weight for t in self.tenants if t.weight != 1.0}
 
 
 _SECRET_WORDS = ("token", "password", "secret", "dsn", "key")

@@ -64,6 +64,7 @@ class LlmSpend:
     summarizer: str | None = None  # the provider that answered
     model: str | None = None
     answers_at_first_failure: int | None = None
+    tenant: str | None = None  # whose turn for a guard slot these calls take
 
     def usage(self) -> LlmUsage:
         summarizer = self.summarizer or EXTRACTIVE
@@ -239,7 +240,7 @@ class Summarizer:
             if guard is None:
                 response = await self._call_model(request)
             else:
-                response = await guard.call(lambda: self._call_model(request))
+                response = await guard.call(lambda: self._call_model(request), tenant=calls.tenant)
         except ModelError:
             if calls.answers_at_first_failure is None and guard is not None:
                 calls.answers_at_first_failure = guard.successes

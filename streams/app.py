@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import faust
 
 from core.settings import Settings
+from streams.http.redo import register_redo
 from streams.http.views import register_views
 from streams.kafka.consumer import CommandToken, ConsumerSide
 from streams.kafka.faust_app import raw_topic
@@ -62,6 +63,7 @@ def register(
     register_timers(worker)
     register_lifecycle(worker)
     register_views(app, settings, components, runtime)
+    register_redo(app, components)  # POST recompact / restore, admin scope
 
 
 def register_agents(worker: Worker) -> None:

@@ -61,6 +61,7 @@ from streams.worker.outbox import OutboxRelay
 from streams.worker.processor import CommandIntake, Processor
 from streams.worker.reconciler import Reconciler
 from streams.worker.records import Record
+from streams.worker.requests import OperatorRequests
 from streams.worker.retry import backoff_seconds
 from streams.worker.runtime import Runtime
 from streams.worker.scheduler import CompactionScheduler
@@ -196,6 +197,7 @@ async def open_all(settings: Settings) -> Opened:
         config=settings.summarization.compaction(),
         model_name=resolved.model,
         budget=settings.budget,
+        tenant_weights=settings.tenant_weights(),
         fallback=build_fallback_provider() if resolved.kind != "extractive" else None,
         prices=settings.usage.prices,
     )
@@ -324,9 +326,13 @@ def build_components(
     processor = Processor(
         runtime=runtime, publisher=publisher, relay=relay, metrics=metrics,
         budget=settings.budget, clock=clock, tenant_budgets=tenant_budgets,
+        hold_seconds=service.command_timeout_seconds,
     )  # fmt: skip
     scheduler: CompactionScheduler[Token] = CompactionScheduler(
-        ack, max_concurrent=service.max_concurrent_compactions
+        ack,
+        max_concurrent=service.max_concurrent_compactions,
+        fair_share=settings.summarization.fair_share,
+        tenant_weights=settings.tenant_weights(),
     )
     accounting = Accounting(
         names=names, rules=AccountingRules.of(settings), runtime=runtime, table=tallies,
@@ -343,6 +349,7 @@ def build_components(
         names=names, metrics=metrics, health=health, table=tallies, dead_letters=dead_letters,
         accounting=accounting, relay=relay, processor=processor,
         intake=CommandIntake(processor, scheduler, dead_letters), reconciler=reconciler,
+        requests=OperatorRequests(publisher),
     )  # fmt: skip
 
 

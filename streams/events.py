@@ -19,6 +19,12 @@ from core.domain.usage import LlmUsage
 MAX_ID_LENGTH = 256
 DEFAULT_MAX_CONTENT_CHARS = 1_000_000
 
+EVENT_CONFIG = ConfigDict(frozen=True, extra="ignore")
+"""Every event's: a field this version does not know is ignored, never an error, so a
+producer (or a newer worker, mid-upgrade) may add one without its records being
+dead-lettered. A change that is not an added optional field is a new
+``schema_version`` (docs/events/README.md, "Schema evolution")."""
+
 TenantId = Annotated[str, Field(pattern=TENANT_ID_PATTERN)]
 """Letters, digits and ``._:@-`` (1 to 256): never ``/``, which separates the
 tenant from the conversation id in a conversation key."""
@@ -49,7 +55,7 @@ class MessageEvent(Scoped, BaseModel):
     The conversation is (``tenant_id``, ``conversation_id``): two tenants using the
     same id have two conversations, and neither can reach the other's."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     schema_version: Literal[1] = 1
     # Unique within the conversation: a redelivery (same conversation, same id)
@@ -93,7 +99,7 @@ class CompactionCommand(Scoped, BaseModel):
     never touched.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     schema_version: Literal[1] = 1
     compaction_id: str
@@ -102,13 +108,25 @@ class CompactionCommand(Scoped, BaseModel):
     generation: int = Field(ge=0)
     up_to_seq: int | None = None
     issued_at: AwareDatetime
-    reason: Literal["over_budget", "reconcile"] = "over_budget"
+    reason: Literal["over_budget", "reconcile", "request"] = "over_budget"
+    # An operator's request (RecompactRequest, RestoreRequest) the command carries;
+    # "compact" (the default, left out of the record) is the ordinary compaction.
+    action: Literal["compact", "recompact", "restore"] = "compact"
+    request_id: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
+    batch_id: str | None = Field(default=None, max_length=MAX_ID_LENGTH)
+
+    def to_json(self) -> bytes:
+        """The record's value. An ordinary compaction's leaves the request fields
+        out, so a worker of the release before them reads it as it always did."""
+        if self.action == "compact":
+            return self.model_dump_json(exclude={"action", "request_id", "batch_id"}).encode()
+        return self.model_dump_json().encode()
 
 
 class CompactionCompleted(Scoped, BaseModel):
     """The processor's answer, consumed by the accounting agent (internal)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["completed"] = "completed"
     schema_version: Literal[1] = 1
@@ -128,13 +146,55 @@ class CompactionCompleted(Scoped, BaseModel):
 class ReconcileRequest(Scoped, BaseModel):
     """Sent by the reconciliation timer so that all table changes happen in the agent."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["reconcile"] = "reconcile"
     schema_version: Literal[1] = 1
     conversation_id: str
     tenant_id: TenantId | None = None
     requested_at: AwareDatetime
+
+
+class RecompactRequest(Scoped, BaseModel):
+    """Re-summarise the conversation's live batches from their archived raw turns
+    with the current prompt, model and settings, as one new compaction
+    (``compactor recompact``, ``POST /conversations/{id}/recompact``). On the
+    control topic, keyed by ``conversation_id``, so the worker that owns the
+    conversation does it; idempotent by ``request_id`` (its compaction id derives
+    from it)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["recompact"] = "recompact"
+    schema_version: Literal[1] = 1
+    request_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    conversation_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    tenant_id: TenantId | None = None
+    requester: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    requested_at: AwareDatetime
+
+
+class RestoreRequest(Scoped, BaseModel):
+    """Bring the raw turns of an archived batch (``batch_id``; None: the newest
+    live one) back into the live history, as many of the newest as the budget's
+    target allows; the rest stay summarised, and the clip-archive event names
+    both (``compactor restore``, ``POST /conversations/{id}/restore``). Like
+    ``RecompactRequest``: control topic, one compaction, idempotent by
+    ``request_id``."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["restore"] = "restore"
+    schema_version: Literal[1] = 1
+    request_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    conversation_id: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    tenant_id: TenantId | None = None
+    batch_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
+    requester: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    requested_at: AwareDatetime
+
+
+OperatorRequestEvent = RecompactRequest | RestoreRequest
 
 
 class EraseRequest(Scoped, BaseModel):
@@ -146,7 +206,7 @@ class EraseRequest(Scoped, BaseModel):
     offsets when it was asked (partition → next offset): every message below
     them stays erased, however often it is redelivered or replayed."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["erase"] = "erase"
     schema_version: Literal[2] = 2
@@ -163,7 +223,7 @@ class EraseCompleted(Scoped, BaseModel):
     """Published on ``{prefix}erase-completions`` once an erase is applied (again for a
     redelivered request, with the first application's counts). Ids and counts only."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     type: Literal["erase_completed"] = "erase_completed"
     schema_version: Literal[1] = 1
@@ -179,13 +239,13 @@ class EraseCompleted(Scoped, BaseModel):
 
 # What the control topic carries. Not EraseRequest: an erase comes only from the
 # erase-requests topic, which only operators may write (docs/security.md).
-AnyControl = CompactionCompleted | ReconcileRequest
+AnyControl = CompactionCompleted | ReconcileRequest | RecompactRequest | RestoreRequest
 ControlEvent = Annotated[AnyControl, Field(discriminator="type")]
 CONTROL_EVENT: TypeAdapter[AnyControl] = TypeAdapter(ControlEvent)
 
 
 class BatchInfo(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     id: str
     label: str
@@ -214,14 +274,15 @@ class ClipArchiveEvent(Scoped, BaseModel):
     that arrived later) is what the model should see now.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     schema_version: Literal[1] = 1
     compaction_id: str
     conversation_id: str
     tenant_id: TenantId | None = None
     generation: int = Field(ge=0)
-    clip_archive: ConversationMessage
+    # None only after a restore that brought back every archived turn there was.
+    clip_archive: ConversationMessage | None
     kept_message_ids: tuple[str, ...]
     compressed_message_ids: tuple[str, ...]
     batches: tuple[BatchInfo, ...]
@@ -234,6 +295,23 @@ class ClipArchiveEvent(Scoped, BaseModel):
         "summariser and model (extractive when the tenant's LLM budget for the day was spent: "
         "fallback true), the estimated cost in USD from [usage].prices (null: no price)",
     )
+    # What made it: an ordinary compaction, or an operator's recompact / restore
+    # (with its request id). A restore's raw turns back in the live history, and
+    # those that did not fit the budget (they stay archived and summarised).
+    action: Literal["compact", "recompact", "restore"] = "compact"
+    request_id: str | None = None
+    restored_message_ids: tuple[str, ...] = ()
+    not_restored_message_ids: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        """The record's value; an ordinary compaction's leaves the request fields out
+        (as before they existed)."""
+        if self.action == "compact":
+            return self.model_dump_json(exclude=_REQUEST_FIELDS)
+        return self.model_dump_json()
+
+
+_REQUEST_FIELDS = {"action", "request_id", "restored_message_ids", "not_restored_message_ids"}
 
 
 def public_message(message: ConversationMessage) -> ConversationMessage:
@@ -250,7 +328,7 @@ class DeadLetterHeaders(BaseModel):
     so the record can be fixed and re-driven (unless ``dlq.truncated``: a record
     larger than a producer request keeps its first bytes and its size)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = EVENT_CONFIG
 
     reason: str = Field(alias="dlq.reason")
     error_type: str = Field(alias="dlq.error_type")

@@ -230,6 +230,17 @@ class Metrics:
         )
 
     def _provider_metrics(self, r: CollectorRegistry) -> None:
+        self.operator_requests = Counter(
+            "compactor_operator_requests_total",
+            "Recompact and restore requests by outcome (applied, noop, failed)",
+            ["action", "outcome"],
+            registry=r,
+        )
+        self.compactions_retried_after_outage = Counter(
+            "compactor_compactions_retried_after_outage_total",
+            "Compactions that failed in a provider outage and went again once it answered",
+            registry=r,
+        )
         self.llm_provider_state = Gauge(
             "compactor_llm_provider_state",
             "1 for the provider guard's state: closed, paused (retry-after), "

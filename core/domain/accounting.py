@@ -11,8 +11,10 @@ A pure state machine, so the stream agent only does I/O. Its invariants:
   changes the tally, redeliveries and stale completions are ignored;
 * a conversation that could not be compacted further (``noop``) is not asked
   again until a new message arrives;
-* "must compact" means ``core.domain.budget.compaction_due``: over the soft trigger
-  (``[budget].compact_at``) when one is set, else over the budget.
+* "must compact" means ``core.domain.budget.compaction_due_now``: over the
+  budget, or over the soft trigger (``[budget].compact_at``) and, with
+  ``[budget].idle_seconds``, quiet that long since the last message (the
+  reconciliation timer asks again while it waits).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.domain.budget import BudgetConfig, compaction_due
+from core.domain.budget import BudgetConfig, compaction_due, compaction_due_now
 
 _GENERATION_NAMESPACE = uuid.UUID("0b6f7f8e-3f51-4a7e-a1a9-4d35b7c0e2d4")
 
 CompletionStatus = Literal["compacted", "noop"]
+RequestAction = Literal["recompact", "restore"]
+MAX_QUEUED_REQUESTS = 8  # operator requests waiting behind the outstanding command
 
 
 def compaction_id_for(conversation_id: str, generation: int, epoch: int = 0) -> str:
@@ -36,6 +40,27 @@ def compaction_id_for(conversation_id: str, generation: int, epoch: int = 0) -> 
     if epoch:
         name += f"\nerased {epoch}"
     return str(uuid.uuid5(_GENERATION_NAMESPACE, name))
+
+
+def request_compaction_id(conversation_id: str, request_id: str, epoch: int = 0) -> str:
+    """The compaction an operator request (recompact, restore) becomes: derived from
+    the request id, so a redelivered or repeated request is the same compaction
+    (applied once, then replayed), whatever the generation is by then."""
+    name = f"{conversation_id}\nrequest {request_id}"
+    if epoch:
+        name += f"\nerased {epoch}"
+    return str(uuid.uuid5(_GENERATION_NAMESPACE, name))
+
+
+class OperatorRequest(BaseModel):
+    """A recompact or restore asked for by an operator, as the tally keeps it until
+    its command completes (so a re-sent command carries it again)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    action: RequestAction
+    request_id: str
+    batch_id: str | None = None  # restore: the batch (None: the newest live one)
 
 
 class ConversationTally(BaseModel):
@@ -50,6 +75,13 @@ class ConversationTally(BaseModel):
     outstanding_since: float | None = None
     stalled: bool = False  # due, but the last compaction found nothing to compress
     epoch: int = Field(default=0, ge=0)  # erases of this conversation id before it started
+    last_message_at: float | None = None  # the newest message counted ([budget].idle_seconds)
+    request: OperatorRequest | None = None  # what the outstanding command does, if asked
+    queued: tuple[OperatorRequest, ...] = ()  # requests waiting for the outstanding one
+
+
+def _idle_for(tally: ConversationTally, now: float) -> float | None:
+    return None if tally.last_message_at is None else now - tally.last_message_at
 
 
 class Completion(BaseModel):
@@ -82,9 +114,10 @@ def on_message(
             "token_total": tally.token_total + tokens,
             "message_count": tally.message_count + 1,
             "stalled": False,
+            "last_message_at": now,
         }
     )
-    if tally.outstanding is None and compaction_due(tally.token_total, budget):
+    if tally.outstanding is None and compaction_due_now(tally.token_total, budget, 0.0):
         return _issue(tally, now), True
     return tally, False
 
@@ -134,13 +167,63 @@ def on_completion(
             "compactions": tally.compactions + (1 if compacted else 0),
             "outstanding": None,
             "outstanding_since": None,
-            "stalled": not compacted and compaction_due(token_total, budget),
+            # An operator's request that found nothing to do says nothing about
+            # whether an ordinary compaction would.
+            "stalled": not compacted
+            and tally.request is None
+            and compaction_due(token_total, budget),
+            "request": None,
         }
     )
+    if tally.queued:
+        return _issue_request(tally, tally.queued[0], now, tally.queued[1:]), True
     again = compacted and completion.messages_compressed > 0
-    if again and compaction_due(tally.token_total, budget):
+    if again and compaction_due_now(tally.token_total, budget, _idle_for(tally, now)):
         return _issue(tally, now), True
     return tally, False
+
+
+def _issue_request(
+    tally: ConversationTally,
+    request: OperatorRequest,
+    now: float,
+    queued: tuple[OperatorRequest, ...],
+) -> ConversationTally:
+    return tally.model_copy(
+        update={
+            "outstanding": request_compaction_id(
+                tally.conversation_id, request.request_id, tally.epoch
+            ),
+            "outstanding_since": now,
+            "request": request,
+            "queued": queued,
+            "stalled": False,
+        }
+    )
+
+
+def on_request(
+    tally: ConversationTally, request: OperatorRequest, now: float
+) -> tuple[ConversationTally, bool]:
+    """An operator's recompact or restore; ``True`` when its command must be sent now.
+
+    It becomes the outstanding command at once when nothing is outstanding, else
+    it waits its turn (``queued``) and goes when the outstanding one completes:
+    one command at a time per conversation, as always. A redelivered request
+    (its command outstanding, or already queued) changes nothing; one delivered
+    again after it completed is sent again under the same compaction id, which
+    the processor finds applied (idempotent by request id). More than
+    ``MAX_QUEUED_REQUESTS`` waiting: refused (``False``, tally unchanged).
+    """
+    compaction_id = request_compaction_id(tally.conversation_id, request.request_id, tally.epoch)
+    waiting = {queued.request_id for queued in tally.queued}
+    if tally.outstanding == compaction_id or request.request_id in waiting:
+        return tally, False
+    if tally.outstanding is None:
+        return _issue_request(tally, request, now, tally.queued), True
+    if len(tally.queued) >= MAX_QUEUED_REQUESTS:
+        return tally, False
+    return tally.model_copy(update={"queued": (*tally.queued, request)}), False
 
 
 def reconcile_due(
@@ -149,7 +232,9 @@ def reconcile_due(
     """Would ``on_reconcile`` send a command now? (What the reconcile timer asks.)"""
     if tally.outstanding is not None:
         return now - (tally.outstanding_since or 0.0) >= command_timeout
-    return not tally.stalled and compaction_due(tally.token_total, budget)
+    return not tally.stalled and compaction_due_now(
+        tally.token_total, budget, _idle_for(tally, now)
+    )
 
 
 def on_reconcile(
@@ -204,4 +289,5 @@ def on_resync(
         if tally is None or tally.epoch != epoch  # an entry from before an erase
         else resynced(tally, token_total, message_count)
     )
+    base = base.model_copy(update={"last_message_at": now})  # a message has just arrived
     return on_reconcile(base, budget, now, command_timeout=math.inf)

@@ -24,6 +24,10 @@ class BudgetConfig(BaseModel):
     # (the compaction takes an LLM round trip, and messages keep arriving).
     # None: compact only once the budget itself is exceeded.
     compact_at: float | None = Field(default=None, gt=0, le=1)
+    # With compact_at: a conversation between the trigger and the budget is
+    # compacted once it has received nothing for this long (between turns, where
+    # no reader waits); over the budget it is compacted at once. None: at once.
+    idle_seconds: float | None = Field(default=None, gt=0)
 
     @field_validator("compact_at")
     @classmethod
@@ -79,6 +83,21 @@ def compaction_due(token_estimate: int, budget: BudgetConfig) -> bool:
     Everything that decides to compact asks this, so the accounting, the
     reconciler and the processor agree on one threshold."""
     return token_estimate > budget.trigger_tokens
+
+
+def compaction_due_now(token_estimate: int, budget: BudgetConfig, idle_for: float | None) -> bool:
+    """Should a compaction start now, given how long the conversation has been quiet
+    (``idle_for`` seconds since its last message; None: unknown, taken as quiet).
+
+    Over the budget: always. Over the trigger only: at once without
+    ``idle_seconds``, else once the conversation has paused that long, so the
+    compaction runs between turns instead of in the middle of an exchange."""
+    if over_budget(token_estimate, budget):
+        return True
+    if not compaction_due(token_estimate, budget):
+        return False
+    wait = budget.idle_seconds
+    return wait is None or idle_for is None or idle_for >= wait
 
 
 def needs_compaction(

@@ -97,6 +97,9 @@ class CompactionTuning(BaseModel):
     provider_cooldown_seconds: float = Field(default=5.0, ge=0)
     provider_max_cooldown_seconds: float = Field(default=15.0, ge=0)
     provider_max_wait_seconds: float = Field(default=10.0, ge=0)
+    # The guard's call slots and the scheduler's compaction slots shared by tenant
+    # (round robin, weighted by [[tenants]] weight); false: first come, first served.
+    fair_share: bool = True
 
 
 class CompactionConfig(CompactionTuning):
@@ -118,11 +121,24 @@ class CompactionPlan(BaseModel):
     new_batches: tuple[StoredBatch, ...]
     superseded: tuple[tuple[str, str], ...] = ()  # (existing batch id, replacing batch id)
     deleted_message_ids: tuple[str, ...]
-    clip_archive: ConversationMessage
+    # None only for a restore that brought back every archived turn there was.
+    clip_archive: ConversationMessage | None
     messages_compressed: int
     tokens_estimate_before: int
     tokens_estimate_after: int
     usage: LlmUsage = LlmUsage()
+    # A restore: archived raw turns moved back into the live history (their batch
+    # leaves the clip-archive, ``superseded`` by ``restored_by(compaction_id)`` or
+    # by the batch that summarises the turns that did not fit).
+    restored_message_ids: tuple[str, ...] = ()
+    # Turns of a restored batch that did not fit the budget (they stay archived).
+    not_restored_message_ids: tuple[str, ...] = ()
+
+
+def restored_by(compaction_id: str) -> str:
+    """``superseded_by`` of a batch whose every turn a restore brought back: it
+    leaves the clip-archive with no batch in its place (and stays searchable)."""
+    return f"restored:{compaction_id}"
 
 
 class AppliedStats(BaseModel):
@@ -170,6 +186,14 @@ class CompactionResult(BaseModel):
     over_target: bool = False
     target_tokens: int | None = None
     plan: CompactionPlan | None = None
+    # Failed because the provider was unavailable (refused by the guard, or failing
+    # for everyone): the guard's answer count then, to try again once it answers.
+    provider_down_at: int | None = None
+    messages_restored: int = 0  # a restore: raw turns back in the live history
+
+    @property
+    def provider_down(self) -> bool:
+        return self.provider_down_at is not None
 
     def applied(self, stats: AppliedStats) -> CompactionResult:
         """This result once a store has applied its plan and measured ``stats``."""

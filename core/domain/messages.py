@@ -69,7 +69,9 @@ Text = Annotated[str, AfterValidator(checked_text)]
 class ToolCall(BaseModel):
     """One tool invocation requested by an assistant turn."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Unknown fields are ignored: messages arrive in events, which accept fields a
+    # later version adds (docs/events/README.md, "Schema evolution").
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     id: Text = Field(min_length=1)
     name: Text = Field(min_length=1)
@@ -79,7 +81,9 @@ class ToolCall(BaseModel):
 
 
 class ConversationMessage(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Unknown fields are ignored: messages arrive in events, which accept fields a
+    # later version adds (docs/events/README.md, "Schema evolution").
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     id: Text = Field(min_length=1)
     conversation_id: Text = Field(min_length=1)

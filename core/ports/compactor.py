@@ -29,3 +29,27 @@ class Compactor(Protocol):
         ``fallback``: with the local fallback summariser instead of the LLM (the
         tenant's LLM budget for the day is spent)."""
         ...
+
+    async def recompact(
+        self, history: Sequence[ConversationMessage], conversation_id: str, *, compaction_id: str
+    ) -> CompactionResult:
+        """The live batches re-summarised from their archived raw turns with the
+        current prompt, model and settings, as a plan (``compactor recompact``)."""
+        ...
+
+    async def restore(
+        self,
+        history: Sequence[ConversationMessage],
+        conversation_id: str,
+        *,
+        compaction_id: str,
+        batch_id: str | None = None,
+    ) -> CompactionResult:
+        """A batch's raw turns back in the live history as far as the budget allows,
+        as a plan (``compactor restore``)."""
+        ...
+
+    async def provider_answers(self, since: int) -> None:
+        """Return once the model's provider may be called again: a compaction that
+        failed with ``provider_down_at=since`` waits here, then goes again."""
+        ...

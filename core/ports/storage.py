@@ -22,7 +22,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
 from core.domain.messages import ConversationMessage
-from core.domain.usage import UsageDay
+from core.domain.usage import LlmUsage, UsageDay
 
 
 class StoreError(Exception):
@@ -218,6 +218,27 @@ QueryMode = Literal["plain", "websearch"]
 ``websearch``: PostgreSQL's web-search syntax (quoted phrases, ``or``, ``-word``)."""
 
 
+MatchList = Literal["summary_text", "summary_vector", "raw_text", "raw_vector"]
+"""The candidate lists ``memory_read`` fuses: summaries or raw turns, by full text
+(ts_rank_cd for summaries, BM25 for raw turns) or by vector (cosine distance)."""
+
+
+class MatchReason(BaseModel):
+    """Why a row matched: one list it is in, its rank there and what matched.
+
+    So a caller can trust or discard a hit: a raw turn at ``raw_text`` rank 1
+    holding every query word is strong evidence; one found only by vector at
+    rank 40 is a guess.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    via: MatchList
+    rank: int  # 1-based, within that list
+    score: float  # the list's own: BM25, ts_rank_cd, or cosine distance (lower is closer)
+    terms: tuple[str, ...] = ()  # query words the row holds (full-text lists; stemmed match)
+
+
 class TurnHit(BaseModel):
     """An archived raw turn that matched a ``memory_read`` query."""
 
@@ -231,6 +252,10 @@ class TurnHit(BaseModel):
     score: float  # fused reciprocal-rank score of the turn
     text_rank: int | None  # 1-based rank among matching raw turns (full text)
     vector_rank: int | None  # 1-based rank among raw turns (vectors)
+    conversation_id: str | None = None
+    batch_id: str | None = None  # the depth-0 batch that summarised it
+    matches: tuple[MatchReason, ...] = ()  # why it matched, one entry per list
+    duplicates: int = 0  # other matching turns of its conversation with the same text
 
 
 class MemoryHit(BaseModel):
@@ -255,6 +280,7 @@ class MemoryHit(BaseModel):
     vector_rank: int | None  # 1-based rank in vector results, None if absent
     superseded: bool
     turns: tuple[TurnHit, ...] = ()  # matching raw turns, best first
+    matches: tuple[MatchReason, ...] = ()  # the summary's lists (empty: found by its turns)
 
 
 @dataclass(frozen=True)
@@ -294,11 +320,43 @@ class ExpandedBatch(BaseModel):
     turns_missing: int
 
 
+class CompactedBatch(BaseModel):
+    """A batch as a compaction archived it (its summary is read with ``expand_batch``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_id: str
+    label: str
+    depth: int
+    start_time: AwareDatetime
+    end_time: AwareDatetime
+    message_count: int
+    superseded_by: str | None
+
+
+class CompactionRecord(BaseModel):
+    """One applied compaction of a conversation, as ``compactions`` recorded it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compaction_id: str
+    created_at: AwareDatetime
+    messages_compressed: int
+    batches_created: int
+    tokens_before: int
+    tokens_after: int
+    usage: LlmUsage | None = None  # None: recorded before usage was (migration 0012)
+    batches: tuple[CompactedBatch, ...] = ()
+
+
 class MemorySearchResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     hits: tuple[MemoryHit, ...]
     mode: Literal["hybrid", "full_text"]  # full_text when no embedder is configured
+    # The best-matching raw turns of the whole scope, ranked on their own (not
+    # inside their batches), best first, at most ``limit``.
+    turns: tuple[TurnHit, ...] = ()
     sources: SearchSources = "both"
     query_mode: QueryMode = "plain"
 
@@ -407,6 +465,14 @@ class MemoryStore(Protocol):
         """The batch with all its archived raw turns in order; None if unknown
         (or outside ``scope``). ``after`` / ``limit``: one page of the turns, as
         ``load_history`` (``turns_missing`` still counts the whole batch)."""
+        ...
+
+    async def compaction_log(
+        self, conversation_id: str, *, scope: ReadScope | None = None
+    ) -> list[CompactionRecord]:
+        """The conversation's applied compactions, oldest first, each with the batches
+        it archived (empty when unknown, or outside ``scope``): read-only, for the
+        inspector page."""
         ...
 
     async def expire_raw_turns(self) -> int:

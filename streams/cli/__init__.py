@@ -13,30 +13,35 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from core.settings import ConfigError, Settings, load_settings
 from streams.cli import schemas
 from streams.cli.config_commands import add_config_commands, cmd_config
+from streams.cli.dead_letter_commands import add_dead_letter_commands, cmd_dead_letters
+from streams.cli.dead_letters import RedriveError
 from streams.cli.dev_commands import cmd_demo, cmd_dev
 from streams.cli.erase import EraseError
 from streams.cli.errors import CommandError
+from streams.cli.interface_commands import (
+    add_interface_commands,
+    cmd_openapi,
+    completion_script,
+)
 from streams.cli.kafka_commands import (
     cmd_erase,
+    cmd_redo,
     cmd_replay,
     cmd_tail,
     cmd_topics,
     cmd_worker,
 )
+from streams.cli.read_commands import add_remote_options, cmd_expand, cmd_history, cmd_memory_read
+from streams.cli.redo import RequestError
 from streams.cli.replay import PublishError
 from streams.cli.schema_commands import cmd_schemas
-from streams.cli.store_commands import (
-    cmd_compact,
-    cmd_expand,
-    cmd_history,
-    cmd_memory_read,
-    cmd_migrate,
-)
+from streams.cli.store_commands import cmd_compact, cmd_migrate
 from streams.cli.tail import TailError
 from streams.cli.tenant_commands import add_tenant_commands, cmd_tenants
 from streams.cli.usage_commands import add_usage_command, cmd_usage
@@ -60,17 +65,21 @@ COMMANDS: dict[str, Handler] = {
     "replay": cmd_replay,
     "tail": cmd_tail,
     "erase": cmd_erase,
+    "recompact": cmd_redo,
+    "restore": cmd_redo,
     "topics": cmd_topics,
     "schemas": cmd_schemas,
     "dev": cmd_dev,
     "demo": cmd_demo,
     "config": cmd_config,
+    "openapi": cmd_openapi,
+    "dead-letters": cmd_dead_letters,
 }
 
 #: Exit code 2: the configuration (or the topics it names) is wrong.
 CONFIG_ERRORS = (ConfigError, TopicMismatchError)
 #: Exit code 1: the command could not do its job.
-COMMAND_ERRORS = (CommandError, PublishError, TailError, EraseError)
+COMMAND_ERRORS = (CommandError, PublishError, TailError, EraseError, RequestError, RedriveError)
 
 _Subparsers = Any  # argparse's _SubParsersAction, private
 
@@ -82,6 +91,7 @@ def _add_store_commands(sub: _Subparsers) -> None:
     history = sub.add_parser("history", help="print a conversation as the model sees it now")
     history.add_argument("conversation_id")
     _add_tenant_option(history)
+    add_remote_options(history)
     memory = sub.add_parser("memory-read", help="search archived summaries and raw turns")
     memory.add_argument("query")
     memory.add_argument(
@@ -99,10 +109,12 @@ def _add_store_commands(sub: _Subparsers) -> None:
         default="plain",
         help="websearch: quoted phrases, or, -word",
     )
+    add_remote_options(memory)
     expand = sub.add_parser("expand", help="a batch with all its raw turns in order")
     expand.add_argument("conversation_id")
     expand.add_argument("batch_id")
     _add_tenant_option(expand)
+    add_remote_options(expand)
 
 
 def _add_tenant_option(parser: argparse.ArgumentParser) -> None:
@@ -139,6 +151,7 @@ def _add_kafka_commands(sub: _Subparsers) -> None:
         help="publish the valid lines and report the invalid ones (default: publish nothing)",
     )
     _add_tail(sub)
+    add_dead_letter_commands(sub)
     erase = sub.add_parser(
         "erase", help="erase a conversation everywhere (via the erase-requests topic; audited)"
     )
@@ -152,6 +165,7 @@ def _add_kafka_commands(sub: _Subparsers) -> None:
     erase.add_argument(
         "--timeout", type=float, default=60.0, help="seconds --wait waits (exit 3 after)"
     )
+    _add_redo(sub)
     topics = sub.add_parser(
         "topics", help="create the topics if missing, check their partitions and configs"
     )
@@ -160,6 +174,31 @@ def _add_kafka_commands(sub: _Subparsers) -> None:
         action="store_true",
         help="set cleanup.policy/retention.ms of existing topics to the [kafka] settings",
     )
+
+
+def _add_redo(sub: _Subparsers) -> None:
+    helps = {
+        "recompact": "re-summarise a conversation's live batches from their raw turns "
+        "(current prompt, model, settings), via the worker that owns it",
+        "restore": "bring a batch's raw turns back into the live history where the budget "
+        "allows, via the worker that owns it",
+    }
+    for action, text in helps.items():
+        parser = sub.add_parser(action, help=text)
+        parser.add_argument("conversation_id")
+        _add_tenant_option(parser)
+        if action == "restore":
+            parser.add_argument(
+                "--batch", default=None, help="the batch (default: the newest live)"
+            )
+        parser.add_argument(
+            "--request-id", default=None, help="idempotency key: the same id is the same request"
+        )
+        parser.add_argument("--requester", default=None, help="who asks (default: the OS user)")
+        parser.add_argument("--wait", action="store_true", help="wait for the result and print it")
+        parser.add_argument(
+            "--timeout", type=float, default=120.0, help="seconds --wait waits (exit 3 after)"
+        )
 
 
 def _add_tail(sub: _Subparsers) -> None:
@@ -205,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", help="config file (default: $COMPACTOR_CONFIG or ./config.toml)"
     )
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     # In the order `compactor --help` lists them.
     _add_store_commands(sub)
@@ -215,7 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_schemas(sub)
     _add_dev(sub)
     add_config_commands(sub)
+    add_interface_commands(sub)
     return parser
+
+
+def package_version() -> str:
+    try:
+        return version("context-compactor")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -232,9 +280,13 @@ def _quiet_noisy_loggers() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     _configure_logging(args.verbose)
     try:
+        if args.command == "completion":  # needs the parser, not the configuration
+            print(completion_script(parser, args.shell))
+            return 0
         settings = load_settings(args.config)
         if settings.service.log_format == "json":
             configure_logging("json", logging.DEBUG if args.verbose else logging.INFO)

@@ -1,4 +1,5 @@
-"""The Kafka commands: ``topics``, ``replay``, ``tail``, ``erase`` and ``worker``.
+"""The Kafka commands: ``topics``, ``replay``, ``tail``, ``erase``, ``recompact``,
+``restore`` and ``worker``.
 
 Each one checks the broker first (``_kafka``), so a wrong address or a failed
 TLS handshake or SASL login is one line, not aiokafka's retries.
@@ -201,4 +202,52 @@ async def cmd_erase(settings: Settings, args: argparse.Namespace) -> int:
     if completed is not None:
         counts = ", ".join(f"{table} {count}" for table, count in completed.counts.items())
         print(f"erased at {completed.erased_at.isoformat()} (epoch {completed.epoch}): {counts}")
+    return 0
+
+
+async def cmd_redo(settings: Settings, args: argparse.Namespace) -> int:
+    """``recompact`` / ``restore``: a request on the control topic for the owning worker;
+    with --wait, what it did (exit 3 when nothing came within --timeout)."""
+    from streams.cli.erase import default_requester
+    from streams.cli.redo import (
+        EXIT_TIMEOUT,
+        RequestTimeout,
+        build_request,
+        describe,
+        send_request,
+    )
+
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout must be positive, got {args.timeout}")
+    request = build_request(
+        args.command,
+        args.conversation_id,
+        tenant_id=args.tenant_id,
+        requester=args.requester or default_requester(),
+        request_id=args.request_id,
+        batch_id=getattr(args, "batch", None),
+    )
+    bootstrap, security = await kafka_checked(settings)
+    await _ensure_topics(settings, bootstrap, security)  # never auto-created elsewise
+    names = TopicNames.with_prefix(settings.kafka.topic_prefix)
+    try:
+        answer = await send_request(
+            request,
+            bootstrap=bootstrap,
+            control_topic=names.control,
+            clip_archives_topic=names.clip_archives,
+            wait=args.wait,
+            wait_seconds=args.timeout,
+            client_kwargs=security.client_kwargs(),
+        )
+    except RequestTimeout as error:
+        print(f"compactor: {error}; the request stays queued for the worker", file=sys.stderr)
+        return EXIT_TIMEOUT
+    tenant = "" if args.tenant_id is None else f" of tenant {args.tenant_id!r}"
+    print(
+        f"{args.command} of {args.conversation_id!r}{tenant} requested on {names.control} "
+        f"(request {request.request_id}, by {request.requester})"
+    )
+    if answer is not None:
+        print(describe(answer))
     return 0

@@ -25,7 +25,9 @@ from streams.events import (
     EraseCompleted,
     EraseRequest,
     MessageEvent,
+    RecompactRequest,
     ReconcileRequest,
+    RestoreRequest,
 )
 
 DEFAULT_OUT = Path("docs/events")
@@ -36,6 +38,8 @@ WIRE_EVENTS: dict[str, tuple[type[BaseModel], Literal["validation", "serializati
     "CompactionCommand": (CompactionCommand, "serialization"),
     "CompactionCompleted": (CompactionCompleted, "serialization"),
     "ReconcileRequest": (ReconcileRequest, "serialization"),
+    "RecompactRequest": (RecompactRequest, "serialization"),
+    "RestoreRequest": (RestoreRequest, "serialization"),
     "EraseRequest": (EraseRequest, "serialization"),
     "EraseCompleted": (EraseCompleted, "serialization"),
     "ClipArchiveEvent": (ClipArchiveEvent, "serialization"),
@@ -48,6 +52,7 @@ def event_schema(name: str) -> dict[str, Any]:
     schema = model.model_json_schema(by_alias=True, mode=mode)
     if mode == "serialization":
         _require_every_property(schema)
+    _open_every_object(schema)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 
 
@@ -58,6 +63,15 @@ def _require_every_property(schema: dict[str, Any]) -> None:
     for node in [schema, *schema.get("$defs", {}).values()]:
         if "properties" in node:
             node["required"] = list(node["properties"])
+
+
+def _open_every_object(schema: dict[str, Any]) -> None:
+    """Say what every reader does (``streams.events.EVENT_CONFIG``): a property this
+    schema does not list is allowed and ignored, at every level, so producers may
+    add fields within a ``schema_version`` (docs/events/README.md, "Schema evolution")."""
+    for node in [schema, *schema.get("$defs", {}).values()]:
+        if "properties" in node:
+            node["additionalProperties"] = True
 
 
 def render(schema: dict[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""The PostgreSQL commands: ``migrate``, ``compact``, ``history``, ``memory-read``, ``expand``.
+"""The PostgreSQL commands: ``migrate`` and ``compact`` (the reads ``history``,
+``memory-read`` and ``expand`` are in ``streams.cli.read_commands``).
 
 None of them needs Kafka: ``compact`` runs the worker's components in this
 process (``streams.cli.offline``).
@@ -106,73 +107,3 @@ def described(key: str) -> str:
     ref = ConversationRef.of_key(key)
     where = "" if ref.tenant_id is None else f" of tenant {ref.tenant_id!r}"
     return f"{ref.conversation_id!r}{where}"
-
-
-async def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
-    key = addressed_key(args)
-    async with open_runtime(settings) as runtime:
-        history = await runtime.store.load_history(key)
-    if not history:
-        print(f"no messages for conversation {described(key)}", file=sys.stderr)
-        return 1
-    print(render_history(history))
-    return 0
-
-
-async def cmd_memory_read(settings: Settings, args: argparse.Namespace) -> int:
-    # The HTTP view's rule: a search is scoped, and a search of everything says so.
-    scoped = args.conversation_id is not None or args.tenant_id is not None
-    if scoped == args.all:
-        print(
-            "compactor: memory-read searches --conversation-id C, --tenant-id T (or both), "
-            "or --all conversations; give "
-            + ("one scope, not --all as well" if scoped else "one of them"),
-            file=sys.stderr,
-        )
-        return 2
-    key = None if args.conversation_id is None else addressed_key(args)
-    async with open_runtime(settings) as runtime:
-        result = await runtime.store.memory_read(
-            args.query,
-            conversation_id=key,
-            limit=args.limit,
-            sources=args.sources,
-            mode=args.mode,
-            tenant_id=args.tenant_id,
-        )
-    if result.mode == "full_text":
-        print("(full-text search only: no embedder configured)")
-    for hit in result.hits:
-        print(
-            f"\n{described(hit.conversation_id)}  "
-            f"{hit.batch_id}  {hit.label}  score={hit.score:.4f}  depth={hit.depth}  "
-            f"messages={hit.message_count}  {hit.start_time:%Y-%m-%d %H:%M} → "
-            f"{hit.end_time:%Y-%m-%d %H:%M}"
-        )
-        print(hit.content)
-        for turn in hit.turns:
-            print(f"  > [{turn.created_at:%Y-%m-%d %H:%M}] {turn.role} {turn.message_id}:")
-            print(f"    {turn.text}")
-    if not result.hits:
-        print("no matches")
-    return 0
-
-
-async def cmd_expand(settings: Settings, args: argparse.Namespace) -> int:
-    key = addressed_key(args)
-    async with open_runtime(settings) as runtime:
-        expanded = await runtime.store.expand_batch(key, args.batch_id)
-    if expanded is None:
-        print(f"no batch {args.batch_id!r} in {described(key)}", file=sys.stderr)
-        return 1
-    batch = expanded.batch.batch
-    print(
-        f"{expanded.batch.id}  depth={batch.depth}  {batch.start_time:%Y-%m-%d %H:%M} → "
-        f"{batch.end_time:%Y-%m-%d %H:%M}  {batch.message_count} messages"
-    )
-    print(batch.content)
-    print()
-    print(render_history(list(expanded.turns)))
-    if expanded.turns_missing:
-        print(f"({expanded.turns_missing} raw turns no longer archived: retention)")
-    return 0

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
+from datetime import date
 from typing import Any
 
 from core.domain.tenancy import is_tenant_id
@@ -17,6 +19,8 @@ from core.ports.storage import ReadScope
 from core.settings import Settings
 from streams.bootstrap import open_runtime
 from streams.cli.errors import CommandError
+from streams.cli.read_commands import TOKEN_ENV
+from streams.client import ApiError, CompactorClient
 from streams.http.usage import parse_since, usage_body, usage_totals
 
 _COLUMNS = (
@@ -40,6 +44,11 @@ def add_usage_command(sub: Any) -> None:
     usage.add_argument("--tenant", default=None, help="one tenant's compactions only")
     usage.add_argument("--since", default=None, help="from this UTC day on (YYYY-MM-DD)")
     usage.add_argument("--json", action="store_true", help="one JSON object")
+    usage.add_argument(
+        "--url",
+        help="ask this running worker (token from $COMPACTOR_TOKEN; needs --tenant) "
+        "instead of reading PostgreSQL",
+    )
 
 
 def _line(values: Sequence[object]) -> str:
@@ -85,6 +94,18 @@ def usage_table(days: Sequence[UsageDay]) -> str:
     return "\n".join(lines)
 
 
+async def _from_worker(args: argparse.Namespace, since: date | None) -> list[UsageDay]:
+    """``GET /tenants/{tenant}/usage`` through ``streams.client`` (one tenant a call)."""
+    if args.tenant is None:
+        raise CommandError("usage --url needs --tenant (the view reads one tenant)")
+    try:
+        async with CompactorClient(args.url, os.environ.get(TOKEN_ENV) or None) as client:
+            report = await client.usage(args.tenant, since=since)
+    except ApiError as error:
+        raise CommandError(str(error)) from None
+    return report.days
+
+
 async def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
     if args.tenant is not None and not is_tenant_id(args.tenant):
         raise CommandError(f"--tenant {args.tenant[:80]!r} is not a tenant id")
@@ -92,9 +113,12 @@ async def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
         since = parse_since(args.since)
     except ValueError as error:
         raise CommandError(f"--since: {error}") from None
-    scope = ReadScope.everything() if args.tenant is None else ReadScope.of_tenant(args.tenant)
-    async with open_runtime(settings) as runtime:
-        days = await runtime.store.usage_by_day(scope=scope, tenant_id=args.tenant, since=since)
+    if getattr(args, "url", None):
+        days = await _from_worker(args, since)
+    else:
+        scope = ReadScope.everything() if args.tenant is None else ReadScope.of_tenant(args.tenant)
+        async with open_runtime(settings) as runtime:
+            days = await runtime.store.usage_by_day(scope=scope, tenant_id=args.tenant, since=since)
     if args.json:
         print(json.dumps(usage_body(args.tenant, since, days), indent=2))
     else:

@@ -18,6 +18,7 @@ from faust.web import Request, Response, View
 from core.domain.tenancy import is_tenant_id
 from core.domain.usage import UsageDay
 from core.ports.storage import ReadScope, UsageStore
+from streams.http.bodies import UsageReport, UsageTotals
 
 USAGE_PATH = re.compile(r"^/tenants/[^/]+/usage$")
 """The one path of this module: the guard asks for the read scope, and the
@@ -31,27 +32,14 @@ class UsageRuntime(Protocol):
 
 def usage_totals(days: Sequence[UsageDay]) -> dict[str, Any]:
     """The days summed (what `compactor usage` prints last)."""
-    fields = (
-        "compactions",
-        "llm_calls",
-        "input_tokens",
-        "output_tokens",
-        "cache_read_tokens",
-        "cache_write_tokens",
-        "fallback_compactions",
-    )
-    totals: dict[str, Any] = {f: sum(getattr(d, f) for d in days) for f in fields}
-    totals["cost_usd"] = round(sum(d.cost_usd for d in days), 9)
+    totals: dict[str, Any] = UsageTotals.of(days).model_dump(mode="json")
     return totals
 
 
 def usage_body(tenant: str | None, since: date | None, days: Sequence[UsageDay]) -> dict[str, Any]:
-    return {
-        "tenant_id": tenant,
-        "since": since.isoformat() if since else None,
-        "days": [d.model_dump(mode="json") for d in days],
-        "total": usage_totals(days),
-    }
+    """The view's body (``streams.http.bodies.UsageReport``)."""
+    body: dict[str, Any] = UsageReport.of(tenant, since, days).model_dump(mode="json")
+    return body
 
 
 def parse_since(raw: str | None) -> date | None:
@@ -72,7 +60,10 @@ def register_usage(app: faust.App, runtime: UsageRuntime) -> None:
         async def get(self, request: Request, tenant: str) -> Response:
             principal = principal_of(request)
             if not is_tenant_id(tenant):
-                return self.json({"error": "not a tenant id"}, status=400)
+                return self.json(
+                    {"error": "tenant (the path) must be 1 to 256 letters, digits or ._:@-"},
+                    status=400,
+                )
             if not (principal.allows("admin") or principal.tenant == tenant):
                 return self.json(FORBIDDEN, status=403)
             try:

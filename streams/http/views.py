@@ -14,8 +14,10 @@ below, each of which checks the conversation's tenant (403 otherwise, also
 for an unknown conversation, so a 403/404 difference reveals nothing).
 Inputs are bounded: path ids by ``MAX_ID_LENGTH``, the query by
 ``[service].max_query_chars``, ``limit`` by ``[service].max_search_limit``.
-The bodies are built by plain functions, so their shape is testable without
-a server.
+Every body is built by a model of ``streams.http.bodies``, the API's contract:
+``streams.http.openapi`` generates the document (``/openapi.json``) from the
+same models, and ``tests/unit/http/test_openapi.py`` keeps routes, parameters
+and fields in step with it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -32,16 +34,10 @@ import faust
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from faust.web import Request, Response, View
+from pydantic import BaseModel
 
-from core.domain.accounting import ConversationTally
-from core.domain.budget import BudgetConfig, over_budget
-from core.domain.clip_archive import is_clip_archive
-from core.domain.messages import ConversationMessage
-from core.domain.tenancy import ConversationRef, conversation_key, is_tenant_id
-from core.domain.tokens import estimate_history_tokens
+from core.domain.tenancy import conversation_key, is_tenant_id
 from core.ports.storage import (
-    ExpandedBatch,
-    MemorySearchResult,
     QueryMode,
     ReadScope,
     SearchSources,
@@ -49,8 +45,8 @@ from core.ports.storage import (
     WorkerStore,
 )
 from core.settings import ResolvedModel, Scope, ServiceSettings, Settings
-from streams.events import MAX_ID_LENGTH, public_message
-from streams.http import pages
+from streams.events import MAX_ID_LENGTH
+from streams.http import bodies, openapi, pages, ui
 from streams.http.audit import audit_reads
 from streams.http.auth import (
     OPEN_PATHS,
@@ -77,6 +73,7 @@ from streams.http.usage import USAGE_PATH, register_usage
 from streams.worker.components import Components
 
 log = logging.getLogger("compactor.auth")
+OPENAPI_PATH = "/openapi.json"
 # Where the worker finds the DSN first (core.adapters.postgres.embedded.POSTGRES_DSN_ENV).
 DSN_ENV = "POSTGRES_DSN"
 # A request that somehow skipped the guard reads nothing (no tenant matches "").
@@ -95,36 +92,15 @@ class ViewRuntime(Protocol):
     def store(self) -> WorkerStore: ...
 
 
-def conversation_body(tally: ConversationTally, budget: BudgetConfig) -> dict[str, Any]:
-    return {
-        **identity(tally.conversation_id),
-        "token_total": tally.token_total,
-        "message_count": tally.message_count,
-        "budget_tokens": budget.budget_tokens,
-        "over_budget": over_budget(tally.token_total, budget),
-        "compactions": tally.compactions,
-        "generation": tally.generation,
-        "compaction_outstanding": tally.outstanding,
-    }
+def _body(model: BaseModel) -> dict[str, Any]:
+    """A body as the views send it: every field, in JSON types."""
+    dumped: dict[str, Any] = model.model_dump(mode="json")
+    return dumped
 
 
-def identity(conversation_key: str) -> dict[str, str | None]:
-    """How a body names a conversation: the producer's id and its tenant."""
-    ref = ConversationRef.of_key(conversation_key)
-    return {"conversation_id": ref.conversation_id, "tenant_id": ref.tenant_id}
-
-
-def history_body(conversation_key: str, history: Sequence[ConversationMessage]) -> dict[str, Any]:
-    shown = [public_message(m) for m in history]
-    first = shown[0] if shown else None
-    return {
-        **identity(conversation_key),
-        "token_estimate": estimate_history_tokens(history),
-        "clip_archive": first.model_dump(mode="json")
-        if first is not None and is_clip_archive(first)
-        else None,
-        "messages": [m.model_dump(mode="json", exclude_none=True) for m in shown],
-    }
+def _problem(view: View, problem: bodies.Problem | str, status: int) -> Response:
+    found = bodies.Problem(error=problem) if isinstance(problem, str) else problem
+    return view.json(_body(found), status=status)
 
 
 _SOURCES: tuple[SearchSources, ...] = ("both", "summaries", "raw")
@@ -140,42 +116,8 @@ def search_options(query: Any) -> tuple[SearchSources, QueryMode]:
     return sources, mode
 
 
-def batch_body(expanded: ExpandedBatch) -> dict[str, Any]:
-    """A batch with every raw turn it covers, in conversation order."""
-    stored = expanded.batch
-    return {
-        "batch_id": stored.id,
-        "label": stored.label,
-        **identity(stored.conversation_id),
-        "depth": stored.batch.depth,
-        "start_time": stored.batch.start_time.isoformat(),
-        "end_time": stored.batch.end_time.isoformat(),
-        "message_count": stored.batch.message_count,
-        "superseded_by": stored.superseded_by,
-        "summary": stored.batch.content,
-        "turns": [
-            public_message(m).model_dump(mode="json", exclude_none=True) for m in expanded.turns
-        ],
-        "turns_missing": expanded.turns_missing,
-    }
-
-
-def unknown(conversation_key: str) -> dict[str, str]:
-    ref = ConversationRef.of_key(conversation_key)
-    where = "" if ref.tenant_id is None else f" of tenant {ref.tenant_id!r}"
-    return {"error": f"unknown conversation {ref.conversation_id!r}{where}"}
-
-
-def search_body(result: MemorySearchResult) -> dict[str, Any]:
-    """The search result, each hit naming its conversation by id and tenant."""
-    body = result.model_dump(mode="json")
-    for hit in body["hits"]:
-        hit.update(identity(hit["conversation_id"]))
-    return body
-
-
-FORBIDDEN = {"error": "forbidden: this token cannot read that"}
-UNAUTHORIZED = {"error": "unauthorized: a valid bearer token is required"}
+FORBIDDEN = _body(bodies.FORBIDDEN)
+UNAUTHORIZED = _body(bodies.UNAUTHORIZED)
 
 
 def bad_text(name: str, value: str, limit: int) -> str | None:
@@ -270,9 +212,10 @@ def _refusal(status: int, body: Mapping[str, str]) -> web.Response:
 
 
 def _tenant_views(path: str) -> bool:
-    """The views that check a conversation's tenant themselves."""
+    """The views a tenant-bound token may reach: those that check a conversation's
+    (or the usage's) tenant themselves, and the API's document."""
     return (
-        path == "/memory/search"
+        path in ("/memory/search", OPENAPI_PATH)
         or path.startswith("/conversations/")
         or USAGE_PATH.match(path) is not None
     )
@@ -282,8 +225,12 @@ def required_scope(method: str, path: str) -> Scope:
     """The scope a request needs (``/healthz`` and ``/metrics``: metrics, see ``guard``)."""
     if path in OPEN_PATHS:
         return "metrics"
+    if method == "POST":  # recompact, restore (streams/http/redo.py): the admin's only
+        return "admin"
     if path == "/memory/search":
         return "search"
+    if path == OPENAPI_PATH:
+        return "read"
     if USAGE_PATH.match(path):
         return "read"  # the view lets only the admin scope or the tenant's own token in
     if path.startswith("/conversations/"):
@@ -304,15 +251,27 @@ def _too_many(
 @web.middleware
 async def store_outage_is_503(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A read while PostgreSQL is away (or not opened yet, at start-up) is a 503 the
-    client may retry, not a 500: the worker waits such outages out."""
+    client may retry, not a 500: the worker waits such outages out. aiohttp's own
+    refusals (no such route, a method a view lacks) answer JSON like the views."""
     try:
         return await handler(request)
+    except web.HTTPException as refusal:
+        if refusal.status < 400:
+            raise
+        return web.json_response(
+            {"error": refusal.reason.lower()}, status=refusal.status, headers=_allow(refusal)
+        )
     except StoreUnavailable:
         return web.json_response(
             {"error": "the store is unavailable; retry later"},
             status=503,
             headers={"Retry-After": "5"},
         )
+
+
+def _allow(refusal: web.HTTPException) -> dict[str, str] | None:
+    allow = refusal.headers.get("Allow")
+    return None if allow is None else {"Allow": allow}
 
 
 def guard(
@@ -330,7 +289,9 @@ def guard(
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.body_exists:
             return _refusal(413, {"error": "request bodies are not accepted"})
-        if request.path in PROBE_PATHS:  # kubelet probes: no token (streams/http/probes.py)
+        if request.path in PROBE_PATHS or ui.is_ui_path(request.path):
+            # kubelet probes (streams/http/probes.py) and the inspector's static files
+            # (no data: the page asks for a token): no token
             return await handler(request)
         current = ref.policy  # read once: a reload mid-request never mixes two policies
         header = request.headers.get("Authorization")
@@ -410,6 +371,8 @@ def register_views(
     register_conversations(app, settings, components, runtime)
     register_memory(app, settings, runtime)
     register_usage(app, runtime)
+    register_document(app, settings.service)
+    ui.register_ui(app)
 
     def reload() -> bool:
         return ref.reload(configured_service, check=check_exposure)
@@ -435,18 +398,14 @@ def register_operations(app: faust.App, components: Components[Any], runtime: Vi
             except Exception:  # not started yet (or stopping): nothing assigned
                 assignment = set()
             health = components.health
-            return self.json(
-                {
-                    "status": "ok" if health.ok else "degraded",
-                    "problems": health.describe(),
-                    "app_id": app.conf.id,
-                    "summariser": runtime.resolved_model.kind,
-                    "assigned_partitions": sorted(
-                        f"{tp.topic}:{tp.partition}" for tp in assignment
-                    ),
-                },
-                status=200 if health.ok else 503,
+            body = bodies.Health(
+                status="ok" if health.ok else "degraded",
+                problems=[bodies.HealthProblem.model_validate(p) for p in health.describe()],
+                app_id=app.conf.id,
+                summariser=runtime.resolved_model.kind,
+                assigned_partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assignment),
             )
+            return self.json(_body(body), status=200 if health.ok else 503)
 
     @app.page("/metrics")
     class Metrics(View):
@@ -484,8 +443,8 @@ def register_conversations(
                 return key
             tally = tallies.get(key)
             if tally is None:
-                return self.json(unknown(key), status=404)
-            return self.json(conversation_body(tally, budget))
+                return _problem(self, bodies.unknown_conversation(key), 404)
+            return self.json(_body(bodies.ConversationStatus.of(tally, budget)))
 
     register_pages(app, settings, runtime)
 
@@ -495,16 +454,16 @@ def addressed(view: View, request: Request, *ids: str) -> Response | str:
     or the refusal: 400 for a bad path id or tenant id, 403 for a tenant the
     token is not bound to. A tenant-bound token names its own tenant's
     conversations only, so it cannot even address another's."""
-    for value in ids:
-        problem = bad_text("path parameter", value, MAX_ID_LENGTH)
+    for name, value in zip(("conversation_id", "batch_id"), ids, strict=False):
+        problem = bad_text(name, value, MAX_ID_LENGTH)
         if problem is not None:
-            return view.json({"error": problem}, status=400)
+            return _problem(view, problem, 400)
     try:
         tenant = requested_tenant(request.query, principal_of(request))
     except ValueError as error:
-        return view.json({"error": str(error)}, status=400)
+        return _problem(view, str(error), 400)
     except Forbidden:
-        return view.json(FORBIDDEN, status=403)
+        return _problem(view, bodies.FORBIDDEN, 403)
     return conversation_key(tenant, ids[0])
 
 
@@ -519,7 +478,7 @@ def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> 
             try:
                 limit, after = pages.page_request(request.query, settings.service)
             except ValueError as error:
-                return self.json({"error": str(error)}, status=400)
+                return _problem(self, str(error), 400)
             store = runtime.store
             history = await store.load_history(
                 key,
@@ -528,11 +487,10 @@ def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> 
                 limit=limit + 1,  # one more: is there a next page?
             )
             if not history and after is None:
-                return self.json(unknown(key), status=404)
+                return _problem(self, bodies.unknown_conversation(key), 404)
             page = history[:limit]
-            body = history_body(key, page)
-            body["next_cursor"] = pages.cursor_of(page[-1]) if len(history) > limit else None
-            return self.json(body)
+            following = pages.cursor_of(page[-1]) if len(history) > limit else None
+            return self.json(_body(bodies.HistoryPage.of(key, page, following)))
 
     @app.page("/conversations/{conversation_id}/batches/{batch_id}")
     class Batch(View):
@@ -542,7 +500,7 @@ def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> 
             try:
                 limit, after = pages.page_request(request.query, settings.service)
             except ValueError as error:
-                return self.json({"error": str(error)}, status=400)
+                return _problem(self, str(error), 400)
             store = runtime.store
             expanded = await store.expand_batch(
                 key,
@@ -552,13 +510,23 @@ def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> 
                 limit=limit + 1,
             )
             if expanded is None:
-                return self.json(
-                    {"error": f"unknown batch {batch_id!r} in {conversation_id!r}"}, status=404
-                )
+                return _problem(self, f"unknown batch {batch_id!r} in {conversation_id!r}", 404)
             turns = expanded.turns
-            body = batch_body(expanded.model_copy(update={"turns": turns[:limit]}))
-            body["next_cursor"] = pages.cursor_of(turns[limit - 1]) if len(turns) > limit else None
-            return self.json(body)
+            following = pages.cursor_of(turns[limit - 1]) if len(turns) > limit else None
+            page = expanded.model_copy(update={"turns": turns[:limit]})
+            return self.json(_body(bodies.BatchPage.of(page, following)))
+
+    @app.page("/conversations/{conversation_id}/compactions")
+    class Compactions(View):
+        async def get(self, request: Request, conversation_id: str) -> Response:
+            if not isinstance(key := addressed(self, request, conversation_id), str):
+                return key
+            store = runtime.store
+            scope = read_scope(principal_of(request))
+            records = await store.compaction_log(key, scope=scope)
+            if not records and not await store.load_history(key, scope=scope, limit=1):
+                return _problem(self, bodies.unknown_conversation(key), 404)
+            return self.json(_body(bodies.CompactionLog.of(key, records)))
 
 
 def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) -> None:
@@ -569,9 +537,9 @@ def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) ->
             try:
                 asked = search_request(request.query, principal, settings.service)
             except ValueError as error:
-                return self.json({"error": str(error)}, status=400)
+                return _problem(self, str(error), 400)
             except Forbidden:
-                return self.json(FORBIDDEN, status=403)
+                return _problem(self, bodies.FORBIDDEN, 403)
             store = runtime.store
             try:
                 result = await store.memory_read(
@@ -584,5 +552,15 @@ def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) ->
                     scope=read_scope(principal),
                 )
             except ValueError as error:
-                return self.json({"error": str(error)}, status=400)
-            return self.json(search_body(result))
+                return _problem(self, str(error), 400)
+            return self.json(_body(bodies.SearchResult.of(result)))
+
+
+def register_document(app: faust.App, service: ServiceSettings) -> None:
+    """``/openapi.json``: the API's contract with this worker's bounds (``[service]``)."""
+    document = openapi.document(service)
+
+    @app.page(OPENAPI_PATH)
+    class Document(View):
+        async def get(self, request: Request) -> Response:
+            return self.json(document)

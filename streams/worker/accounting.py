@@ -24,10 +24,12 @@ from datetime import UTC, datetime
 from core.domain.accounting import (
     Completion,
     ConversationTally,
+    OperatorRequest,
     completes_outstanding,
     on_completion,
     on_message,
     on_reconcile,
+    on_request,
     on_resync,
     rebuilt,
     resynced,
@@ -52,6 +54,9 @@ from streams.events import (
     EraseCompleted,
     EraseRequest,
     MessageEvent,
+    OperatorRequestEvent,
+    RecompactRequest,
+    RestoreRequest,
 )
 from streams.metrics import Metrics
 from streams.topics import TopicNames
@@ -377,8 +382,16 @@ class Accounting:
             if totals.rows == 0:
                 if isinstance(control, CompactionCompleted):
                     await self._tombstone_again(control, totals)
+                elif isinstance(control, RecompactRequest | RestoreRequest):
+                    log.warning(
+                        "%s request %s of %s: no such conversation (nothing stored)",
+                        control.type, control.request_id, conversation_id,
+                        extra={"conversation_id": conversation_id},
+                    )  # fmt: skip
                 return set()
             tally = rebuilt(conversation_id, totals.tokens, totals.rows, totals.epoch)
+        if isinstance(control, RecompactRequest | RestoreRequest):
+            return await self._on_request(control, tally, totals, record.partition, epoch)
         if isinstance(control, CompactionCompleted):
             if totals is None and completes_outstanding(tally, control.compaction_id):
                 totals = (await store.totals_of([conversation_id]))[conversation_id]
@@ -410,6 +423,39 @@ class Accounting:
             last_seq = totals.last_seq if totals else await store.last_seq(conversation_id)
             await self._publish_command(self._command(tally, last_seq, reason), reason)
         return {conversation_id}
+
+    async def _on_request(
+        self,
+        control: OperatorRequestEvent,
+        tally: ConversationTally,
+        totals: StoreTotals | None,
+        partition: int,
+        epoch: int,
+    ) -> set[str]:
+        """An operator's recompact or restore: the outstanding command now, or queued
+        behind it (``core.domain.accounting.on_request``)."""
+        key = control.conversation_key
+        request = OperatorRequest(
+            action=control.type,
+            request_id=control.request_id,
+            batch_id=control.batch_id if isinstance(control, RestoreRequest) else None,
+        )
+        updated, issue = on_request(tally, request, self._clock())
+        fields = {"conversation_id": key, "request_id": control.request_id}
+        if updated is tally and not issue:
+            log.info("%s request %s of %s: already outstanding, queued or refused (queue full)",
+                     control.type, control.request_id, key, extra=fields)  # fmt: skip
+            return set()
+        if not self._table.put(updated, partition=partition, synced=totals is not None or None,
+                               epoch=epoch):  # fmt: skip
+            return set()
+        log.info("%s request %s of %s by %s: %s", control.type, control.request_id, key,
+                 control.requester, "sent" if issue else "queued", extra=fields)  # fmt: skip
+        if issue:
+            store = self._runtime.store
+            last_seq = totals.last_seq if totals else await store.last_seq(key)
+            await self._publish_command(self._command(updated, last_seq, "request"), "request")
+        return {key}
 
     async def on_erase(self, record: Record) -> set[str]:
         """An ``EraseRequest`` from the erase-requests topic (the only way to erase)."""
@@ -497,6 +543,7 @@ class Accounting:
     ) -> CompactionCommand:
         assert tally.outstanding is not None
         ref = ConversationRef.of_key(tally.conversation_id)
+        request = tally.request  # a re-sent operator request carries it again
         return CompactionCommand(
             compaction_id=tally.outstanding,
             conversation_id=ref.conversation_id,
@@ -504,12 +551,19 @@ class Accounting:
             generation=tally.generation,
             up_to_seq=up_to_seq,
             issued_at=datetime.fromtimestamp(self._clock(), UTC),
-            reason="reconcile" if reason == "reconcile" else "over_budget",
+            reason="reconcile"
+            if reason == "reconcile"
+            else "request"
+            if request
+            else "over_budget",
+            action=request.action if request else "compact",
+            request_id=request.request_id if request else None,
+            batch_id=request.batch_id if request else None,
         )
 
     async def _publish_command(self, command: CompactionCommand, reason: str) -> None:
         await self._publisher.publish(
-            "commands", command.conversation_id.encode(), command.model_dump_json().encode()
+            "commands", command.conversation_id.encode(), command.to_json()
         )
         self._metrics.commands_issued.labels(reason).inc()
         log.info(

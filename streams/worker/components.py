@@ -13,6 +13,7 @@ from streams.worker.health import Health
 from streams.worker.outbox import OutboxRelay
 from streams.worker.processor import CommandIntake, Processor
 from streams.worker.reconciler import Reconciler
+from streams.worker.requests import OperatorRequests
 from streams.worker.tally_table import TallyTable
 
 Token = TypeVar("Token")
@@ -30,3 +31,4 @@ class Components(Generic[Token]):
     processor: Processor
     intake: CommandIntake[Token]
     reconciler: Reconciler
+    requests: OperatorRequests

@@ -1,7 +1,8 @@
 """The dead-letter policy: an unusable record is copied, untouched, with the reason.
 
 The value keeps the original bytes so the record can be fixed and re-driven;
-the reason, error type and source coordinates travel as ``dlq.*`` headers.
+the reason, error type and source coordinates travel as ``dlq.*`` headers, after
+the record's own headers (kept, so a re-driven record is the one that came).
 The worker's producer may send any record its source topics accept, with
 room for the headers (``streams/kafka/admin.py`` raises
 ``[kafka].max_request_bytes`` to that, and creates the dead-letter topic to
@@ -116,9 +117,12 @@ class DeadLetters:
                 "dlq.redacted": self._redacted,
             }
         )
+        # The record's own headers (a tenant's signature, a producer's trace id) travel
+        # with it, so `compactor dead-letters redrive` re-publishes it as it came.
+        kept = [(name, raw) for name, raw in record.headers if not name.startswith("dlq.")]
         await self._publisher.publish(
             "dead_letters",
             None if key is None else key[:MAX_KEY_BYTES],
             None if value is None else value[:max_value],
-            headers.to_kafka(),
+            [*kept, *headers.to_kafka()],
         )

@@ -39,13 +39,17 @@ def clip_archive_event(
     created: datetime,
 ) -> ClipArchiveEvent:
     deleted = set(plan.deleted_message_ids)
+    clip = plan.clip_archive
     return ClipArchiveEvent(
         compaction_id=plan.compaction_id,
         conversation_id=command.conversation_id,
         tenant_id=command.tenant_id,
         generation=command.generation,
-        clip_archive=public_message(plan.clip_archive),
-        kept_message_ids=tuple(m.id for m in history if m.id not in deleted),
+        clip_archive=None if clip is None else public_message(clip),
+        kept_message_ids=(
+            *(m.id for m in history if m.id not in deleted),
+            *plan.restored_message_ids,
+        ),
         compressed_message_ids=tuple(
             m.id for m in history if m.id in deleted and not is_clip_archive(m)
         ),
@@ -66,6 +70,10 @@ def clip_archive_event(
         tokens_after=plan.tokens_estimate_after,
         created_at=created,
         usage=plan.usage,
+        action=command.action,
+        request_id=command.request_id,
+        restored_message_ids=plan.restored_message_ids,
+        not_restored_message_ids=plan.not_restored_message_ids,
     )
 
 
@@ -99,7 +107,7 @@ def completion(
         status="compacted",
         messages_compressed=plan.messages_compressed,
         rows_removed=len(plan.deleted_message_ids),
-        rows_added=1,
+        rows_added=(plan.clip_archive is not None) + len(plan.restored_message_ids),
         tokens_removed=stats.tokens_removed,
         tokens_added=stats.tokens_added,
         completed_at=completed_at,
@@ -141,7 +149,7 @@ class OutboxEvents:
             OutboxRecord(
                 topic="clip_archives",
                 key=plan.conversation_id,
-                payload=clip_event.model_dump_json(),
+                payload=clip_event.to_json(),
             ),
             OutboxRecord(
                 topic="control", key=command.conversation_id, payload=completed.model_dump_json()

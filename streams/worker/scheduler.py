@@ -2,7 +2,8 @@
 
 A slow LLM call must not stall its partition or other conversations, so
 compaction commands run as tasks: at most ``max_concurrent`` at once across
-conversations, strictly one at a time per conversation (a second command for
+conversations, the slots shared by tenant (``core.fair_slots``), strictly one
+at a time per conversation (a second command for
 a conversation waits for the first). Offsets are committed by acking, and an
 ack is only sent when the command and every earlier command of the same
 partition are finished; so after a crash every unfinished command is
@@ -14,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from core.domain.tenancy import tenant_of
+from core.fair_slots import FairSlots
 from streams.logs import log_context
 
 log = logging.getLogger("compactor.scheduler")
@@ -93,11 +96,21 @@ class CompactionScheduler(Generic[Token]):
         *,
         max_concurrent: int,
         max_pending: int | None = None,
+        fair_share: bool = True,
+        tenant_weights: Mapping[str, float] | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be >= 1")
         self._ack = ack
-        self._slots = asyncio.Semaphore(max_concurrent)
+        # Shared by tenant like the provider guard's call slots: a tenant's burst
+        # queued here must not hold the other tenants' commands behind it.
+        # A tenant holds at most three quarters of them: see FairSlots, max_per_tenant.
+        self._slots = FairSlots(
+            max_concurrent,
+            weights=tenant_weights,
+            fair=fair_share,
+            max_per_tenant=max(1, max_concurrent - max_concurrent // 4),
+        )
         self._room = asyncio.Semaphore(max_pending or max_concurrent * 8)
         self._ackers: dict[Hashable, OrderedAcker[Token]] = {}
         self._conversations: dict[str, _Conversation] = {}
@@ -139,7 +152,7 @@ class CompactionScheduler(Generic[Token]):
             try:
                 if previous is not None:
                     await asyncio.wait([previous])
-                async with self._slots:
+                async with self._slots.hold(tenant_of(conversation_id)):
                     self.stats.queued -= 1
                     self.stats.in_flight += 1
                     self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)

@@ -141,6 +141,12 @@ async def test_three_conversations_end_to_end(stack: Stack) -> None:
         assert {h["batch_id"] for h in hits} <= {
             r["id"] for r in batches if r["conversation_id"] == conv.id
         }
+        # Why each matched: the lists, ranks and words; the best raw turns on their own.
+        reasons = [m for h in hits for m in h["matches"]]
+        reasons += [m for t in found["turns"] for m in t["matches"]]
+        assert reasons and all(m["via"] and m["rank"] >= 1 for m in reasons)
+        assert any(m["terms"] for m in reasons)
+        assert {t["conversation_id"] for t in found["turns"]} <= {conv.id}
     # A search across every conversation is refused unless the operator allows it.
     status, body = await worker.get("/memory/search", {"q": "falcon", "limit": "20"})
     assert status == 400 and "allow_global_search" in body["error"], (status, body)

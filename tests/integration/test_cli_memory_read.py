@@ -1,17 +1,20 @@
 """``compactor memory-read`` follows the HTTP view's scoping rule: one
 conversation, one tenant's conversations, or every conversation only when
 asked for by name (``--all``). An operator tool with database access still
-should not search every tenant's archive by omission."""
+should not search every tenant's archive by omission. With ``--json`` the
+reads from PostgreSQL print the HTTP API's bodies."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
 from core.adapters.postgres.store import PostgresStore
 from streams import cli
+from streams.http.bodies import BatchPage, HistoryPage, SearchResult
 from tests.integration.test_postgres_store import archive, msg
 
 pytestmark = pytest.mark.integration
@@ -52,3 +55,49 @@ async def test_memory_read_needs_a_scope_or_all(
     assert await asyncio.to_thread(run_cli, "memory-read", "kafka", "--all") == 0
     out = capsys.readouterr().out
     assert "conv-acme" in out and "conv-globex" in out
+    assert "why: summary_text #1 (" in out and ": kafka)" in out  # list, rank, score, words
+
+    argv = ("memory-read", "Kafka?", "--tenant-id", "acme", "--conversation-id", "conv-acme")
+    argv += ("--json",)
+    assert await asyncio.to_thread(run_cli, *argv) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["hits"][0]["matches"][0]["via"] == "summary_text"
+    assert body["hits"][0]["matches"][0]["terms"] == ["Kafka"]  # as typed
+
+
+async def test_reads_from_postgresql_print_the_http_apis_bodies_with_json(
+    pg_store: PostgresStore,
+    pg_database: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The operator's path (no worker) prints what the views answer: the same models."""
+    conversation = "acme/conv-json"
+    for i in range(3):
+        assert await pg_store.save_message(msg(i, conversation_id=conversation), 5)
+    (batch,) = await archive(
+        pg_store, "cmp-json", ["kafka rebalance notes"], conversation_id=conversation
+    )
+    monkeypatch.setenv("POSTGRES_DSN", pg_database)
+    monkeypatch.chdir(tmp_path)
+
+    argv = ("history", "conv-json", "--tenant-id", "acme", "--json")
+    assert await asyncio.to_thread(run_cli, *argv) == 0
+    page = HistoryPage.model_validate_json(capsys.readouterr().out)
+    assert page.tenant_id == "acme" and page.conversation_id == "conv-json"
+    assert [m.id for m in page.messages] == [
+        m.id for m in await pg_store.load_history(conversation)
+    ]
+    assert page.next_cursor is None
+
+    argv = ("memory-read", "kafka", "--tenant-id", "acme", "--json")
+    assert await asyncio.to_thread(run_cli, *argv) == 0
+    found = SearchResult.model_validate_json(capsys.readouterr().out)
+    assert [(h.conversation_id, h.tenant_id) for h in found.hits] == [("conv-json", "acme")]
+
+    assert found.hits[0].batch_id == batch.id
+    argv = ("expand", "conv-json", batch.id, "--tenant-id", "acme", "--json")
+    assert await asyncio.to_thread(run_cli, *argv) == 0
+    expanded = BatchPage.model_validate_json(capsys.readouterr().out)
+    assert expanded.batch_id == batch.id and expanded.summary == "kafka rebalance notes"

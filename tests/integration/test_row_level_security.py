@@ -199,32 +199,30 @@ async def test_the_views_reads_hold_without_their_filters(
         scoped = await pg_store.memory_read("orchid", sources=sources, scope=ACME)
         assert {h.conversation_id for h in scoped.hits} == {"acme/shared"}, sources
 
-    # Strip the tenant filter out of every search query and ask as acme for globex's tenant.
-    for name in ("SUMMARY_TEXT_SQL", "SUMMARY_VECTOR_SQL", "RAW_TEXT_SQL", "RAW_VECTOR_SQL"):
-        sql = getattr(pg_memory, name)
-        for alias in ("m", "a", "d"):
-            for param in (5, 6):
-                sql = sql.replace(
-                    pg_memory.in_tenant(alias, param), f"(${param}::text IS NULL OR true)"
-                )
-        assert "conversations AS t" not in sql, name
-        monkeypatch.setattr(pg_memory, name, sql)
-    stripped = await pg_store.memory_read("orchid", tenant_id="globex", scope=ACME)
-    assert {h.conversation_id for h in stripped.hits} == {"acme/shared"}
+    # Strip the tenant filter out of every search statement and ask as acme for globex's tenant.
+    monkeypatch.setattr(
+        pg_memory, "tenant_clause", lambda alias, n: f"(${n}::text IS NULL OR true)"
+    )
+    pg_memory.forget_statements()
+    try:
+        for kind in ((False, True), (True, True)):
+            for builder in pg_memory.STATEMENTS:
+                assert "conversations AS t" not in builder(kind), builder.__name__
+        stripped = await pg_store.memory_read("orchid", tenant_id="globex", scope=ACME)
+        assert {h.conversation_id for h in stripped.hits} == {"acme/shared"}
+        assert {t.conversation_id for t in stripped.turns} <= {"acme/shared"}
+    finally:
+        monkeypatch.undo()
+        pg_memory.forget_statements()
 
     # The batch fill-in query, asked for globex's batch (same id as acme's) under acme.
+    by_id = pg_memory.batches_by_id_sql
     async with reading(pool := pg_store.pool, ACME) as conn:
         rows = await conn.fetch(
-            pg_memory.BATCHES_BY_ID_SQL,
-            ["globex/shared", "acme/shared"],
-            ["batch-1"] * 2,
-            None,
-            None,
+            by_id((False, False)), ["globex/shared", "acme/shared"], ["batch-1"] * 2
         )
     assert [r["conversation_id"] for r in rows] == ["acme/shared"]
-    rows = await pool.fetch(
-        pg_memory.BATCHES_BY_ID_SQL, ["globex/shared"], ["batch-1"], None, "acme"
-    )
+    rows = await pool.fetch(by_id((False, True)), ["globex/shared"], ["batch-1"], "acme")
     assert rows == []  # its own tenant filter holds too, without row-level security
 
 
@@ -337,3 +335,20 @@ async def test_a_scoped_read_leaves_its_pooled_connection_as_it_was(pg_database:
         assert len(await store.load_history("globex/shared")) == 3  # the worker's reads see all
     finally:
         await store.close()
+
+
+async def test_the_compaction_log_is_read_through_the_scope(pg_store: PostgresStore) -> None:
+    """GET /conversations/{id}/compactions reads compaction_log with the caller's scope:
+    a tenant sees its own conversation's compactions and batches, never another's."""
+    await _two_tenants(pg_store)
+    acme = await pg_store.compaction_log("acme/shared", scope=ReadScope.of_tenant("acme"))
+    assert [r.compaction_id for r in acme] == ["cmp-acme/shared"]
+    (record,) = acme
+    assert record.messages_compressed == 2 and record.batches_created == 1
+    assert [b.batch_id for b in record.batches] == ["batch-1"]
+    assert record.usage is not None and record.usage.summarizer == "extractive"
+    assert await pg_store.compaction_log("globex/shared", scope=ReadScope.of_tenant("acme")) == []
+    assert await pg_store.compaction_log("loose-1", scope=ReadScope.of_tenant("acme")) == []
+    everything = ReadScope.everything()
+    assert len(await pg_store.compaction_log("loose-1", scope=everything)) == 1
+    assert await pg_store.compaction_log("nobody", scope=everything) == []

@@ -26,7 +26,9 @@ from core.domain.usage import LlmUsage, UsageDay
 from core.ports.storage import (
     ApplyResult,
     AuditEntry,
+    CompactedBatch,
     CompactionInputs,
+    CompactionRecord,
     EraseOutcome,
     Erasure,
     ExpandedBatch,
@@ -88,6 +90,8 @@ class InMemoryStore:
     batches: dict[str, StoredBatch] = field(default_factory=dict)
     compactions: set[str] = field(default_factory=set)
     compaction_owner: dict[str, str] = field(default_factory=dict)  # compaction → conversation
+    # compaction → (when, plan) in apply order, for compaction_log (dropped with the owner).
+    compaction_plans: dict[str, tuple[datetime, CompactionPlan]] = field(default_factory=dict)
     # compaction → (its tenant when it was applied, when, its LLM spend): the
     # compactions table's usage columns (migration 0012)
     compaction_usage: dict[str, tuple[str | None, datetime, LlmUsage]] = field(default_factory=dict)
@@ -237,9 +241,12 @@ class InMemoryStore:
         cid = plan.conversation_id
         missing = [i for i in plan.deleted_message_ids if (cid, i) not in self.messages]
         stale = [old for old, _ in plan.superseded if self._live_batch(old) is None]
-        if missing or stale or (cid, plan.clip_archive.id) in self.messages:
+        clip = plan.clip_archive
+        unarchived = [i for i in plan.restored_message_ids if (cid, i) not in self.archived]
+        if missing or stale or unarchived or (clip is not None and (cid, clip.id) in self.messages):
             raise HistoryConflictError(
-                f"compaction {plan.compaction_id}: gone {missing}, superseded {stale}"
+                f"compaction {plan.compaction_id}: gone {missing}, superseded {stale}, "
+                f"not archived {unarchived}"
             )
         owner: dict[str, str] = {}
         for stored in sorted(plan.new_batches, key=lambda b: b.batch.depth):
@@ -256,12 +263,23 @@ class InMemoryStore:
             self.batches[old] = self.batches[old].model_copy(update={"superseded_by": new})
         for stored in plan.new_batches:
             self.batches.setdefault(stored.id, stored)
-        added = estimate_message_tokens(plan.clip_archive)
-        self.messages[cid, plan.clip_archive.id] = _Row(
-            plan.clip_archive, added, next(self._seq), "clip_archive"
-        )
+        for message_id, batch_id in owner.items():  # turns archived before: relinked
+            entry = self.archived.get((cid, message_id))
+            if entry is not None and message_id not in plan.deleted_message_ids:
+                self.archived[cid, message_id] = replace(entry, batch_id=batch_id)
+        added = 0
+        for message_id in plan.restored_message_ids:  # a restore: back in the history
+            back = self.archived.pop((cid, message_id)).message
+            tokens = estimate_message_tokens(back)
+            self.messages[cid, message_id] = _Row(back, tokens, next(self._seq))
+            added += tokens
+        if clip is not None:
+            tokens = estimate_message_tokens(clip)
+            self.messages[cid, clip.id] = _Row(clip, tokens, next(self._seq), "clip_archive")
+            added += tokens
         self.compactions.add(plan.compaction_id)
         self.compaction_owner[plan.compaction_id] = plan.conversation_id
+        self.compaction_plans[plan.compaction_id] = (self.now(), plan)
         self.compaction_usage[plan.compaction_id] = (tenant_of(cid), self.now(), plan.usage)
         stats = AppliedStats(tokens_removed=removed, tokens_added=added)
         for record in outbox(stats) if outbox is not None else ():
@@ -395,6 +413,40 @@ class InMemoryStore:
             turns_missing=len(covered) - len(turns),
         )
 
+    async def compaction_log(
+        self, conversation_id: str, *, scope: ReadScope | None = None
+    ) -> list[CompactionRecord]:
+        self._call("compaction_log")
+        self.read_scopes.append(("compaction_log", scope))
+        if not self._visible(scope, conversation_id):
+            return []
+        return [
+            CompactionRecord(
+                compaction_id=compaction_id,
+                created_at=when,
+                messages_compressed=plan.messages_compressed,
+                batches_created=len(plan.new_batches),
+                tokens_before=plan.tokens_estimate_before,
+                tokens_after=plan.tokens_estimate_after,
+                usage=plan.usage,
+                batches=tuple(self._compacted(b.id) for b in plan.new_batches),
+            )
+            for compaction_id, (when, plan) in self.compaction_plans.items()
+            if self.compaction_owner.get(compaction_id) == conversation_id
+        ]
+
+    def _compacted(self, batch_id: str) -> CompactedBatch:
+        stored = self.batches[batch_id]
+        return CompactedBatch(
+            batch_id=stored.id,
+            label=stored.label,
+            depth=stored.batch.depth,
+            start_time=stored.batch.start_time,
+            end_time=stored.batch.end_time,
+            message_count=stored.batch.message_count,
+            superseded_by=stored.superseded_by,
+        )
+
     async def expire_raw_turns(self) -> int:
         self._call("expire_raw_turns")
         if self.raw_retention_days == 0:
@@ -506,6 +558,7 @@ class InMemoryStore:
         for c in owned:
             self.compactions.discard(c)
             del self.compaction_owner[c]
+            self.compaction_plans.pop(c, None)
             self.compaction_usage.pop(c, None)
         self.outbox = [o for o in self.outbox if o.conversation_id != conversation_id]
         known = conversation_id in self.tenants

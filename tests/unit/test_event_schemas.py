@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -37,6 +38,8 @@ def test_every_wire_event_has_a_schema_and_a_section_in_the_readme() -> None:
         "CompactionCommand",
         "CompactionCompleted",
         "ReconcileRequest",
+        "RecompactRequest",
+        "RestoreRequest",
         "EraseRequest",
         "EraseCompleted",
         "ClipArchiveEvent",
@@ -108,3 +111,68 @@ def test_every_sample_line_is_a_message_event(sample: Path) -> None:
 
 def test_there_are_samples() -> None:
     assert SAMPLES
+
+
+# -- schema evolution (docs/events/README.md, "Schema evolution") -------------------
+
+
+def _object_nodes(schema: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (name, node)
+        for name, node in [("", schema), *schema.get("$defs", {}).items()]
+        if "properties" in node
+    ]
+
+
+def test_every_schema_allows_fields_it_does_not_list_at_every_level() -> None:
+    """What every reader does (streams.events.EVENT_CONFIG), said by the schemas."""
+    for name in WIRE_EVENTS:
+        committed = json.loads((EVENTS_DOCS / f"{name}.json").read_text())
+        for where, node in _object_nodes(committed):
+            assert node.get("additionalProperties") is True, f"{name} {where or 'top'}"
+
+
+def test_every_event_names_its_version_as_a_constant() -> None:
+    for name in set(WIRE_EVENTS) - {"DeadLetterHeaders"}:  # headers: no version
+        version = event_schema(name)["properties"]["schema_version"]
+        assert version["type"] == "integer" and isinstance(version["const"], int), name
+
+
+def test_a_producer_adding_fields_is_read_the_same_at_every_level() -> None:
+    base = {
+        "message_id": "m1",
+        "conversation_id": "c1",
+        "role": "assistant",
+        "content": "hi",
+        "created_at": "2026-01-01T00:00:00Z",
+        "tool_calls": [{"id": "t1", "name": "lookup", "arguments": {"q": 1}}],
+    }
+    newer = {
+        **base,
+        "sentiment": "calm",  # a field a later v1 producer adds
+        "tool_calls": [{**base["tool_calls"][0], "latency_ms": 12}],
+    }
+    assert MessageEvent.model_validate(newer) == MessageEvent.model_validate(base)
+    for model, _ in WIRE_EVENTS.values():
+        assert model.model_config.get("extra") == "ignore", model.__name__
+
+
+def test_an_unknown_version_is_still_refused() -> None:
+    with pytest.raises(ValidationError, match="schema_version"):
+        MessageEvent.model_validate(
+            {
+                "schema_version": 2,
+                "message_id": "m1",
+                "conversation_id": "c1",
+                "role": "user",
+                "content": "hi",
+                "created_at": "2026-01-01T00:00:00Z",
+            }
+        )
+
+
+def test_the_readme_states_the_evolution_policy() -> None:
+    readme = (EVENTS_DOCS / "README.md").read_text()
+    assert "## Schema evolution" in readme
+    for rule in ("additionalProperties", "schema_version", "consumers first", "v2"):
+        assert rule.lower() in readme.lower(), rule

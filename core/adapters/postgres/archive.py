@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import asyncpg
 
+from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.rows import BATCH_COLUMNS, row_to_batch, row_to_message
 from core.domain.compaction import StoredBatch
-from core.ports.storage import ExpandedBatch, MessageKey
+from core.domain.usage import LlmUsage
+from core.ports.storage import CompactedBatch, CompactionRecord, ExpandedBatch, MessageKey
 
 if TYPE_CHECKING:
     from core.adapters.postgres.connection import Queryable
@@ -112,17 +115,84 @@ async def expire_raw_turns(pool: asyncpg.Pool, retention_days: int) -> int:
 
 
 async def _expire_conversation(pool: asyncpg.Pool, conversation_id: str, cutoff: datetime) -> int:
+    """Under the conversation's advisory lock, like the compaction that archives
+    turns (the triggers of migration 0011 take them out of the BM25 figures)."""
     async with pool.acquire() as conn, conn.transaction():
-        rows = await conn.fetch(
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            CONVERSATION_LOCK_CLASS,
+            conversation_id,
+        )
+        status = await conn.execute(
             """
             DELETE FROM archived_messages
              WHERE conversation_id = $1 AND id IN (
                    SELECT id FROM archived_messages
                     WHERE conversation_id = $1 AND archived_at < $2 LIMIT $3)
-            RETURNING id
             """,
             conversation_id,
             cutoff,
             EXPIRE_BATCH,
         )
-    return len(rows)
+    return int(status.rsplit(" ", 1)[-1])
+
+
+async def compaction_log(pool: Queryable, conversation_id: str) -> list[CompactionRecord]:
+    """The conversation's compactions, oldest first, each with the batches it archived
+    (one query: the batches aggregated per compaction, in plan order)."""
+    rows = await pool.fetch(
+        """
+        SELECT c.compaction_id, c.created_at, c.messages_compressed, c.batches_created,
+               c.tokens_before, c.tokens_after, c.summarizer, c.model, c.llm_calls,
+               c.input_tokens, c.output_tokens, c.cache_read_tokens, c.cache_write_tokens,
+               c.cost_usd, c.budget_fallback,
+               coalesce(jsonb_agg(jsonb_build_object(
+                   'batch_id', a.id, 'label', a.label, 'depth', a.depth,
+                   'start_time', a.start_time, 'end_time', a.end_time,
+                   'message_count', a.message_count, 'superseded_by', a.superseded_by)
+                 ORDER BY a.seq) FILTER (WHERE a.id IS NOT NULL), '[]'::jsonb) AS batches
+          FROM compactions c
+          LEFT JOIN archival_memory a
+            ON a.conversation_id = c.conversation_id AND a.compaction_id = c.compaction_id
+         WHERE c.conversation_id = $1
+         GROUP BY c.conversation_id, c.compaction_id
+         ORDER BY c.created_at, c.compaction_id
+        """,
+        conversation_id,
+    )
+    return [
+        CompactionRecord(
+            compaction_id=row["compaction_id"],
+            created_at=row["created_at"],
+            messages_compressed=row["messages_compressed"],
+            batches_created=row["batches_created"],
+            tokens_before=row["tokens_before"],
+            tokens_after=row["tokens_after"],
+            usage=_usage(row),
+            batches=tuple(CompactedBatch.model_validate(b) for b in _json(row["batches"])),
+        )
+        for row in rows
+    ]
+
+
+def _usage(row: asyncpg.Record) -> LlmUsage | None:
+    """The compaction's LLM spend (None for a row from before migration 0012)."""
+    if row["summarizer"] is None:
+        return None
+    return LlmUsage(
+        summarizer=row["summarizer"],
+        model=row["model"] or row["summarizer"],
+        calls=row["llm_calls"],
+        input_tokens=row["input_tokens"],
+        output_tokens=row["output_tokens"],
+        cache_read_tokens=row["cache_read_tokens"],
+        cache_write_tokens=row["cache_write_tokens"],
+        cost_usd=row["cost_usd"],
+        fallback=row["budget_fallback"],
+    )
+
+
+def _json(value: object) -> list[dict[str, object]]:
+    """A jsonb column as asyncpg hands it over (text unless a codec is set)."""
+    parsed = json.loads(value) if isinstance(value, str) else value
+    return parsed if isinstance(parsed, list) else []

@@ -57,10 +57,11 @@ async def apply(
         await _insert_batches(conn, plan.new_batches, vectors, model)
         await _place_resummarised(conn, plan)
         removed = await _archive_compacted(conn, plan)
+        restored = await _restore_turns(conn, plan)
+        await _relink_archived_turns(conn, plan)
         await _store_turn_vectors(conn, plan.conversation_id, turn_vectors, model)
-        stats = AppliedStats(
-            tokens_removed=removed, tokens_added=estimate_message_tokens(plan.clip_archive)
-        )
+        clip_tokens = 0 if plan.clip_archive is None else estimate_message_tokens(plan.clip_archive)
+        stats = AppliedStats(tokens_removed=removed, tokens_added=clip_tokens + restored)
         records = list(outbox(stats)) if outbox is not None else []
         await _insert_clip_archive(conn, plan, records)
     return ApplyResult(outcome="applied", stats=stats)
@@ -268,8 +269,9 @@ def _turn_batches(plan: CompactionPlan) -> dict[str, str]:
 
 async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
     """Move the compacted messages to ``archived_messages`` (raw turns, linked to
-    their batch; a replaced clip-archive is dropped); the sum of their stored
-    token counts."""
+    their batch; a replaced clip-archive is dropped), in one statement (its
+    triggers count them into the BM25 figures, migration 0011); the sum of
+    their stored token counts."""
     wanted = set(plan.deleted_message_ids)
     if not wanted:
         return 0
@@ -308,6 +310,63 @@ async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
     return sum(int(row["token_estimate"]) for row in rows)
 
 
+async def _restore_turns(conn: AnyConnection, plan: CompactionPlan) -> int:
+    """A restore: move its raw turns from ``archived_messages`` back into ``messages``
+    with their arrival numbers; the sum of their token counts. A turn no longer
+    archived (expired, restored meanwhile) aborts: ``HistoryConflictError``."""
+    wanted = plan.restored_message_ids
+    if not wanted:
+        return 0
+    rows = await conn.fetch(
+        """
+        WITH back AS (
+            DELETE FROM archived_messages
+             WHERE conversation_id = $1 AND id = ANY($2::text[])
+            RETURNING *
+        )
+        INSERT INTO messages (id, conversation_id, role, content, tool_calls, tool_call_id,
+                              created_at, token_estimate, seq)
+        OVERRIDING SYSTEM VALUE
+        SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at,
+               token_estimate, seq
+          FROM back
+        ON CONFLICT (conversation_id, id) DO NOTHING
+        RETURNING id, token_estimate
+        """,
+        plan.conversation_id,
+        list(wanted),
+    )
+    if len(rows) != len(set(wanted)):
+        missing = sorted(set(wanted) - {row["id"] for row in rows})
+        raise HistoryConflictError(
+            f"compaction {plan.compaction_id}: {len(missing)} turn(s) to restore are no longer "
+            f"archived in conversation {plan.conversation_id}: {_preview(missing)}"
+        )
+    return sum(int(row["token_estimate"]) for row in rows)
+
+
+async def _relink_archived_turns(conn: AnyConnection, plan: CompactionPlan) -> None:
+    """Raw turns archived by an earlier compaction that a new batch now summarises
+    (a recompact; the turns of a restore that did not fit) point to that batch.
+    An ordinary compaction's new batches summarise only turns it moves now, so it
+    sends nothing."""
+    moving = set(plan.deleted_message_ids)
+    owner = {m: b for m, b in _turn_batches(plan).items() if m not in moving}
+    if not owner:
+        return
+    await conn.execute(
+        """
+        UPDATE archived_messages AS a
+           SET batch_id = o.batch_id
+          FROM unnest($2::text[], $3::text[]) AS o(message_id, batch_id)
+         WHERE a.conversation_id = $1 AND a.id = o.message_id
+        """,
+        plan.conversation_id,
+        list(owner),
+        list(owner.values()),
+    )
+
+
 async def _store_turn_vectors(
     conn: AnyConnection,
     conversation_id: str,
@@ -328,6 +387,22 @@ async def _insert_clip_archive(
 ) -> None:
     """Insert the clip-archive and, in the same statement, the outbox rows (in order)."""
     clip = plan.clip_archive
+    if clip is None:  # a restore that left no batch live
+        await conn.execute(
+            """
+            INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id)
+            SELECT $1, o.topic, o.key, o.payload, $2
+              FROM unnest($3::text[], $4::text[], $5::text[])
+                   WITH ORDINALITY AS o(topic, key, payload, n)
+             ORDER BY o.n
+            """,
+            plan.compaction_id,
+            plan.conversation_id,
+            [r.topic for r in outbox],
+            [r.key for r in outbox],
+            [r.payload for r in outbox],
+        )
+        return
     try:
         await conn.execute(
             """
@@ -372,10 +447,11 @@ def _check_plan(plan: CompactionPlan) -> None:
     """Reject plans that would write across conversations or collide with themselves."""
     conversation = plan.conversation_id
     foreign = [b.id for b in plan.new_batches if b.conversation_id != conversation]
-    if foreign or plan.clip_archive.conversation_id != conversation:
+    clip_in = conversation if plan.clip_archive is None else plan.clip_archive.conversation_id
+    if foreign or clip_in != conversation:
         raise ValueError(
             f"compaction {plan.compaction_id} writes outside conversation {conversation}: "
-            f"batches {foreign}, clip-archive in {plan.clip_archive.conversation_id}"
+            f"batches {foreign}, clip-archive in {clip_in}"
         )
     ids = [b.id for b in plan.new_batches]
     if len(set(ids)) != len(ids):

@@ -17,6 +17,10 @@ from core.ports.storage import AuditEntry, EraseOutcome, Erasure
 ERASED_TABLES = (
     "outbox",
     "compactions",
+    # Before archived_messages, whose delete trigger would otherwise empty them
+    # first (and the erase would report them as never there).
+    "archived_term_stats",
+    "archived_turn_stats",
     "archived_messages",
     "archival_memory",
     "messages",

@@ -60,6 +60,7 @@ from core.ports.storage import (
     ApplyResult,
     AuditEntry,
     CompactionInputs,
+    CompactionRecord,
     EraseOutcome,
     Erasure,
     ExpandedBatch,
@@ -266,17 +267,19 @@ class PostgresStore:
         (``connection.reading``): row-level security holds the search to the
         scope whatever its own filters say."""
         if scope is None:
-            return await pg_memory.search(
-                self._pool,
-                self._embedder,
-                query,
-                conversation_id=conversation_id,
-                limit=limit,
-                sources=sources,
-                mode=mode,
-                tenant_id=tenant_id,
-                candidates_per_half=self._candidates_per_half,
-            )
+            # One connection for the search's 3-5 statements (not one each).
+            async with self._pool.acquire() as conn:
+                return await pg_memory.search(
+                    conn,
+                    self._embedder,
+                    query,
+                    conversation_id=conversation_id,
+                    limit=limit,
+                    sources=sources,
+                    mode=mode,
+                    tenant_id=tenant_id,
+                    candidates_per_half=self._candidates_per_half,
+                )
         async with reading(self._pool, scope) as conn:
             return await pg_memory.search(
                 conn,
@@ -307,6 +310,14 @@ class PostgresStore:
             return await pg_archive.expand_batch(
                 conn, conversation_id, batch_id, after=after, limit=limit
             )
+
+    async def compaction_log(
+        self, conversation_id: str, *, scope: ReadScope | None = None
+    ) -> list[CompactionRecord]:
+        if scope is None:
+            return await pg_archive.compaction_log(self._pool, conversation_id)
+        async with reading(self._pool, scope) as conn:
+            return await pg_archive.compaction_log(conn, conversation_id)
 
     async def expire_raw_turns(self) -> int:
         return await pg_archive.expire_raw_turns(self._pool, self._raw_retention_days)

@@ -23,6 +23,7 @@ from core.domain.tenancy import ConversationRef, tenant_of
 from core.settings import ConfigError, ResolvedModel, Settings, parse_settings
 from streams.events import MessageEvent
 from streams.http.auth import AuthPolicy, Principal, check_exposure, env_tokens
+from streams.http.redo import register_redo
 from streams.http.views import Forbidden, register_views, search_request
 from streams.worker.components import Components
 from streams.worker.records import Record
@@ -56,6 +57,8 @@ SECURED = {
 
 
 class ViewRuntime:
+    is_open = True
+
     def __init__(self, store: InMemoryStore) -> None:
         self._store = store
         self.resolved_model = ResolvedModel(kind="extractive", model="x", reason="test")
@@ -76,6 +79,7 @@ class Site:
 
         self.app.router.route_topic_req = same_node  # type: ignore[method-assign]
         register_views(self.app, config, self.components, ViewRuntime(self.store))
+        register_redo(self.app, self.components)  # the admin's POST routes, as a worker has
         self.offset = 0
 
     async def message(
@@ -418,9 +422,15 @@ async def test_fuzzed_requests_never_get_a_server_error(
             )
         )
         paths.append(f"/memory/search?{query}")
-        for path in paths:
+        redo = [
+            f"/conversations/{safe_a}/{action}?request_id={quote(b, safe='')}"
+            f"&batch_id={quote(tenant, safe='')}"
+            for action in ("recompact", "restore")
+        ]
+        for path in [*paths, *redo]:
             for token in (ADMIN, ACME):
-                response = await client.get(path, headers=bearer(token))
+                send = client.post if path in redo else client.get
+                response = await send(path, headers=bearer(token))
                 seen.add(response.status)
                 assert response.status < 500, (path, response.status, await response.text())
     assert 400 in seen and 403 in seen

@@ -196,3 +196,16 @@ async def test_an_outage_is_still_waited_out() -> None:
     await h.components.accounting.handle_batch([message_record(h, 0, "fine")])
     assert h.store.message_ids("c1") == ["m0"] and len(h.slept) == 2
     assert dead_letter_types(h) == []
+
+
+async def test_a_record_with_fields_this_version_does_not_know_is_stored_not_dead_lettered() -> (
+    None
+):
+    """Forward compatible: a producer that adds a field keeps its messages flowing."""
+    h = harness()
+    newer = event(sentiment="calm", tool_calls=[{"id": "t", "name": "n", "extra": 1}])
+    await h.components.accounting.handle_batch(
+        [h.record(NAMES.messages, "c1", json.dumps(newer).encode())]
+    )
+    assert h.store.message_ids("c1") == ["m1"]
+    assert dead_letter_types(h) == []

@@ -7,6 +7,7 @@ import pytest
 from core.ports.publisher import RecordTooLarge
 from streams.events import DeadLetterHeaders
 from streams.worker.dead_letters import FALLBACK_REQUEST_BYTES, REQUEST_OVERHEAD_BYTES
+from streams.worker.records import Record
 from tests.unit.worker.harness import NAMES, harness
 
 pytestmark = pytest.mark.unit
@@ -63,3 +64,21 @@ async def test_a_dead_letter_refused_whole_is_cut_to_what_a_topic_of_default_siz
     (letter,) = h.publisher.on("dead_letters")
     assert letter.value == big[: FALLBACK_REQUEST_BYTES - REQUEST_OVERHEAD_BYTES]
     assert DeadLetterHeaders.from_kafka(list(letter.headers)).truncated
+
+
+async def test_a_dead_letter_keeps_the_records_own_headers_for_a_redrive() -> None:
+    h = harness()
+    record = Record(
+        NAMES.messages,
+        0,
+        7,
+        b"c1",
+        b"{not json",
+        (("compactor-signature", b"v1=abc"), ("dlq.reason", b"forged"), ("trace", b"t-1")),
+    )
+    await h.components.accounting.handle(record)
+    (letter,) = h.publisher.on("dead_letters")
+    names = [name for name, _ in letter.headers]
+    assert names[:2] == ["compactor-signature", "trace"]  # its own first, no forged dlq.*
+    assert dict(letter.headers)["compactor-signature"] == b"v1=abc"
+    assert DeadLetterHeaders.from_kafka(list(letter.headers)).source_offset == 7

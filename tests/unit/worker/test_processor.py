@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
+from core.domain.compaction import CompactionResult
 from core.ports.publisher import PublisherUnavailable
 from streams.events import DeadLetterHeaders, ReconcileRequest
 from streams.worker.runtime import StaticRuntime
@@ -73,7 +75,7 @@ async def test_a_replayed_compaction_never_published_publishes_both() -> None:
 
 
 async def test_a_failed_compaction_writes_nothing_and_is_counted() -> None:
-    h = harness(model=FailingModel())
+    h = harness(model=FailingModel(), command_timeout_seconds=0.1)
     command = await over_budget(h)
     before = dict(h.store.messages)
     outcome = await h.components.processor.compact(command)
@@ -200,3 +202,67 @@ async def test_a_refitted_clip_archive_counts_as_a_compaction_not_a_noop() -> No
     assert outcome.status == "compacted"
     assert h.components.metrics.compactions_over_target._value.get() == 1
     assert h.completions() == []  # its events come from its own outbox, not a noop
+
+
+class _DownThenUp:
+    """A compactor whose provider is down until ``back`` is set, then the real one."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.back = asyncio.Event()
+        self.waiting = asyncio.Event()
+        self.plans = 0
+        self.waits = 0
+
+    async def plan(self, history: Any, conversation_id: str, **kw: Any) -> CompactionResult:
+        self.plans += 1
+        if not self.back.is_set():
+            return CompactionResult(
+                history=tuple(history), failed=True, provider_down_at=0,
+                reason="ProviderUnavailableError: LLM provider open: retry in 5s",
+            )  # fmt: skip
+        result: CompactionResult = await self.real.plan(history, conversation_id, **kw)
+        return result
+
+    async def provider_answers(self, since: int) -> None:
+        self.waits += 1
+        self.waiting.set()
+        await self.back.wait()
+
+
+async def test_a_compaction_failed_in_an_outage_goes_again_when_the_provider_answers() -> None:
+    """Issue 20: not after the command's timeout and reconciliation, but as soon
+    as the guard sees the provider answer."""
+    h = harness()
+    command = await over_budget(h)
+    down = _DownThenUp(h.components.processor._runtime.compactor)
+    h.components.processor._runtime = StaticRuntime(h.store, down)
+    running = asyncio.create_task(h.components.processor.compact(command))
+    await asyncio.wait_for(down.waiting.wait(), 10)
+    assert not running.done() and h.completions() == []  # held, not acked
+    down.back.set()
+    outcome = await running
+    assert outcome.status == "compacted" and down.plans == 2
+    assert h.components.metrics.compactions_retried_after_outage._value.get() == 1
+    assert len(h.publisher.on("clip_archives")) == 1
+
+
+async def test_a_command_held_past_its_timeout_is_left_to_reconciliation() -> None:
+    h = harness()
+    command = await over_budget(h)
+    down = _DownThenUp(h.components.processor._runtime.compactor)
+    h.components.processor._runtime = StaticRuntime(h.store, down)
+    h.clock.now += 61  # command_timeout_seconds is 60: reconciliation re-sends it now
+    outcome = await h.components.processor.compact(command)
+    assert outcome.status == "failed" and outcome.provider_down_at == 0
+    assert down.plans == 1 and down.waits == 0
+
+
+async def test_an_outage_without_an_answer_is_held_until_the_command_times_out() -> None:
+    """A rejected key is provider-wide: the command waits for an answer or the
+    breaker, no longer than its timeout (then reconciliation, as before)."""
+    h = harness(model=FailingModel(), command_timeout_seconds=0.2)
+    command = await over_budget(h)
+    outcome = await h.components.processor.compact(command)
+    assert outcome.status == "failed" and outcome.provider_down_at == 0
+    assert h.components.metrics.compactions_retried_after_outage._value.get() == 0

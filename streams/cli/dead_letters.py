@@ -1,0 +1,458 @@
+"""``compactor dead-letters list`` and ``redrive``: look at dead letters, and send them
+back to their source topic once each after the cause was fixed.
+
+A re-driven record is the dead letter's value, key and headers (``dlq.*``
+removed), sent to the partition it was first read from
+(``dlq.source_topic`` / ``dlq.source_partition``), with the header
+``compactor.redriven-from: topic:partition:offset`` naming the original.
+
+**Once each, even when interrupted.** What was re-driven is kept in a ledger,
+the log-compacted topic ``{prefix}dead-letters-redriven``, keyed by the
+original record's (source topic, partition, offset), so a dead letter that
+was dead-lettered twice is still re-driven once. Each record goes through
+three acknowledged steps: an *intent* in the ledger (with the source
+partition's end offset at that moment), the record itself, then *done*. A
+redrive killed anywhere leaves at most intents without a done; the next
+redrive reads the source partition from each intent's offset and looks for
+the record's ``compactor.redriven-from`` header: found, it records *done*
+without sending; not found, it sends. The producer is idempotent (no
+duplicates from its own retries). Why not a Kafka transaction: the worker
+reads the messages topic without ``read_committed``, so an aborted
+transaction's record would still be read; the header check holds whatever
+the readers' isolation.
+
+A dead letter that cannot be re-driven is reported and left alone: a redacted
+one (``[kafka].dead_letter_content = "redacted"``: re-drive it from the
+source topic's offset while it is retained), a truncated one, or one whose
+source is not one of this service's topics.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from pydantic import ValidationError
+
+from core.settings import KafkaSettings
+from streams.events import DeadLetterHeaders
+from streams.kafka.admin import MIN_INSYNC_REPLICAS, Replication, cluster_brokers
+from streams.kafka.producers import producer_config
+from streams.kafka.security import PLAINTEXT, KafkaSecurity
+
+LEDGER_SUFFIX = "dead-letters-redriven"
+REDRIVEN_FROM = "compactor.redriven-from"
+CHUNK = 100  # records per intent / send / done round
+
+
+class RedriveError(RuntimeError):
+    """Reading or writing a topic failed; the message names it."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One record of the dead-letter topic, with its ``dlq.*`` headers parsed."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    meta: DeadLetterHeaders
+
+    @property
+    def source(self) -> str:
+        """The ledger's key: where the record was first read."""
+        m = self.meta
+        return f"{m.source_topic}:{m.source_partition}:{m.source_offset}"
+
+    def original_headers(self) -> list[tuple[str, bytes]]:
+        """The record's own headers: no ``dlq.*``, and no earlier re-drive's mark."""
+        return [(k, v) for k, v in self.headers if not k.startswith("dlq.") and k != REDRIVEN_FROM]
+
+    def unsendable(self, prefix: str) -> str | None:
+        """Why this dead letter cannot be re-driven, or None."""
+        if self.meta.redacted or self.value is None:
+            return "redacted: no content (re-drive it from the source topic's offset)"
+        if self.meta.truncated:
+            return "truncated: only the record's first bytes were kept"
+        if not self.meta.source_topic.startswith(prefix):
+            return f"source topic {self.meta.source_topic!r} is not one of this service's"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "dead_letter": f"{self.partition}@{self.offset}",
+            "source": self.source,
+            "failed_at": self.meta.failed_at.isoformat(),
+            "error_type": self.meta.error_type,
+            "reason": self.meta.reason,
+            "key": None if self.key is None else self.key.decode("utf-8", "replace"),
+            "size": self.meta.original_size,
+            "truncated": self.meta.truncated,
+            "redacted": self.meta.redacted,
+        }
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    state: Literal["intent", "done"]
+    scan_from: int  # the source partition's end offset before the record was sent
+    redriven_offset: int | None = None
+    at: str = ""
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "state": self.state,
+                "scan_from": self.scan_from,
+                "redriven_offset": self.redriven_offset,
+                "at": self.at,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LedgerEntry:
+        data = json.loads(raw)
+        return cls(data["state"], int(data["scan_from"]), data.get("redriven_offset"), data["at"])
+
+
+def since_time(text: str, now: datetime | None = None) -> datetime:
+    """``--since``: an ISO 8601 time (UTC when it has no zone) or an age: 30m, 6h, 2d."""
+    current = now or datetime.now(UTC)
+    age = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if age:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[age.group(2)]
+        return current - timedelta(**{unit: int(age.group(1))})
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"--since {text!r}: give an ISO 8601 time (2026-11-25T09:00) or an age (30m, 6h, 2d)"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def selected(
+    letters: Iterable[DeadLetter], reason: str | None = None, since: datetime | None = None
+) -> list[DeadLetter]:
+    """The dead letters ``--reason`` (an error type, or words of the reason) and
+    ``--since`` (failed at or after) pick, the first of each source only."""
+    chosen: dict[str, DeadLetter] = {}
+    for letter in letters:
+        if reason is not None and not (
+            letter.meta.error_type == reason or reason.lower() in letter.meta.reason.lower()
+        ):
+            continue
+        if since is not None and letter.meta.failed_at < since:
+            continue
+        chosen.setdefault(letter.source, letter)
+    return list(chosen.values())
+
+
+@dataclass
+class RedrivePlan:
+    """What a redrive will do, decided from the dead letters and the ledger alone."""
+
+    send: list[DeadLetter] = field(default_factory=list)
+    check: list[tuple[DeadLetter, LedgerEntry]] = field(default_factory=list)  # intents
+    done: list[DeadLetter] = field(default_factory=list)  # re-driven before
+    unsendable: list[tuple[DeadLetter, str]] = field(default_factory=list)
+
+
+def plan_redrive(
+    letters: Sequence[DeadLetter], ledger: dict[str, LedgerEntry], prefix: str
+) -> RedrivePlan:
+    """Each source once (a record may be dead-lettered twice), by what the ledger says."""
+    plan = RedrivePlan()
+    seen: set[str] = set()
+    for letter in letters:
+        if letter.source in seen:
+            continue
+        seen.add(letter.source)
+        entry = ledger.get(letter.source)
+        why = letter.unsendable(prefix)
+        if entry is not None and entry.state == "done":
+            plan.done.append(letter)
+        elif why is not None:
+            plan.unsendable.append((letter, why))
+        elif entry is not None:
+            plan.check.append((letter, entry))
+        else:
+            plan.send.append(letter)
+    return plan
+
+
+# -- Kafka -----------------------------------------------------------------------
+
+
+def _consumer(bootstrap: str, security: KafkaSecurity) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        client_id="compactor-dead-letters",
+        **security.client_kwargs(),
+    )
+
+
+async def read_topic(
+    bootstrap: str,
+    topic: str,
+    security: KafkaSecurity = PLAINTEXT,
+    start: dict[int, int] | None = None,
+    partitions: Iterable[int] | None = None,
+) -> list[Any]:
+    """Every record of ``topic`` (of ``partitions``; from ``start`` offsets, else the
+    beginning) up to its end offsets when called; [] when the topic does not exist."""
+    consumer = _consumer(bootstrap, security)
+    try:
+        await consumer.start()
+        await consumer._client.force_metadata_update()
+        known = consumer.partitions_for_topic(topic)
+        if not known:
+            return []
+        wanted = sorted(known if partitions is None else set(partitions) & set(known))
+        assigned = [TopicPartition(topic, p) for p in wanted]
+        if not assigned:
+            return []
+        consumer.assign(assigned)
+        ends = await consumer.end_offsets(assigned)
+        from_start = [tp for tp in assigned if start is None or tp.partition not in start]
+        if from_start:
+            await consumer.seek_to_beginning(*from_start)
+        for tp in assigned:
+            if start is not None and tp.partition in start:
+                consumer.seek(tp, start[tp.partition])
+        records: list[Any] = []
+        while True:
+            # The position moves when the fetcher buffers records, before getmany returns
+            # them: once every position is at the end, one more getmany drains the buffer.
+            drain = not await _behind(consumer, assigned, ends)
+            batches = await consumer.getmany(*assigned, timeout_ms=0 if drain else 500)
+            for tp, found in batches.items():
+                records += [r for r in found if r.offset < ends[tp]]
+            if drain and not batches:
+                break
+        return records
+    except KafkaError as error:
+        raise RedriveError(f"reading {topic} on {bootstrap} failed: {error}") from error
+    finally:
+        await consumer.stop()
+
+
+async def _behind(
+    consumer: AIOKafkaConsumer, assigned: Sequence[TopicPartition], ends: dict[Any, int]
+) -> bool:
+    """Whether some partition is not read up to its end offset yet."""
+    for tp in assigned:
+        if await consumer.position(tp) < ends[tp]:
+            return True
+    return False
+
+
+async def read_dead_letters(
+    bootstrap: str, topic: str, security: KafkaSecurity = PLAINTEXT
+) -> tuple[list[DeadLetter], int]:
+    """The dead letters, and how many records were not (no or bad ``dlq.*`` headers)."""
+    letters, unreadable = [], 0
+    for record in await read_topic(bootstrap, topic, security):
+        headers = tuple((k, bytes(v)) for k, v in record.headers or ())
+        try:
+            meta = DeadLetterHeaders.from_kafka(list(headers))
+        except ValidationError:
+            unreadable += 1
+            continue
+        letters.append(
+            DeadLetter(record.partition, record.offset, record.key, record.value, headers, meta)
+        )
+    return letters, unreadable
+
+
+async def read_ledger(
+    bootstrap: str, topic: str, security: KafkaSecurity = PLAINTEXT
+) -> dict[str, LedgerEntry]:
+    """The ledger's latest entry per source (a tombstone forgets one)."""
+    ledger: dict[str, LedgerEntry] = {}
+    for record in await read_topic(bootstrap, topic, security):
+        if record.key is None:
+            continue
+        source = record.key.decode()
+        if record.value is None:
+            ledger.pop(source, None)
+            continue
+        try:
+            ledger[source] = LedgerEntry.decode(record.value)
+        except (ValueError, KeyError, TypeError):
+            continue  # not ours: never taken for a done
+    return ledger
+
+
+async def ensure_ledger(
+    bootstrap: str, topic: str, kafka: KafkaSettings, security: KafkaSecurity = PLAINTEXT
+) -> None:
+    """The ledger topic, compacted and replicated like the service's own topics."""
+    replication = Replication.of(kafka, await cluster_brokers(bootstrap, security=security))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
+    await admin.start()
+    try:
+        if topic in set(await admin.list_topics()):
+            return
+        configs = {"cleanup.policy": "compact", MIN_INSYNC_REPLICAS: str(replication.min_insync)}
+        new = NewTopic(topic, 1, replication.factor, topic_configs=configs)
+        try:
+            await admin.create_topics([new])
+        except TopicAlreadyExistsError:
+            return
+    except KafkaError as error:
+        raise RedriveError(f"creating {topic} on {bootstrap} failed: {error}") from error
+    finally:
+        await admin.close()
+
+
+Progress = Callable[[str, Sequence[DeadLetter]], Awaitable[None]]
+
+
+async def _no_progress(step: str, letters: Sequence[DeadLetter]) -> None:
+    return None
+
+
+@dataclass
+class RedriveResult:
+    sent: list[DeadLetter] = field(default_factory=list)
+    found_sent: list[DeadLetter] = field(default_factory=list)  # an interrupted run's
+    done_before: list[DeadLetter] = field(default_factory=list)
+    unsendable: list[tuple[DeadLetter, str]] = field(default_factory=list)
+
+
+class Redriver:
+    """Carries out a ``RedrivePlan`` (see the module's docstring for the steps)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        ledger_topic: str,
+        security: KafkaSecurity = PLAINTEXT,
+        progress: Progress = _no_progress,
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._ledger = ledger_topic
+        self._security = security
+        self._progress = progress
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            **producer_config(security.client_kwargs(), client_id="compactor-redrive"),
+        )
+
+    async def run(self, plan: RedrivePlan) -> RedriveResult:
+        result = RedriveResult(done_before=plan.done, unsendable=plan.unsendable)
+        await self._producer.start()
+        try:
+            found, again = await self._resolve(plan.check)
+            result.found_sent = found
+            pending = [*again, *plan.send]
+            for start in range(0, len(pending), CHUNK):
+                chunk = pending[start : start + CHUNK]
+                await self._redrive(chunk)
+                result.sent += chunk
+        except KafkaError as error:
+            raise RedriveError(f"re-driving on {self._bootstrap} failed: {error}") from error
+        finally:
+            await self._producer.stop()
+        return result
+
+    async def _resolve(
+        self, intents: Sequence[tuple[DeadLetter, LedgerEntry]]
+    ) -> tuple[list[DeadLetter], list[DeadLetter]]:
+        """(sent by an interrupted run: now recorded done, never sent: to send)."""
+        by_partition: dict[tuple[str, int], list[tuple[DeadLetter, LedgerEntry]]] = {}
+        for letter, entry in intents:
+            key = (letter.meta.source_topic, letter.meta.source_partition)
+            by_partition.setdefault(key, []).append((letter, entry))
+        found: list[DeadLetter] = []
+        again: list[DeadLetter] = []
+        for (topic, partition), waiting in by_partition.items():
+            start = min(entry.scan_from for _, entry in waiting)
+            landed = {
+                _redriven_from(record): record.offset
+                for record in await read_topic(
+                    self._bootstrap, topic, self._security, {partition: start}, [partition]
+                )
+            }
+            for letter, _ in waiting:
+                if letter.source in landed:
+                    found.append(letter)
+                    await self._write_ledger([(letter, _entry("done", 0, landed[letter.source]))])
+                else:
+                    again.append(letter)
+        return found, again
+
+    async def _redrive(self, chunk: Sequence[DeadLetter]) -> None:
+        ends = await self._end_offsets(chunk)
+        await self._write_ledger(
+            [(letter, _entry("intent", ends[_source_tp(letter)])) for letter in chunk]
+        )
+        await self._progress("intent", chunk)
+        sends = [
+            await self._producer.send(
+                letter.meta.source_topic,
+                letter.value,
+                key=letter.key,
+                partition=letter.meta.source_partition,
+                headers=[*letter.original_headers(), (REDRIVEN_FROM, letter.source.encode())],
+            )
+            for letter in chunk
+        ]
+        offsets = [(await sent).offset for sent in sends]
+        await self._progress("sent", chunk)
+        await self._write_ledger(
+            [
+                (letter, _entry("done", 0, offset))
+                for letter, offset in zip(chunk, offsets, strict=True)
+            ]
+        )
+        await self._progress("done", chunk)
+
+    async def _end_offsets(self, chunk: Sequence[DeadLetter]) -> dict[TopicPartition, int]:
+        consumer = _consumer(self._bootstrap, self._security)
+        await consumer.start()
+        try:
+            wanted = sorted({_source_tp(letter) for letter in chunk})
+            ends: dict[TopicPartition, int] = await consumer.end_offsets(wanted)
+            return ends
+        finally:
+            await consumer.stop()
+
+    async def _write_ledger(self, entries: Sequence[tuple[DeadLetter, LedgerEntry]]) -> None:
+        sends = [
+            await self._producer.send(self._ledger, entry.encode(), key=letter.source.encode())
+            for letter, entry in entries
+        ]
+        for sent in sends:
+            await sent
+
+
+def _source_tp(letter: DeadLetter) -> TopicPartition:
+    return TopicPartition(letter.meta.source_topic, letter.meta.source_partition)
+
+
+def _entry(
+    state: Literal["intent", "done"], scan_from: int, offset: int | None = None
+) -> LedgerEntry:
+    return LedgerEntry(state, scan_from, offset, datetime.now(UTC).isoformat())
+
+
+def _redriven_from(record: Any) -> str | None:
+    found = None
+    for name, value in record.headers or ():
+        if name == REDRIVEN_FROM:
+            found = bytes(value).decode("utf-8", "replace")
+    return found
