@@ -15,7 +15,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from core.domain.budget import BudgetConfig
 from core.domain.compaction import CompactionConfig, CompactionTuning
@@ -111,11 +119,20 @@ class KafkaSettings(_Section):
     bootstrap_servers: str | None = None
     topic_prefix: str = Field(default="compactor.", pattern=r"^[A-Za-z0-9._-]*$")
     partitions: int = Field(default=4, ge=1)
-    replication_factor: int = Field(default=1, ge=1)
+    # Replicas of every topic the service creates, the table's changelog too.
+    # Unset: 3, or as many as the cluster has brokers when it has fewer (1 on a
+    # single broker), counted when the topics are created.
+    replication_factor: int | None = Field(default=None, ge=1)
+    # min.insync.replicas of those topics: every producer of the service sends
+    # with acks=all, so a write is acknowledged once this many replicas have it.
+    # Unset: 2 with three replicas or more, else 1 (default_min_insync).
+    min_insync_replicas: int | None = Field(default=None, ge=1)
     session_timeout_seconds: float = Field(default=30.0, gt=0)
     heartbeat_interval_seconds: float = Field(default=3.0, gt=0)
-    # Largest request the worker's producer sends; dead letters of larger
-    # records are truncated to fit (the original size goes in a header).
+    # Largest request the worker's producer sends, at least: the worker raises
+    # it to the largest record its source topics accept (their max.message.bytes),
+    # so a dead letter keeps the record whole. Truncated (the original size in a
+    # header) only when the dead-letter topic still refuses it.
     max_request_bytes: int = Field(default=1_048_576, ge=65_536)
     # Transport security of every Kafka client (worker, replay, tail, topics).
     # streams/kafka/security.py turns these into client arguments.
@@ -138,6 +155,23 @@ class KafkaSettings(_Section):
     # What a dead letter keeps: "full" = the original bytes (to fix and re-drive),
     # "redacted" = no value, only the dlq.* headers and the key (conversation id).
     dead_letter_content: Literal["full", "redacted"] = "full"
+
+    @model_validator(mode="after")
+    def _enough_replicas(self) -> KafkaSettings:
+        wanted, replicas = self.min_insync_replicas, self.replication_factor
+        if wanted is not None and replicas is not None and wanted > replicas:
+            raise ValueError(
+                f"min_insync_replicas = {wanted} is more than replication_factor = "
+                f"{replicas}: no write could ever be acknowledged"
+            )
+        return self
+
+
+def default_min_insync(replicas: int) -> int:
+    """``min.insync.replicas`` when ``[kafka].min_insync_replicas`` is unset: 2 of
+    three replicas or more (an acknowledged write survives the loss of any one
+    broker, and one broker may be down without stopping writes), else 1."""
+    return 2 if replicas >= 3 else 1
 
 
 MIN_TOKEN_CHARS = 16

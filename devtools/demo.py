@@ -32,7 +32,7 @@ from streams.bootstrap import explicit_addresses
 from streams.cli.replay import publish, read_events
 from streams.cli.tail import summarise, tail
 from streams.events import ClipArchiveEvent
-from streams.kafka.admin import ensure_topics, topic_configs
+from streams.kafka.admin import prepare_topics
 from streams.kafka.security import PLAINTEXT, KafkaSecurity, kafka_security
 from streams.stack_state import dev_stack_bootstrap, dev_stack_dsn
 from streams.topics import TopicNames
@@ -193,14 +193,7 @@ async def run_demo(settings: Settings, config_path: Path, transcript_path: Path)
             raise DemoError("the local stack did not come up")
         names = TopicNames.with_prefix(settings.kafka.topic_prefix)
         security = kafka_security(settings.kafka)
-        await ensure_topics(
-            bootstrap,
-            names,
-            partitions=settings.kafka.partitions,
-            replication_factor=settings.kafka.replication_factor,
-            security=security,
-            configs=topic_configs(names, settings.kafka),
-        )
+        await prepare_topics(bootstrap, settings.kafka, security=security)
 
         log_path = state_dir / "worker.log"
         env = {**os.environ, KAFKA_BOOTSTRAP_ENV: bootstrap, POSTGRES_DSN_ENV: dsn}

@@ -1,4 +1,4 @@
-"""A real single-node Kafka broker (KRaft) on loopback, without Docker.
+"""A real Kafka broker, or a cluster of them (KRaft), on loopback, without Docker.
 
 Why this exists: the service's contract with Kafka (keyed partitioning,
 consumer-group rebalances, offsets, exactly-once) is exactly what mocks get
@@ -20,6 +20,12 @@ once clients can connect and stops the broker on SIGTERM or SIGINT::
 
     python -m devtools.localstack jars            # resolve the jars, print lib dir
     python -m devtools.localstack kafka --data-dir var/kafka --ready-file var/kafka.env &
+    python -m devtools.localstack kafka --brokers 3 --data-dir var/kafka3 &   # a cluster
+
+A cluster (``KafkaCluster``, ``start_cluster``): three KRaft nodes on
+loopback, each broker and controller, topics with replication factor 3 and
+``min.insync.replicas`` 2 by default; a node can be killed, stopped (a
+controlled shutdown) and restarted on its ports and data.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from typing import Self
 
 from pydantic import SecretStr
 
+from core.settings import default_min_insync
 from devtools.tls import CertificateAuthority, Issued, issue, make_ca
 from streams.kafka.probe import LOOPBACK, probe_brokers
 from streams.kafka.security import PLAINTEXT, KafkaSecurity
@@ -504,8 +511,13 @@ class KafkaBroker:
         jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
         die_with_parent: bool = True,
         secure: SecureBroker | None = None,
+        node_id: int = NODE_ID,
+        quorum: Sequence[tuple[int, int]] | None = None,
+        cluster_id: str | None = None,
+        replication: int = 1,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
+        self.node_id = node_id
         self.port = port if port is not None else free_port()
         self.controller_port = controller_port if controller_port is not None else free_port()
         while self.controller_port == self.port:
@@ -521,6 +533,10 @@ class KafkaBroker:
         self.heap_opts = tuple(heap_opts)
         self.jvm_opts = tuple(jvm_opts) + tuple(os.environ.get("KAFKA_JVM_OPTS", "").split())
         self.die_with_parent = die_with_parent
+        #: (node id, controller port) of every controller; alone, this node only.
+        self.quorum = tuple(quorum) if quorum else ((node_id, self.controller_port),)
+        self.cluster_id = cluster_id
+        self.replication = replication
         self._proc: subprocess.Popen[bytes] | None = None
 
     # ----------------------------------------------------------- properties
@@ -562,16 +578,22 @@ class KafkaBroker:
         return self._proc is not None and self._proc.poll() is None
 
     def server_properties(self) -> dict[str, str]:
-        """The broker's configuration: single node, loopback only, tuned for tests.
+        """The broker's configuration: loopback only, tuned for tests.
 
-        Replication factors and ISR sizes are 1 because there is one node;
-        internal topics get few partitions and session timeouts may be short
-        so that group joins and failover tests finish in seconds.
+        Every node is broker and controller. Alone, replication factors and
+        ISR sizes are 1; in a cluster (``replication`` 3) topics default to
+        three replicas with ``min.insync.replicas`` 2, internal topics
+        included, so an acknowledged write (acks=all) survives the loss of any
+        one node. Internal topics get few partitions and session timeouts may
+        be short so that group joins and failover tests finish in seconds.
         """
+        replicas = self.replication
+        min_isr = default_min_insync(replicas)
+        voters = ",".join(f"{node}@{LOOPBACK}:{port}" for node, port in self.quorum)
         props: dict[str, str | int] = {
             "process.roles": "broker,controller",
-            "node.id": NODE_ID,
-            "controller.quorum.voters": f"{NODE_ID}@{LOOPBACK}:{self.controller_port}",
+            "node.id": self.node_id,
+            "controller.quorum.voters": voters,
             "listeners": (
                 f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{self.controller_port}"
             ),
@@ -581,17 +603,20 @@ class KafkaBroker:
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.log_dirs),
             "num.partitions": self.num_partitions,
-            "default.replication.factor": 1,
-            "min.insync.replicas": 1,
+            "default.replication.factor": replicas,
+            "min.insync.replicas": min_isr,
+            # Never elect a replica that missed acknowledged writes (the default,
+            # stated because the cluster tests rely on it).
+            "unclean.leader.election.enable": "false",
             "auto.create.topics.enable": "true",
             "delete.topic.enable": "true",
-            "offsets.topic.replication.factor": 1,
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": 4,
-            "transaction.state.log.replication.factor": 1,
-            "transaction.state.log.min.isr": 1,
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
             "transaction.state.log.num.partitions": 4,
-            "share.coordinator.state.topic.replication.factor": 1,
-            "share.coordinator.state.topic.min.isr": 1,
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": min_isr,
             "group.initial.rebalance.delay.ms": 0,
             "group.min.session.timeout.ms": 1000,
             "group.consumer.min.session.timeout.ms": 1000,
@@ -600,6 +625,9 @@ class KafkaBroker:
             # session before accepting the restarted broker: 9 s by default.
             "broker.session.timeout.ms": 4000,
             "broker.heartbeat.interval.ms": 500,
+            # A follower that stops fetching leaves the ISR after 10 s, not 30: a
+            # hung (not dead) node holds up acks=all writes that long.
+            "replica.lag.time.max.ms": 10000,
             "num.network.threads": 2,
             "num.io.threads": 4,
             "num.recovery.threads.per.data.dir": 1,
@@ -650,7 +678,7 @@ class KafkaBroker:
             "format",
             # One argument, "=" form: a base64 id may start with "-", which the
             # tool's parser would take for an option (1 start in 64 failed).
-            f"--cluster-id={new_cluster_id()}",
+            f"--cluster-id={self.cluster_id or new_cluster_id()}",
             "--config",
             str(self.properties_path),
             "--ignore-formatted",
@@ -664,10 +692,8 @@ class KafkaBroker:
                 + _tail_text(proc.stdout + proc.stderr, 30)
             )
 
-    def start(self) -> Self:
-        """Write the config, format storage if new, and launch the JVM (not yet ready)."""
-        if self.is_running():
-            return self
+    def prepare(self) -> Self:
+        """Write the config and format storage if new (a JVM of its own, ~2 s)."""
         if self.jars_dir is None:
             self.jars_dir = ensure_kafka_jars()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -676,6 +702,16 @@ class KafkaBroker:
             "".join(f"{key}={value}\n" for key, value in self.server_properties().items())
         )
         self._format_storage()
+        return self
+
+    def start(self) -> Self:
+        """Write the config, format storage if new, and launch the JVM (not yet ready).
+
+        Call it from a thread that outlives the broker: the kernel's parent-death
+        signal (``die_with_parent``) fires when the launching *thread* exits."""
+        if self.is_running():
+            return self
+        self.prepare()
         cmd = self._java_cmd("kafka.Kafka", str(self.properties_path), heap=self.heap_opts)
         with self.log_path.open("ab") as log:
             log.write(f"\n=== starting broker: {' '.join(cmd)}\n".encode())
@@ -713,7 +749,7 @@ class KafkaBroker:
                 )
             try:
                 if any(
-                    node == NODE_ID
+                    node == self.node_id
                     for node, _, _ in probe_brokers(LOOPBACK, self.port, 1.0, self.probe_security)
                 ):
                     return self
@@ -727,7 +763,10 @@ class KafkaBroker:
             time.sleep(0.2)
 
     def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM for a clean shutdown (flushes logs, closes the quorum), SIGKILL if it hangs."""
+        """SIGTERM for a clean shutdown (flushes logs, closes the quorum), SIGKILL if it hangs.
+
+        In a cluster SIGTERM is a controlled shutdown: the controller moves the
+        node's partition leaderships to the other replicas before it goes."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -740,8 +779,22 @@ class KafkaBroker:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+        self._forget(proc.pid)
+
+    def kill(self) -> None:
+        """SIGKILL, as a machine that loses power: no controlled shutdown, no flush."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        self._forget(proc.pid)
+
+    def _forget(self, pid: int) -> None:
         with contextlib.suppress(OSError, ValueError):
-            if int(self.pid_path.read_text().strip()) == proc.pid:
+            if int(self.pid_path.read_text().strip()) == pid:
                 self.pid_path.unlink()
 
     def __enter__(self) -> Self:
@@ -758,7 +811,10 @@ class KafkaBroker:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"KafkaBroker({self.bootstrap_servers}, data_dir={self.data_dir}, pid={self.pid})"
+        return (
+            f"KafkaBroker(node {self.node_id}, {self.bootstrap_servers}, "
+            f"data_dir={self.data_dir}, pid={self.pid})"
+        )
 
 
 def start_kafka(
@@ -803,6 +859,201 @@ def start_kafka(
     raise AssertionError("unreachable")
 
 
+# --------------------------------------------------------------------------- cluster
+
+#: Nodes of the local cluster: enough for replication factor 3 with
+#: min.insync.replicas 2 to keep accepting writes with one node down.
+CLUSTER_NODES = 3
+#: The cluster's nodes compile with C1 only: a node restarts in about half
+#: the time (7 s against 13-16 s measured on two loaded cores), and the
+#: cluster tests restart nodes on their critical path; a test broker's
+#: throughput does not need C2.
+CLUSTER_JVM_OPTS: tuple[str, ...] = (*DEFAULT_JVM_OPTS, "-XX:TieredStopAtLevel=1")
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct free ports (each socket held until all are picked)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
+class KafkaCluster:
+    """``size`` KRaft nodes on loopback, each broker and controller (combined mode).
+
+    Why combined rather than a separate controller quorum: three JVMs instead
+    of five or six on a two-core machine, and killing a node then takes a
+    controller voter with it, which a separate quorum would spare; the tests
+    want that harder case. With three voters the quorum, like the data
+    (replication factor 3, ``min.insync.replicas`` 2), survives any one node
+    down. Production runs dedicated controllers (docs/operations.md).
+
+    Node ``i`` lives in ``data_dir/node-i`` and keeps its ports across
+    restarts, so clients reconnect to the same addresses. ``kill``, ``stop``
+    and ``restart`` act on one node; ``bootstrap_servers`` lists all.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        size: int = CLUSTER_NODES,
+        *,
+        num_partitions: int = 4,
+        jars_dir: Path | None = None,
+        extra_config: Mapping[str, str | int] | None = None,
+        die_with_parent: bool = True,
+    ) -> None:
+        if size < 1:
+            raise LocalStackError(f"a cluster needs at least one node, not {size}")
+        self.data_dir = Path(data_dir).resolve()
+        ports = free_ports(2 * size)
+        quorum = [(node, ports[size + node - 1]) for node in range(1, size + 1)]
+        cluster_id = new_cluster_id()
+        self.nodes = [
+            KafkaBroker(
+                self.data_dir / f"node-{node}",
+                ports[node - 1],
+                controller_port,
+                num_partitions=num_partitions,
+                jars_dir=jars_dir,
+                extra_config=extra_config,
+                die_with_parent=die_with_parent,
+                node_id=node,
+                quorum=quorum,
+                cluster_id=cluster_id,
+                replication=min(size, CLUSTER_NODES),
+                jvm_opts=CLUSTER_JVM_OPTS,
+            )
+            for node, controller_port in quorum
+        ]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(node.bootstrap_servers for node in self.nodes)
+
+    def node(self, node_id: int) -> KafkaBroker:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise KeyError(f"no node {node_id} in {self!r}")
+
+    def node_at(self, address: str) -> KafkaBroker:
+        """The node whose client listener is ``host:port``."""
+        for node in self.nodes:
+            if node.bootstrap_servers == address:
+                return node
+        raise KeyError(f"no node listens on {address} in {self!r}")
+
+    @property
+    def running(self) -> list[KafkaBroker]:
+        return [node for node in self.nodes if node.is_running()]
+
+    def start(self, ready_timeout: float = 180.0) -> Self:
+        """Start every node that is not running, then wait for each to serve.
+
+        A node cannot serve before a majority of the quorum is up, so all are
+        launched before any is waited on. Storage is formatted in parallel
+        (one short JVM per new node), the nodes launched from this thread."""
+        stopped = [node for node in self.nodes if not node.is_running()]
+        errors: list[BaseException] = []
+
+        def prepare(node: KafkaBroker) -> None:
+            try:
+                node.prepare()
+            except BaseException as error:  # re-raised below, in the caller's thread
+                errors.append(error)
+
+        threads = [threading.Thread(target=prepare, args=(node,)) for node in stopped]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        for node in stopped:  # launched from this thread (see KafkaBroker.start)
+            node.start()
+        for node in stopped:
+            node.wait_ready(ready_timeout)
+        return self
+
+    def kill(self, node_id: int) -> KafkaBroker:
+        node = self.node(node_id)
+        node.kill()
+        return node
+
+    def stop(self, node_id: int | None = None, timeout: float = 30.0) -> None:
+        """One node's controlled shutdown; without ``node_id``, every node at once."""
+        if node_id is not None:
+            self.node(node_id).stop(timeout)
+            return
+        # All at once: the last ones cannot hand leadership to anybody, so a
+        # controlled shutdown would only wait out its timeout.
+        for node in self.nodes:
+            node.kill()
+
+    def restart(self, node_id: int, ready_timeout: float = 180.0) -> KafkaBroker:
+        node = self.node(node_id)
+        node.start()
+        return node.wait_ready(ready_timeout)
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"KafkaCluster({self.bootstrap_servers}, data_dir={self.data_dir})"
+
+
+def start_cluster(
+    data_dir: Path,
+    size: int = CLUSTER_NODES,
+    *,
+    num_partitions: int = 4,
+    ready_timeout: float = 180.0,
+    extra_config: Mapping[str, str | int] | None = None,
+    die_with_parent: bool = True,
+) -> KafkaCluster:
+    """Start a ``size``-node cluster and wait until every node serves clients.
+
+    Retried on new ports (fresh storage) if a port was taken between picking
+    it and the JVM binding it."""
+    jars = ensure_kafka_jars()
+    for attempt in range(1, 4):
+        cluster = KafkaCluster(
+            data_dir / f"attempt-{attempt}",
+            size,
+            num_partitions=num_partitions,
+            jars_dir=jars,
+            extra_config=extra_config,
+            die_with_parent=die_with_parent,
+        )
+        try:
+            return cluster.start(ready_timeout)
+        except BrokerStartError as exc:
+            cluster.stop()
+            if attempt == 3 or "Address already in use" not in str(exc):
+                raise
+        except BaseException:
+            cluster.stop()
+            raise
+    raise AssertionError("unreachable")
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -817,6 +1068,8 @@ def _run_foreground(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
 
+    if args.brokers > 1:
+        return _run_cluster_foreground(args, stop)
     started = time.monotonic()
     secure = SecureBroker.create(Path(args.data_dir) / "tls") if args.secure else None
     broker = start_kafka(
@@ -837,12 +1090,7 @@ def _run_foreground(args: argparse.Namespace) -> int:
                 f"\nKAFKA_SASL_PASSWORD_FILE={secure.directory / 'users.json'}"
                 f"\nKAFKA_SSL_BOOTSTRAP={broker.ssl_bootstrap_servers}"
             )
-        if args.ready_file:
-            ready = Path(args.ready_file)
-            ready.parent.mkdir(parents=True, exist_ok=True)
-            tmp = ready.with_name(f".{ready.name}.tmp")
-            tmp.write_text(f"{line}\nKAFKA_PID={broker.pid}\n")
-            os.replace(tmp, ready)
+        _write_ready_file(args.ready_file, f"{line}\nKAFKA_PID={broker.pid}\n")
         print(line, flush=True)
         print(
             f"kafka ready in {time.monotonic() - started:.1f}s "
@@ -861,6 +1109,54 @@ def _run_foreground(args: argparse.Namespace) -> int:
             Path(args.ready_file).unlink(missing_ok=True)
 
 
+def _write_ready_file(path: str | None, text: str) -> None:
+    if not path:
+        return
+    ready = Path(path)
+    ready.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ready.with_name(f".{ready.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, ready)
+
+
+def _run_cluster_foreground(args: argparse.Namespace, stop: threading.Event) -> int:
+    """``kafka --brokers N``: a cluster until SIGTERM/SIGINT; exits 1 if a node dies."""
+    if args.secure or args.port is not None or args.controller_port is not None:
+        raise LocalStackError("--brokers > 1 takes neither --secure nor fixed ports")
+    started = time.monotonic()
+    cluster = start_cluster(
+        Path(args.data_dir),
+        args.brokers,
+        num_partitions=args.partitions,
+        ready_timeout=args.ready_timeout,
+    )
+    try:
+        line = f"KAFKA_BOOTSTRAP={cluster.bootstrap_servers}"
+        pids = ",".join(str(node.pid) for node in cluster.nodes)
+        _write_ready_file(args.ready_file, f"{line}\nKAFKA_PIDS={pids}\n")
+        print(line, flush=True)
+        print(
+            f"kafka cluster of {args.brokers} ready in {time.monotonic() - started:.1f}s "
+            f"(pids {pids}, logs {cluster.data_dir}/node-*/broker.log)",
+            file=sys.stderr,
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            for node in cluster.nodes:
+                if not node.is_running():
+                    print(
+                        f"kafka node {node.node_id} died:\n{node.log_tail()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return 1
+        return 0
+    finally:
+        cluster.stop()
+        if args.ready_file:
+            Path(args.ready_file).unlink(missing_ok=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m devtools.localstack", description="Local Kafka for tests and dev."
@@ -872,6 +1168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     kafka.add_argument("--port", type=int, default=None, help="client port (default: free)")
     kafka.add_argument("--controller-port", type=int, default=None)
     kafka.add_argument("--partitions", type=int, default=4, help="num.partitions")
+    kafka.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="nodes (KRaft, each broker and controller); 3: replication factor 3, "
+        "min.insync.replicas 2",
+    )
     kafka.add_argument("--ready-timeout", type=float, default=90.0)
     kafka.add_argument(
         "--secure",

@@ -438,12 +438,15 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         for role in TOPICS
         if role != "messages"
     }
+    min_insync = settings.kafka.min_insync_replicas  # run_worker resolves an unset one
     conversations = app.Table(
         "conversations",
         default=None,
         partitions=partitions,
         key_type=str,
         help="Token tally per conversation (a cache of PostgreSQL)",
+        # The changelog is created by Faust, with topic_replication_factor replicas.
+        extra_topic_configs={"min.insync.replicas": str(min_insync)} if min_insync else None,
     )
     metrics = Metrics(state_dir=Path(settings.service.data_dir))
     runtime = WorkerRuntime(settings, metrics)

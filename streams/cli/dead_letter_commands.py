@@ -110,9 +110,7 @@ async def _redrive(
             f"{len(plan.done)} re-driven before, {len(plan.unsendable)} not re-drivable"
         )
         return 0
-    await ensure_ledger(
-        bootstrap, ledger_topic(settings), settings.kafka.replication_factor, security
-    )
+    await ensure_ledger(bootstrap, ledger_topic(settings), settings.kafka, security)
 
     async def progress(step: str, chunk: Sequence[DeadLetter]) -> None:
         if step == "done":

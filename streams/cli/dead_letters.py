@@ -41,7 +41,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from pydantic import ValidationError
 
+from core.settings import KafkaSettings
 from streams.events import DeadLetterHeaders
+from streams.kafka.admin import MIN_INSYNC_REPLICAS, Replication, cluster_brokers
+from streams.kafka.producers import producer_config
 from streams.kafka.security import PLAINTEXT, KafkaSecurity
 
 LEDGER_SUFFIX = "dead-letters-redriven"
@@ -294,14 +297,17 @@ async def read_ledger(
 
 
 async def ensure_ledger(
-    bootstrap: str, topic: str, replication_factor: int, security: KafkaSecurity = PLAINTEXT
+    bootstrap: str, topic: str, kafka: KafkaSettings, security: KafkaSecurity = PLAINTEXT
 ) -> None:
+    """The ledger topic, compacted and replicated like the service's own topics."""
+    replication = Replication.of(kafka, await cluster_brokers(bootstrap, security=security))
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
     await admin.start()
     try:
         if topic in set(await admin.list_topics()):
             return
-        new = NewTopic(topic, 1, replication_factor, topic_configs={"cleanup.policy": "compact"})
+        configs = {"cleanup.policy": "compact", MIN_INSYNC_REPLICAS: str(replication.min_insync)}
+        new = NewTopic(topic, 1, replication.factor, topic_configs=configs)
         try:
             await admin.create_topics([new])
         except TopicAlreadyExistsError:
@@ -343,10 +349,7 @@ class Redriver:
         self._progress = progress
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap,
-            acks="all",
-            enable_idempotence=True,
-            client_id="compactor-redrive",
-            **security.client_kwargs(),
+            **producer_config(security.client_kwargs(), client_id="compactor-redrive"),
         )
 
     async def run(self, plan: RedrivePlan) -> RedriveResult:

@@ -30,6 +30,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from streams.events import MAX_ID_LENGTH, EraseCompleted, EraseRequest
+from streams.kafka.producers import producer_config
 
 # The exit status of `compactor erase --wait` when no completion came in time.
 EXIT_TIMEOUT = 3
@@ -106,7 +107,7 @@ async def send_erase(
     too, or raise ``EraseTimeout`` after ``timeout`` seconds."""
     kwargs = dict(client_kwargs or {})
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", client_id="compactor-erase", **kwargs
+        bootstrap_servers=bootstrap, **producer_config(kwargs, client_id="compactor-erase")
     )
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,

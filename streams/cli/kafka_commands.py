@@ -17,7 +17,7 @@ from streams.addresses import configured_bootstrap
 from streams.cli.errors import CommandError
 from streams.cli.replay import Progress, publish, read_events
 from streams.cli.tail import tail
-from streams.kafka.admin import config_drift, ensure_topics, topic_configs
+from streams.kafka.admin import PreparedTopics, prepare_topics, topic_drift
 from streams.kafka.probe import broker_problem
 from streams.kafka.security import KafkaSecurity, kafka_security
 from streams.topics import TopicNames
@@ -54,41 +54,42 @@ async def kafka_checked(settings: Settings) -> tuple[str, KafkaSecurity]:
 
 async def _ensure_topics(
     settings: Settings, bootstrap: str, security: KafkaSecurity
-) -> dict[str, int]:
-    names = TopicNames.with_prefix(settings.kafka.topic_prefix)
-    return await ensure_topics(
-        bootstrap,
-        names,
-        partitions=settings.kafka.partitions,
-        replication_factor=settings.kafka.replication_factor,
-        security=security,
-        configs=topic_configs(names, settings.kafka),
-    )
+) -> PreparedTopics:
+    return await prepare_topics(bootstrap, settings.kafka, security=security)
 
 
 async def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     """Create missing topics; report (or with --apply-configs, fix) existing topics
-    whose cleanup policy or retention differ from the settings."""
+    whose cleanup policy, retention, min.insync.replicas or dead-letter size differ
+    from the settings, and report a replication factor that differs."""
     bootstrap, security = await kafka_checked(settings)
-    counts = await _ensure_topics(settings, bootstrap, security)
+    prepared = await _ensure_topics(settings, bootstrap, security)
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
     roles = names.described()
     width = max(len(name) for name in roles)
     for name, role in roles.items():
-        print(f"{name:<{width}}  {counts.get(name, 0)} partitions  {role}")
-    print(f"all co-partitioned on Kafka at {bootstrap}")
-    apply = bool(getattr(args, "apply_configs", False))
-    drift = await config_drift(
-        bootstrap, topic_configs(names, settings.kafka), security=security, apply=apply
+        print(f"{name:<{width}}  {prepared.counts.get(name, 0)} partitions  {role}")
+    replication = prepared.replication
+    print(
+        f"all co-partitioned on Kafka at {bootstrap}; {replication.factor} replica(s), "
+        f"min.insync.replicas {replication.min_insync}"
     )
-    for topic, keys in drift.items():
+    apply = bool(getattr(args, "apply_configs", False))
+    drift = await topic_drift(bootstrap, settings.kafka, prepared, security=security, apply=apply)
+    for topic, keys in drift.configs.items():
         for key, (current, wanted) in keys.items():
             verb = "set" if apply else "differs:"
             print(f"{topic}: {key} {verb} {current} -> {wanted}")
-    if drift and not apply:
+    for topic, (current_replicas, wanted_replicas) in drift.replicas.items():
+        print(
+            f"{topic}: replication factor differs: {current_replicas} -> {wanted_replicas} "
+            "(a partition reassignment, kafka-reassign-partitions; --apply-configs does not "
+            "change it)"
+        )
+    if drift.configs and not apply:
         print("run `compactor topics --apply-configs` to apply the settings", file=sys.stderr)
         return 1
-    return 0
+    return 1 if drift.replicas else 0
 
 
 async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:

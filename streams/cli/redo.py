@@ -28,6 +28,7 @@ from streams.events import (
     RecompactRequest,
     RestoreRequest,
 )
+from streams.kafka.producers import producer_config
 from streams.worker.requests import operator_request
 
 # The exit status of `--wait` when no answer came in time.
@@ -96,7 +97,7 @@ async def send_request(
     ``RequestTimeout`` after ``wait_seconds``."""
     kwargs = dict(client_kwargs or {})
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", client_id="compactor-redo", **kwargs
+        bootstrap_servers=bootstrap, **producer_config(kwargs, client_id="compactor-redo")
     )
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,

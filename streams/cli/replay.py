@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from core.domain.signatures import SIGNATURE_HEADER, signature
 from streams.events import MessageEvent
+from streams.kafka.producers import producer_config
 from streams.kafka.security import PLAINTEXT, KafkaSecurity
 
 
@@ -151,11 +152,7 @@ async def publish(
     keys = dict(signing_keys or {})
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=5,
-        client_id="compactor-replay",
-        **security.client_kwargs(),
+        **producer_config(security.client_kwargs(), client_id="compactor-replay", linger_ms=5),
     )
     try:
         await producer.start()

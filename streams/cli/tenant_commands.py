@@ -32,6 +32,7 @@ from streams.bootstrap import open_runtime
 from streams.cli.errors import CommandError
 from streams.cli.kafka_commands import kafka_checked
 from streams.events import MAX_ID_LENGTH, ReconcileRequest
+from streams.kafka.producers import producer_config
 from streams.topics import TopicNames
 
 
@@ -82,9 +83,7 @@ async def _nudge_worker(settings: Settings, conversation_id: str, tenant_id: str
     topic = TopicNames.with_prefix(settings.kafka.topic_prefix).control
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
-        acks="all",
-        client_id="compactor-tenants",
-        **security.client_kwargs(),
+        **producer_config(security.client_kwargs(), client_id="compactor-tenants"),
     )
     try:
         await producer.start()

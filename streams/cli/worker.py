@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import faust
 
 from core.settings import ConfigError, Settings
-from streams.bootstrap import build_app
-from streams.kafka.admin import ensure_topics, topic_configs
+from streams.bootstrap import build_app, startup_checks, worker_bootstrap
+from streams.kafka.admin import PreparedTopics, dead_letter_bytes, prepare_topics, worker_kafka
 from streams.kafka.probe import broker_problem
 from streams.kafka.security import kafka_security
 from streams.logs import configure as configure_logging
 from streams.topics import TopicNames
+
+log = logging.getLogger("compactor.worker")
 
 
 def run_worker(settings: Settings, *, loglevel: str = "info") -> int:
@@ -21,9 +24,8 @@ def run_worker(settings: Settings, *, loglevel: str = "info") -> int:
     json_logs = settings.service.log_format == "json"
     if json_logs:
         configure_logging("json", loglevel)
-    app = build_app(settings)
-    Path(settings.service.data_dir).mkdir(parents=True, exist_ok=True)
-    bootstrap = ",".join(f"{url.host}:{url.port}" for url in app.conf.broker)
+    bootstrap = worker_bootstrap(settings)
+    startup_checks(settings, bootstrap)  # before anything connects
     security = kafka_security(settings.kafka)
     # aiokafka reports a refused login or an untrusted certificate only as
     # "Unable to bootstrap"; the probe names the problem.
@@ -32,18 +34,11 @@ def run_worker(settings: Settings, *, loglevel: str = "info") -> int:
         raise ConfigError(
             f"Kafka at {bootstrap} does not answer over {security.describe()}: {problem}"
         )
-    asyncio.run(
-        ensure_topics(
-            bootstrap,
-            TopicNames.with_prefix(settings.kafka.topic_prefix),
-            partitions=settings.kafka.partitions,
-            replication_factor=settings.kafka.replication_factor,
-            security=security,
-            configs=topic_configs(
-                TopicNames.with_prefix(settings.kafka.topic_prefix), settings.kafka
-            ),
-        )
-    )
+    prepared = asyncio.run(prepare_topics(bootstrap, settings.kafka, security=security))
+    settings = settings.model_copy(update={"kafka": worker_kafka(settings.kafka, prepared)})
+    _warn_if_dead_letters_cut(settings, prepared)
+    app = build_app(settings, bootstrap=bootstrap)
+    Path(settings.service.data_dir).mkdir(parents=True, exist_ok=True)
     # Faust (mode) replaces the root logger's handlers when the worker starts;
     # with JSON logs it is told not to, so the lines stay JSON.
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=not json_logs)
@@ -51,3 +46,17 @@ def run_worker(settings: Settings, *, loglevel: str = "info") -> int:
         worker.spinner = None  # (Faust drops it itself when it sets up logging)
     worker.execute_from_commandline()
     return 0
+
+
+def _warn_if_dead_letters_cut(settings: Settings, prepared: PreparedTopics) -> None:
+    needed = dead_letter_bytes(prepared.largest_record)
+    if prepared.dead_letter_limit < needed:
+        log.warning(
+            "%s accepts records up to %d bytes, but the source topics accept %d: a dead "
+            "letter of a larger record will be truncated; `compactor topics --apply-configs` "
+            "sets its max.message.bytes to %d",
+            TopicNames.with_prefix(settings.kafka.topic_prefix).dead_letters,
+            prepared.dead_letter_limit,
+            prepared.largest_record,
+            needed,
+        )

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from importlib.metadata import version
 from typing import Any
 
 from faust.transport.consumer import ThreadDelegateConsumer
+
+from streams.kafka.producers import DURABLE_SENDS
 
 log = logging.getLogger("compactor.worker")
 
@@ -100,6 +103,30 @@ def shorter_prefetch_backoff() -> bool:
     return True
 
 
+def durable_producer() -> bool:
+    """Every producer Faust builds sends with ``DURABLE_SENDS`` (acks=all, idempotence).
+
+    Faust has ``producer_acks`` but no setting for idempotence: it adds
+    ``enable_idempotence`` only inside its own transactions (exactly-once,
+    which the worker does not use), through ``Producer._settings_extra``. This
+    adds the service's producer settings there, for every producer.
+    Upstream issue: none known; faust-streaming exposes no such setting.
+    """
+    from faust.transport.drivers.aiokafka import Producer
+
+    original = Producer._settings_extra
+    if getattr(original, _MARK, False):
+        return True
+
+    def _settings_extra(self: Any) -> Mapping[str, Any]:
+        return {**original(self), **DURABLE_SENDS}
+
+    setattr(_settings_extra, _MARK, True)
+    Producer._settings_extra = _settings_extra  # type: ignore[method-assign]
+    return True
+
+
 def apply() -> None:
     snapshot_active_partitions()
     shorter_prefetch_backoff()
+    durable_producer()

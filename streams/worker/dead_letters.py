@@ -3,9 +3,14 @@
 The value keeps the original bytes so the record can be fixed and re-driven;
 the reason, error type and source coordinates travel as ``dlq.*`` headers, after
 the record's own headers (kept, so a re-driven record is the one that came).
-A record too large for one producer request (the broker may accept larger
-ones than our producer may send) is dead-lettered with its first bytes and
-``dlq.truncated``: it must leave a trace, never vanish with a failed send.
+The worker's producer may send any record its source topics accept, with
+room for the headers (``streams/kafka/admin.py`` raises
+``[kafka].max_request_bytes`` to that, and creates the dead-letter topic to
+accept it), so a dead letter is whole. Only when the broker still refuses it
+(a dead-letter topic created smaller, say) is it sent again with its first
+bytes, and ``dlq.truncated``: it must leave a trace, never vanish with a
+failed send. First cut to what any topic with the broker's default limit
+takes (``FALLBACK_REQUEST_BYTES``), then to ``LAST_RESORT_BYTES``.
 
 With ``[kafka].dead_letter_content = "redacted"`` the value is dropped: the
 dead letter keeps the reason, the error type, the source coordinates, the
@@ -32,8 +37,10 @@ log = logging.getLogger("compactor.worker")
 REQUEST_OVERHEAD_BYTES = 16 * 1024
 # Keys are conversation ids; a longer one is garbage and is cut to this.
 MAX_KEY_BYTES = 4096
-# What is kept of a value the broker refused even truncated to the request size
-# (its topic's max.message.bytes is smaller than our producer's limit).
+# The first cut of a value the broker refused whole: what a topic with Kafka's
+# default limit (message.max.bytes, 1 MiB and a few bytes) accepts.
+FALLBACK_REQUEST_BYTES = 1_048_576
+# What is kept of a value the broker refused even so.
 LAST_RESORT_BYTES = 8 * 1024
 
 
@@ -53,14 +60,32 @@ class DeadLetters:
         self._max_value = max(LAST_RESORT_BYTES, max_request_bytes - REQUEST_OVERHEAD_BYTES)
         self._redacted = content == "redacted"
 
+    def _cuts(self, size: int) -> list[int]:
+        """The value sizes to try, largest first: whole (up to the request limit),
+        then each smaller cut shorter than the record."""
+        first = min(size, self._max_value)
+        smaller = (FALLBACK_REQUEST_BYTES - REQUEST_OVERHEAD_BYTES, LAST_RESORT_BYTES)
+        return [first, *(cut for cut in smaller if cut < first)]
+
     async def send(self, record: Record, error: InvalidRecord) -> None:
         value = record.value or b""
-        try:
-            await self._send(record, error, self._max_value)
-        except RecordTooLarge:
-            if len(value) <= LAST_RESORT_BYTES:
-                raise
-            await self._send(record, error, LAST_RESORT_BYTES)
+        cuts = self._cuts(len(value))
+        for attempt, cut in enumerate(cuts):
+            try:
+                await self._send(record, error, cut)
+                break
+            except RecordTooLarge:
+                if attempt == len(cuts) - 1:
+                    raise
+                log.warning(
+                    "the broker refused the dead letter of %s[%d]@%d with %d bytes of its "
+                    "value; sending the first %d",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    cut,
+                    cuts[attempt + 1],
+                )
         self._metrics.dead_lettered.labels(record.topic, error.error_type).inc()
         log.warning(
             "dead-lettered %s[%d]@%d (%d bytes): %s",

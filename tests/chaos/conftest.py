@@ -7,21 +7,27 @@ minutes, for CI; ``full``). A plain ``pytest`` skips it.
 Scenarios share the session's broker and PostgreSQL (each with its own topic
 prefix, app id and database) unless they crash one: the PostgreSQL scenario
 gets a server of its own (``own_postgres``), the broker scenario a broker of
-its own (``own_broker``). A failing test gets every worker's log tail, and
-the crashed server's, in its report; the summary lines are printed at the end.
+its own (``own_broker``). The cluster scenarios share one three-node cluster
+(``kafka_cluster``), started the first time one of them runs (about 25 s)
+and made whole again before and after each (``cluster``). A failing test
+gets every worker's log tail, and the crashed server's, in its report; the
+summary lines are printed at the end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devtools.localstack import KafkaBroker, start_kafka
-from tests.chaos.harness import RESULTS, ChaosStack, MakeStack, short_summary
+from devtools.localstack import KafkaBroker, KafkaCluster, start_cluster, start_kafka
+from tests.chaos.harness import RESULTS, ChaosStack, MakeStack, short_summary, wait_until
+from tests.chaos.kafka_tools import under_replicated
 from tests.support.chaos_llm import ChaosLLMServer
 from tests.support.pg_control import ControlledPostgres, own_server
 
@@ -105,9 +111,15 @@ async def make_stack(
         *,
         max_message_bytes: int | None = None,
         extra_logs: list[tuple[str, Path]] | None = None,
+        replication: int = 1,
     ) -> ChaosStack:
         stack = ChaosStack(
-            scenario=scenario, bootstrap=bootstrap, dsn=dsn, llm=chaos_llm, root=tmp_path
+            scenario=scenario,
+            bootstrap=bootstrap,
+            dsn=dsn,
+            llm=chaos_llm,
+            root=tmp_path,
+            replication=replication,
         )
         stack.extra_logs.extend(extra_logs or [])
         stacks.append(stack)
@@ -139,3 +151,51 @@ def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Three KRaft nodes (replication factor 3, min.insync.replicas 2) for the
+    cluster scenarios only; the other tests keep the session's single broker."""
+    from tests.conftest import require_local_kafka_tools
+
+    require_local_kafka_tools()
+    cluster = start_cluster(tmp_path_factory.mktemp("kafka-cluster"), 3, num_partitions=6)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+async def cluster(kafka_cluster: KafkaCluster) -> AsyncIterator[KafkaCluster]:
+    """The session's cluster with every node up and every partition fully replicated,
+    before the test and after it (a failed test may leave a node down)."""
+    await whole(kafka_cluster)
+    try:
+        yield kafka_cluster
+    finally:
+        await whole(kafka_cluster)
+
+
+async def whole(cluster: KafkaCluster, timeout: float = 180.0) -> float:
+    """Start any node that is down, then wait until no partition is under-replicated;
+    the seconds that took."""
+    started = time.monotonic()
+    if len(cluster.running) < len(cluster.nodes):
+        await asyncio.to_thread(cluster.start)
+    last: list[str] = []
+
+    async def replicated() -> bool:
+        nonlocal last
+        try:
+            last = await under_replicated(cluster.bootstrap_servers)
+        except Exception as error:
+            last = [repr(error)]
+        return not last
+
+    try:
+        await wait_until(replicated, timeout=timeout, what="every partition fully replicated")
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {last[:10]}") from None
+    return time.monotonic() - started

@@ -9,6 +9,8 @@ and database; real worker processes) with what faults need on top:
   is restarted too, but recorded (it needed a restart nobody asked for);
 * a producer that retries until the broker acknowledges, so "produced" means
   acknowledged even across a broker crash, and paced replay of a workload;
+* an ``OffsetWatch`` sampling every second, from ``open`` to the end, that
+  no committed offset of the messages topic is ahead of PostgreSQL;
 * ``settle``: from the end of the faults, poll every invariant
   (``tests/chaos/invariants.py``) until all hold, giving the time to recover;
 * ``finish``: print the summary line, append it as JSON to ``$CHAOS_RESULTS``,
@@ -33,11 +35,13 @@ from typing import Any
 
 import asyncpg
 
+from core.settings import default_min_insync
 from streams.topics import TopicNames
 from tests.chaos.invariants import (
     InvariantContext,
     InvariantReport,
     MalformedRecord,
+    OffsetWatch,
     ProducedMessage,
     check_invariants,
     clip_archive_copies,
@@ -75,6 +79,9 @@ class Scale:
     broker_outages: int
     malformed_copies: int  # of each malformed kind
     big_records: int  # multi-megabyte records
+    leader_kills: int  # per cluster scenario phase: SIGKILLs of a partition leader
+    rolling_rounds: int  # rolling restarts of the whole cluster
+    node_down_seconds: float  # how long one node of the cluster stays down
     timeout: float  # per test, seconds
 
 
@@ -88,6 +95,9 @@ FULL = Scale(
     broker_outages=3,
     malformed_copies=3,
     big_records=4,
+    leader_kills=6,
+    rolling_rounds=2,
+    node_down_seconds=180.0,
     timeout=1500.0,
 )
 SMALL = Scale(
@@ -100,6 +110,9 @@ SMALL = Scale(
     broker_outages=1,
     malformed_copies=1,
     big_records=2,
+    leader_kills=1,
+    rolling_rounds=1,
+    node_down_seconds=20.0,
     timeout=420.0,
 )
 
@@ -186,9 +199,11 @@ class ChaosStack:
         root: Path,
         scale: Scale = SCALE,
         seed: int = 0,
+        replication: int = 1,
     ) -> None:
         tag = uuid.uuid4().hex[:8]
         self.scenario = scenario
+        self.replication = replication
         self.bootstrap = bootstrap
         self.dsn = dsn
         self.llm = llm
@@ -209,7 +224,9 @@ class ChaosStack:
         self.extra_logs: list[tuple[str, Path]] = []
         self.started_at = time.monotonic()
         self._supervisor: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._worker_config: dict[str, dict[str, Any]] = {}
+        self.offsets = OffsetWatch(bootstrap, self.app_id, self.names.messages, PARTITIONS)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -221,16 +238,21 @@ class ChaosStack:
             if max_message_bytes
             else {}
         )
-        await create_topics(self.bootstrap, self.names, PARTITIONS, configs)
+        await create_topics(
+            self.bootstrap, self.names, PARTITIONS, configs, replication=self.replication
+        )
         await self.producer.start()
         self.pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=4)
         self._supervisor = asyncio.create_task(self._supervise())
+        self._watcher = asyncio.create_task(self._watch_offsets())
 
     async def close(self) -> None:
-        if self._supervisor is not None:
-            self._supervisor.cancel()
+        for task in (self._supervisor, self._watcher):
+            if task is None:
+                continue
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+                await task
         await asyncio.to_thread(terminate_all, list(self.workers))
         await self.producer.stop()
         if self.pool is not None:
@@ -264,7 +286,8 @@ class ChaosStack:
             "kafka": {
                 "topic_prefix": self.prefix,
                 "partitions": PARTITIONS,
-                "replication_factor": 1,
+                "replication_factor": self.replication,
+                "min_insync_replicas": default_min_insync(self.replication),
                 # A killed worker's partitions move after 6 s, not Faust's 60.
                 "session_timeout_seconds": 6.0,
                 "heartbeat_interval_seconds": 1.0,
@@ -298,6 +321,13 @@ class ChaosStack:
     @property
     def expected(self) -> list[ChaosWorker]:
         return [w for w in self.workers if w.expected_alive]
+
+    async def _watch_offsets(self) -> None:
+        """``OffsetWatch`` every second while the scenario runs (invariants.py)."""
+        while True:
+            if self.pool is not None:
+                await self.offsets.sample(self.pool, self.produced)
+            await asyncio.sleep(1.0)
 
     async def _supervise(self) -> None:
         """Restart whatever should run and does not, as a process supervisor would."""
@@ -402,14 +432,21 @@ class ChaosStack:
             budget_tokens=BUDGET_TOKENS,
             table_sample=sample,
             rng_seed=0,
+            offset_watch=self.offsets,
         )
 
     async def settle(self, fault_end: float) -> Outcome:
         """Poll every invariant from ``fault_end`` until all hold (or limit + grace)."""
         give_up = fault_end + RECOVERY_LIMIT_SECONDS + RECOVERY_GRACE_SECONDS
         recovered_after: float | None = None
+        last_violated: dict[str, float] = {}
         while True:
             report = await check_invariants(self.context())
+            for name, count in report.counts().items():
+                if count or report.violations[name]:
+                    last_violated[name] = round(time.monotonic() - fault_end, 1)
+            # Which invariant held recovery up, and until when (seconds after the fault).
+            self.notes["last_violated_after_fault"] = dict(last_violated)
             if report.ok:
                 recovered_after = time.monotonic() - fault_end
                 break
@@ -492,6 +529,8 @@ class ChaosStack:
             "violations": outcome.report.counts(),
             "producer_retries": self.producer.retries,
             "worker_restarts": sum(w.restarts for w in self.workers),
+            "offset_samples": self.offsets.samples,
+            "offset_samples_skipped": self.offsets.skipped,
             "duration_seconds": round(time.monotonic() - self.started_at, 1),
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
             **self.notes,

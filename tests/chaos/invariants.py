@@ -28,7 +28,16 @@ Every scenario ends with ``check_invariants`` polled until all hold:
     the worker group has committed every messages partition to its end (a
     partition frozen in changelog recovery shows here first);
 ``worker_health``
-    every worker that should run does and answers ``/healthz`` with ``ok``.
+    every worker that should run does and answers ``/healthz`` with ``ok``;
+``offsets_ahead``
+    no committed offset of the worker group on the messages topic was ever
+    ahead of PostgreSQL: every produced message below a committed offset
+    (Kafka's committed offset is the next one to read) was live or archived
+    when looked for. Sampled every second while the scenario runs
+    (``OffsetWatch``, the offsets read before the store, so a message stored
+    in between is no false alarm), and once more at the end. ``lost`` only
+    sees a loss the faults made final; this sees the moment an offset got
+    ahead, whether or not a crash followed.
 
 Failure text names what is wrong: ids, partitions, offsets, conversations
 and both sides of every disagreement.
@@ -47,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from streams.topics import TopicNames
-from tests.chaos.kafka_tools import group_progress, read_topic
+from tests.chaos.kafka_tools import committed_offsets, group_progress, read_topic
 from tests.chaos.workload import tool_pairs
 from tests.support.worker import WorkerProcess
 
@@ -63,6 +72,7 @@ INVARIANTS = (
     "dead_letters",
     "consumer_lag",
     "worker_health",
+    "offsets_ahead",
 )
 
 
@@ -98,6 +108,7 @@ class InvariantContext:
     budget_tokens: int
     table_sample: int = 200
     rng_seed: int = 0
+    offset_watch: OffsetWatch | None = None
 
 
 @dataclass
@@ -408,6 +419,90 @@ async def _check_health(ctx: InvariantContext, report: InvariantReport) -> None:
             report.add("worker_health", f"{worker.name}: /healthz answered {health!r}")
 
 
+class OffsetWatch:
+    """Is a committed offset of the messages topic ever ahead of PostgreSQL?
+
+    Each ``sample`` reads the group's committed offsets, then asks PostgreSQL
+    for the produced messages below them that it has not seen stored yet. A
+    message once found stays found (compaction moves it to
+    ``archived_messages`` in the same transaction), so each is looked up
+    until it is seen once. A sample that cannot run (broker or PostgreSQL
+    away) is skipped and counted.
+    """
+
+    def __init__(self, bootstrap: str, group: str, topic: str, partitions: int) -> None:
+        self.bootstrap = bootstrap
+        self.group = group
+        self.topic = topic
+        self.partitions = partitions
+        self.samples = 0
+        self.skipped = 0
+        self.violations: list[str] = []
+        self._seen: set[str] = set()
+        self._flagged: set[str] = set()
+
+    async def sample(self, db: asyncpg.Pool, produced: Mapping[str, ProducedMessage]) -> None:
+        try:
+            committed = await asyncio.wait_for(
+                committed_offsets(self.bootstrap, self.group, self.topic, self.partitions), 10
+            )
+            below = [
+                p
+                for p in list(produced.values())
+                if p.message_id not in self._seen and p.offset < committed.get(p.partition, -1)
+            ]
+            missing = await asyncio.wait_for(_not_stored(db, below), 20)
+        except Exception:
+            self.skipped += 1
+            return
+        self.samples += 1
+        gone = {p.message_id for p in missing}
+        self._seen.update(p.message_id for p in below if p.message_id not in gone)
+        for p in missing:
+            if p.message_id in self._flagged:
+                continue
+            self._flagged.add(p.message_id)
+            self.violations.append(
+                f"{p.message_id} ({p.conversation_id}) at {self.topic}:{p.partition}@{p.offset} "
+                f"was not in PostgreSQL while group {self.group} had committed "
+                f"{committed.get(p.partition)} (sample {self.samples})"
+            )
+
+
+async def _not_stored(
+    db: asyncpg.Pool, messages: Sequence[ProducedMessage]
+) -> list[ProducedMessage]:
+    """Those of ``messages`` neither live nor archived (by their primary keys)."""
+    if not messages:
+        return []
+    rows = await db.fetch(
+        """
+        SELECT c.cid, c.mid
+        FROM unnest($1::text[], $2::text[]) AS c(cid, mid)
+        WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.cid AND m.id = c.mid)
+          AND NOT EXISTS (
+              SELECT 1 FROM archived_messages a WHERE a.conversation_id = c.cid AND a.id = c.mid
+          )
+        """,
+        [p.conversation_id for p in messages],
+        [p.message_id for p in messages],
+    )
+    absent = {(r["cid"], r["mid"]) for r in rows}
+    return [p for p in messages if (p.conversation_id, p.message_id) in absent]
+
+
+async def _check_offsets(ctx: InvariantContext, report: InvariantReport) -> None:
+    watch = ctx.offset_watch or OffsetWatch(
+        ctx.bootstrap, ctx.group, ctx.names.messages, ctx.partitions
+    )
+    before = watch.samples
+    await watch.sample(ctx.db, ctx.produced)
+    if watch.samples == before:
+        report.add("offsets_ahead", "check could not run (broker or PostgreSQL away)", items=0)
+    for line in watch.violations:
+        report.add("offsets_ahead", line)
+
+
 async def _guarded(
     report: InvariantReport, name: str, check: Callable[[], Awaitable[None]]
 ) -> None:
@@ -465,4 +560,5 @@ async def check_invariants(ctx: InvariantContext) -> InvariantReport:
     await _guarded(report, "dead_letters", lambda: _check_dead_letters(ctx, report))
     await _guarded(report, "consumer_lag", lambda: _check_lag(ctx, report))
     await _guarded(report, "worker_health", lambda: _check_health(ctx, report))
+    await _guarded(report, "offsets_ahead", lambda: _check_offsets(ctx, report))
     return report

@@ -13,7 +13,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from streams.kafka.admin import ensure_topics
+from core.settings import default_min_insync
+from streams.kafka.admin import MIN_INSYNC_REPLICAS, Replication, ensure_topics, topic_configs
+from streams.kafka.producers import producer_config
 from streams.topics import TopicNames
 from tests.support.kafka_io import Record
 
@@ -21,7 +23,8 @@ PRODUCER_MAX_REQUEST = 16 * 1024 * 1024
 
 
 class ChaosProducer:
-    """Sends until the broker acknowledges (acks=all), retrying through outages."""
+    """Sends until the broker acknowledges (acks=all, idempotent, as the service's
+    producers), retrying through outages."""
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
@@ -31,11 +34,14 @@ class ChaosProducer:
     def _new(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
-            acks="all",
-            linger_ms=5,
-            max_request_size=PRODUCER_MAX_REQUEST,
-            request_timeout_ms=10_000,
-            retry_backoff_ms=200,
+            **producer_config(
+                {},
+                client_id="chaos-producer",
+                linger_ms=5,
+                max_request_size=PRODUCER_MAX_REQUEST,
+                request_timeout_ms=10_000,
+                retry_backoff_ms=200,
+            ),
         )
 
     async def start(self) -> None:
@@ -165,24 +171,100 @@ async def group_progress(
     return out
 
 
+async def committed_offsets(
+    bootstrap: str, group: str, topic: str, partitions: int
+) -> dict[int, int]:
+    """{partition: committed offset of ``group``} (-1: none) of ``topic``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+    finally:
+        await admin.close()
+    return {
+        tp.partition: (committed[tp].offset if committed.get(tp) is not None else -1) for tp in tps
+    }
+
+
 async def create_topics(
     bootstrap: str,
     names: TopicNames,
     partitions: int,
     configs: Mapping[str, Mapping[str, str]],
+    *,
+    replication: int = 1,
 ) -> None:
     """Create the topics named in ``configs`` with those topic configs, then the rest
-    as the worker would (``ensure_topics``)."""
+    as the worker would (``ensure_topics``), each with ``replication`` replicas and
+    its default ``min.insync.replicas``."""
+    wanted = Replication(replication, default_min_insync(replication))
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         if configs:
             await admin.create_topics(
                 [
-                    NewTopic(name, partitions, 1, topic_configs=dict(topic_config))
+                    NewTopic(
+                        name,
+                        partitions,
+                        replication,
+                        topic_configs={
+                            MIN_INSYNC_REPLICAS: str(wanted.min_insync),
+                            **topic_config,
+                        },
+                    )
                     for name, topic_config in configs.items()
                 ]
             )
     finally:
         await admin.close()
-    await ensure_topics(bootstrap, names, partitions=partitions, replication_factor=1)
+    await ensure_topics(
+        bootstrap,
+        names,
+        partitions=partitions,
+        replication_factor=replication,
+        configs=topic_configs(names, replication=wanted),
+    )
+
+
+async def partition_leaders(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], int]:
+    """{(topic, partition): node id of its leader} (-1 while it has none)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(list(topics))
+    finally:
+        await admin.close()
+    return {
+        (d["topic"], p["partition"]): int(p["leader"]) for d in described for p in d["partitions"]
+    }
+
+
+async def under_replicated(bootstrap: str) -> list[str]:
+    """Every partition of the cluster (internal topics too) whose ISR lacks a replica."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        topics = await admin.list_topics()
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    return [
+        f"{d['topic']}:{p['partition']} isr {sorted(p['isr'])} of {sorted(p['replicas'])}"
+        for d in described
+        for p in d["partitions"]
+        if set(p["isr"]) != set(p["replicas"]) or p["leader"] < 0
+    ]
+
+
+async def end_offsets(
+    bootstrap: str, topics: Sequence[str], partitions: int
+) -> dict[TopicPartition, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
+        return {tp: int(offset) for tp, offset in (await consumer.end_offsets(tps)).items()}
+    finally:
+        await consumer.stop()

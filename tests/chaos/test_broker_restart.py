@@ -34,8 +34,8 @@ def _sigkill(broker: KafkaBroker) -> None:
 
 
 async def test_broker_sigkilled_and_restarted(
+    own_broker: KafkaBroker,  # before make_stack: torn down after the workers stop
     make_stack: MakeStack,
-    own_broker: KafkaBroker,
     pg_database: str,
     chaos_llm: ChaosLLMServer,
 ) -> None:

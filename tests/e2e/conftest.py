@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from core.domain.tenancy import ConversationRef
 from core.domain.tokens import estimate_message_tokens
@@ -219,8 +220,22 @@ class Stack:
             },
         }
 
-    async def open(self) -> None:
+    async def open(self, messages_configs: Mapping[str, str] | None = None) -> None:
+        """``messages_configs``: the messages topic is created first, with these."""
         # Created up front, as a deployment would, so readers can attach at once.
+        if messages_configs:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            await admin.start()
+            try:
+                await admin.create_topics(
+                    [
+                        NewTopic(
+                            self.names.messages, PARTITIONS, 1, topic_configs=dict(messages_configs)
+                        )
+                    ]
+                )
+            finally:
+                await admin.close()
         await ensure_topics(self.bootstrap, self.names, partitions=PARTITIONS, replication_factor=1)
         await self.producer.start()
         await self.clip_archives.start()

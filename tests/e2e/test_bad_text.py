@@ -5,6 +5,9 @@ and the worker retried it as an unknown error (five times for its group, five
 alone): about 12 s of a stalled partition per such record. Now it is refused
 at validation (``invalid_text``) and the next record of the same partition,
 in the same conversation, is stored within a few seconds, with no retry.
+A record that passes validation but breaks a rule of the schema (a CHECK,
+NOT NULL) is refused by PostgreSQL as ``StoreRejected`` and dead-lettered at
+once the same way, with the database's reason.
 """
 
 from __future__ import annotations
@@ -91,3 +94,37 @@ async def _stored(stack: Stack, ids: list[str]) -> None:
         "SELECT id FROM messages WHERE conversation_id = 'conv-text' ORDER BY id"
     )
     assert sorted(ids) == [row["id"] for row in found]
+
+
+async def test_a_record_a_constraint_refuses_is_dead_lettered_at_once_with_the_reason(
+    stack: Stack,
+) -> None:
+    """Past validation, PostgreSQL refuses the row (a CHECK added here, as a
+    deployment or a later migration might): the record is dead-lettered at once as
+    ``store_rejected`` with the database's reason, and the next record of its
+    partition is stored within seconds; nothing is waited out as an outage."""
+    await stack.db.execute(
+        "ALTER TABLE messages ADD CONSTRAINT no_forbidden_words "
+        "CHECK (content NOT LIKE '%forbidden%')"
+    )
+    worker = stack.worker("w1")
+    await worker.wait_ready(stack.names.messages)
+    warm = await stack.send(event("warm-up", "hello"))
+    await eventually(lambda: _stored(stack, ["warm-up"]), timeout=30, what="the warm-up")
+
+    started = time.monotonic()
+    bad = await stack.send(event("bad-check", "a forbidden word"))
+    good = await stack.send(event("good-after", "the valid one behind it"))
+    assert good.partition == bad.partition == warm.partition
+
+    await eventually(lambda: _stored(stack, ["warm-up", "good-after"]), timeout=10, what="stored")
+    assert time.monotonic() - started < 5, "the valid record waited behind the refused one"
+    (record,) = await stack.dead_letters.wait_for(
+        lambda records: len(records) >= 1, timeout=10, what="the dead letter"
+    )
+    headers = DeadLetterHeaders.from_kafka(list(record.headers))
+    assert (headers.source_offset, record.value) == (bad.offset, bad.value)
+    assert headers.error_type == "store_rejected"
+    assert "CheckViolationError" in headers.reason and "no_forbidden_words" in headers.reason
+    text = await worker.metrics_text()
+    assert label_values(text, "compactor_accounting_retries_total", "error_type") == {}

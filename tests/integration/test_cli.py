@@ -37,7 +37,7 @@ from core.domain.messages import ConversationMessage, ToolCall
 from devtools import devstack
 from streams import cli
 from streams.events import BatchInfo, ClipArchiveEvent, EraseRequest, MessageEvent
-from streams.kafka.admin import describe_topic_configs
+from streams.kafka.admin import config_drift, describe_topic_configs
 from streams.stack_state import DEV_STATE_DIR_ENV, pid_alive, read_state
 from streams.topics import TopicNames
 from tests.conftest import require_local_kafka_tools
@@ -281,6 +281,46 @@ async def test_topics_reports_and_applies_config_drift_of_existing_topics(
     assert messages["cleanup.policy"] == "delete"
     code, _, err = await run_cli(capsys, project.argv("topics"))
     assert code == 0, err
+
+
+async def test_topics_sizes_the_dead_letter_topic_and_reports_replication_drift(
+    project: Project, kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dead-letter topic follows the largest record the source topics accept;
+    a replication factor the topics lack is reported (a reassignment, never applied)."""
+    code, out, err = await run_cli(capsys, project.argv("topics"))
+    assert code == 0, err
+    assert "1 replica(s), min.insync.replicas 1" in out  # one broker: the defaults fit it
+    names = project.topics
+    configs = await describe_topic_configs(kafka_bootstrap, names.all())
+    default_limit = int(configs[names.messages]["max.message.bytes"] or 0)
+    assert configs[names.dead_letters]["max.message.bytes"] == str(default_limit + 16 * 1024)
+    assert {configs[name]["min.insync.replicas"] for name in names.all()} == {"1"}
+
+    await config_drift(
+        kafka_bootstrap, {names.messages: {"max.message.bytes": str(8 * 1024 * 1024)}}, apply=True
+    )
+    wanted = str(8 * 1024 * 1024 + 16 * 1024)
+
+    deadline = asyncio.get_running_loop().time() + 30  # the brokers apply it shortly
+    while True:
+        code, out, _ = await run_cli(capsys, project.argv("topics"))
+        if code == 1 or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert code == 1
+    assert (
+        f"{names.dead_letters}: max.message.bytes differs: {default_limit + 16 * 1024} -> {wanted}"
+        in out
+    )
+    code, out, err = await run_cli(capsys, project.argv("topics", "--apply-configs"))
+    assert code == 0, err
+
+    project.config.write_text(project.config.read_text() + "replication_factor = 2\n")
+    code, out, err = await run_cli(capsys, project.argv("topics"))
+    assert code == 1
+    assert f"{names.messages}: replication factor differs: 1 -> 2" in out
+    assert "--apply-configs does not change it" in out
 
 
 async def test_replay_refuses_a_bad_file_naming_file_line_and_field(

@@ -215,7 +215,7 @@ async def test_a_redrive_stopped_after_any_step_is_completed_once_by_the_next(
 async def ensure_topics_and_ledger(site: Site) -> None:
     from streams.cli.dead_letters import ensure_ledger
 
-    await ensure_ledger(site.bootstrap, ledger_topic(site.settings), 1)
+    await ensure_ledger(site.bootstrap, ledger_topic(site.settings), site.settings.kafka)
 
 
 async def test_a_redrive_killed_in_the_middle_and_run_again_sends_each_once(

@@ -223,6 +223,53 @@ async def test_data_postgresql_refuses_is_store_rejected(
     assert await pg_store.load_history(message.conversation_id) == []
 
 
+@pytest.mark.parametrize("save", ["save_message", "save_messages"])
+async def test_a_row_a_constraint_refuses_is_store_rejected_with_the_constraint_named(
+    pg_store: PostgresStore, pg_database: str, save: str
+) -> None:
+    """A CHECK the record's data breaks (one added here, as a deployment might, or
+    a later migration): refused for good, with PostgreSQL's reason, not an outage
+    and not an unknown error that is retried five times."""
+    admin = await asyncpg.connect(pg_database)
+    try:
+        await admin.execute(
+            "ALTER TABLE messages ADD CONSTRAINT no_forbidden_words "
+            "CHECK (content NOT LIKE '%forbidden%')"
+        )
+    finally:
+        await admin.close()
+    message = make_message(0).model_copy(update={"content": "a forbidden word"})
+    call = (
+        pg_store.save_message(message, 10)
+        if save == "save_message"
+        else pg_store.save_messages([IncomingMessage(message, 10)])
+    )
+    with pytest.raises(StoreRejected, match="no_forbidden_words") as caught:
+        await call
+    assert isinstance(caught.value.__cause__, asyncpg.CheckViolationError)
+    assert await pg_store.load_history(message.conversation_id) == []
+
+
+async def test_a_missing_required_value_is_store_rejected(pg_store: PostgresStore) -> None:
+    message = unvalidated("fine", role=None)  # messages.role is NOT NULL
+    with pytest.raises(StoreRejected) as caught:
+        await pg_store.save_messages([IncomingMessage(message, 10)])
+    assert isinstance(caught.value.__cause__, asyncpg.NotNullViolationError)
+
+
+async def test_a_unique_violation_is_not_store_rejected() -> None:
+    """On the idempotency keys a unique violation is a concurrent writer of the
+    same row: a retry resolves it, so it is not refused for good."""
+    from core.adapters.postgres.errors import port_errors
+
+    @port_errors
+    async def racing_insert() -> None:
+        raise asyncpg.UniqueViolationError("duplicate key value violates unique constraint")
+
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await racing_insert()
+
+
 async def test_a_malformed_dsn_is_not_an_outage() -> None:
     """asyncpg's ``ClientConfigurationError`` is an ``InterfaceError`` (otherwise an
     outage) and a ``ValueError``: waiting would never fix the configuration."""

@@ -38,9 +38,16 @@ class Sent:
     value: bytes
 
 
+#: Requests and fetches of the tests' clients: records up to what a topic may be
+#: configured to accept in a test (8 MiB), never limited by the client.
+CLIENT_MAX_BYTES = 16 * 1024 * 1024
+
+
 class Producer:
     def __init__(self, bootstrap: str) -> None:
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", max_request_size=CLIENT_MAX_BYTES
+        )
 
     async def start(self) -> None:
         await self._producer.start()
@@ -71,6 +78,8 @@ class TopicCollector:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             group_id=None,
+            max_partition_fetch_bytes=CLIENT_MAX_BYTES,
+            fetch_max_bytes=CLIENT_MAX_BYTES,
         )
         self._task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None

@@ -9,8 +9,11 @@ driver's error as its ``__cause__``. Data the
 database refuses (SQLSTATE class 22: text it cannot hold such as a NUL, a value
 out of range, a string too long; class 54: a value over a limit such as an
 index row; asyncpg raises the same ``DataError`` for an argument it cannot
-encode, such as a lone surrogate or an integer out of range)
-becomes ``StoreRejected``: retrying gives the same answer. Everything
+encode, such as a lone surrogate or an integer out of range; class 23's
+NOT NULL and CHECK violations: a row the schema's rules refuse)
+becomes ``StoreRejected``: retrying gives the same answer. A unique
+violation is not among them: on the idempotency keys it is a concurrent
+writer of the same row, which a retry resolves. Everything
 else passes through unchanged: the port errors a store raises on purpose
 (``HistoryConflictError``, ``TenantConflictError``), and any other error,
 which is a bug or a record the store cannot take, and must stay visible.
@@ -66,6 +69,8 @@ REJECTED: tuple[type[BaseException], ...] = (
     # repertoire (a NUL), untranslatable character, string data right truncation,
     # numeric value out of range, invalid datetime format, …
     pg_errors.ProgramLimitExceededError,  # class 54: index row too large, tsvector too long
+    pg_errors.NotNullViolationError,  # 23502: a required value missing
+    pg_errors.CheckViolationError,  # 23514: a value a CHECK constraint refuses
     ClientDataError,  # asyncpg's client-side DataError (an InterfaceError and a ValueError)
 )
 """The driver errors that mean PostgreSQL (or asyncpg) refuses this data for good."""

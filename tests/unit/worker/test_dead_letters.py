@@ -6,6 +6,7 @@ import pytest
 
 from core.ports.publisher import RecordTooLarge
 from streams.events import DeadLetterHeaders
+from streams.worker.dead_letters import FALLBACK_REQUEST_BYTES, REQUEST_OVERHEAD_BYTES
 from streams.worker.records import Record
 from tests.unit.worker.harness import NAMES, harness
 
@@ -40,6 +41,29 @@ async def test_small_dead_letters_are_copied_whole() -> None:
     await h.components.accounting.handle(h.record(NAMES.messages, "c1", b"{not json"))
     headers = DeadLetterHeaders.from_kafka(list(h.publisher.sent[0].headers))
     assert not headers.truncated and headers.original_size == 9
+
+
+async def test_a_dead_letter_within_the_request_limit_is_whole() -> None:
+    """The worker's limit follows the source topics (8 MiB here): a 2 MB record
+    is dead-lettered whole, not cut to 1 MB."""
+    h = harness(max_content_chars=10)
+    h.components.dead_letters._max_value = 8 * 1024 * 1024
+    big = b'{"x": "' + b"y" * 2_000_000 + b'"}'
+    await h.components.accounting.handle(h.record(NAMES.messages, "c1", big))
+    (letter,) = h.publisher.on("dead_letters")
+    assert letter.value == big
+    assert not DeadLetterHeaders.from_kafka(list(letter.headers)).truncated
+
+
+async def test_a_dead_letter_refused_whole_is_cut_to_what_a_topic_of_default_size_takes() -> None:
+    h = harness(max_content_chars=10)
+    h.components.dead_letters._max_value = 8 * 1024 * 1024
+    big = b'{"x": "' + b"y" * 2_000_000 + b'"}'
+    h.publisher.fail_next = RecordTooLarge("the dead-letter topic accepts 1 MiB")
+    await h.components.accounting.handle(h.record(NAMES.messages, "c1", big))
+    (letter,) = h.publisher.on("dead_letters")
+    assert letter.value == big[: FALLBACK_REQUEST_BYTES - REQUEST_OVERHEAD_BYTES]
+    assert DeadLetterHeaders.from_kafka(list(letter.headers)).truncated
 
 
 async def test_a_dead_letter_keeps_the_records_own_headers_for_a_redrive() -> None:
