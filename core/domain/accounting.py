@@ -108,13 +108,18 @@ def _issue(tally: ConversationTally, now: float) -> ConversationTally:
 def on_message(
     tally: ConversationTally, tokens: int, budget: BudgetConfig, now: float
 ) -> tuple[ConversationTally, bool]:
-    """Count a new message; ``True`` when a compaction command must be sent."""
+    """Count a new message; ``True`` when a compaction command must be sent.
+
+    ``last_message_at`` is kept only with ``[budget].idle_seconds``, its only
+    reader: an entry holding it cannot be read by a worker of the previous
+    release, so idle compaction is turned on once the upgrade is done
+    (``streams.worker.tally_table``, docs/operations.md "Upgrading")."""
     tally = tally.model_copy(
         update={
             "token_total": tally.token_total + tokens,
             "message_count": tally.message_count + 1,
             "stalled": False,
-            "last_message_at": now,
+            "last_message_at": now if budget.idle_seconds is not None else tally.last_message_at,
         }
     )
     if tally.outstanding is None and compaction_due_now(tally.token_total, budget, 0.0):
@@ -289,5 +294,6 @@ def on_resync(
         if tally is None or tally.epoch != epoch  # an entry from before an erase
         else resynced(tally, token_total, message_count)
     )
-    base = base.model_copy(update={"last_message_at": now})  # a message has just arrived
+    if budget.idle_seconds is not None:  # a message has just arrived (see on_message)
+        base = base.model_copy(update={"last_message_at": now})
     return on_reconcile(base, budget, now, command_timeout=math.inf)

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, MutableMapping
+from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +37,32 @@ from core.domain.accounting import ConversationTally
 log = logging.getLogger("compactor.worker")
 
 WriteContext = Callable[[int | None], AbstractContextManager[Any]]
+
+
+# Fields the previous release's entries do not have (0.2.0: docs/operations.md,
+# "Upgrading"). Its workers read an entry strictly, and one holding any of them
+# failed every message of that conversation until dead-lettered (found by
+# tests/chaos/test_upgrade.py). So they are written only when they hold
+# something, which a conversation does only with a feature turned on after the
+# upgrade (idle compaction, recompact/restore); and fields this release does not
+# know (the next one's) are dropped on reading.
+_SINCE_PREVIOUS_RELEASE = ("last_message_at", "request", "queued")
+
+
+def table_value(tally: ConversationTally) -> dict[str, Any]:
+    """The entry as the table holds it: readable by this release and the previous one."""
+    unset = {
+        name
+        for name in _SINCE_PREVIOUS_RELEASE
+        if getattr(tally, name) == ConversationTally.model_fields[name].default
+    }
+    return tally.model_dump(exclude=unset)
+
+
+def read_tally(raw: Mapping[str, Any]) -> ConversationTally:
+    """An entry written by this release, the previous one or the next one."""
+    known = ConversationTally.model_fields
+    return ConversationTally.model_validate({k: v for k, v in raw.items() if k in known})
 
 
 @dataclass
@@ -85,7 +111,7 @@ class TallyTable:
             self._cache.move_to_end(conversation_id)
             return entry.tally
         raw = self._table.get(conversation_id)
-        return None if raw is None else ConversationTally.model_validate(raw)
+        return None if raw is None else read_tally(raw)
 
     def synced(self, conversation_id: str) -> bool:
         """Has this worker taken the store's counts for it since the assignment?"""
@@ -101,7 +127,7 @@ class TallyTable:
             yield conversation_id, entry.tally
         for conversation_id, raw in self._scan():
             if raw is not None and conversation_id not in seen:
-                yield conversation_id, ConversationTally.model_validate(raw)
+                yield conversation_id, read_tally(raw)
 
     # -- writing -------------------------------------------------------------
 
@@ -170,7 +196,7 @@ class TallyTable:
             with context:
                 for entry in entries:
                     conversation_id = entry.tally.conversation_id
-                    self._table[conversation_id] = entry.tally.model_dump()
+                    self._table[conversation_id] = table_value(entry.tally)
                     entry.dirty = False
                     self._dirty.discard(conversation_id)
                     written += 1
