@@ -51,7 +51,7 @@ from tests.chaos.workload import Conversation
 from tests.support.chaos_llm import ChaosLLMServer
 from tests.support.llm_server import ChatRequest
 from tests.support.metrics_text import metric
-from tests.support.worker import WorkerProcess, terminate_all
+from tests.support.worker import REPO_ROOT, WorkerProcess, terminate_all
 
 PARTITIONS = 6
 BUDGET_TOKENS = 1000  # [budget] context_budget 0.5 x model_max_tokens 2000
@@ -82,6 +82,7 @@ class Scale:
     leader_kills: int  # per cluster scenario phase: SIGKILLs of a partition leader
     rolling_rounds: int  # rolling restarts of the whole cluster
     node_down_seconds: float  # how long one node of the cluster stays down
+    upgrade_replay_seconds: float  # the replay the rolling upgrade runs under
     timeout: float  # per test, seconds
 
 
@@ -98,6 +99,7 @@ FULL = Scale(
     leader_kills=6,
     rolling_rounds=2,
     node_down_seconds=180.0,
+    upgrade_replay_seconds=240.0,
     timeout=1500.0,
 )
 SMALL = Scale(
@@ -113,6 +115,7 @@ SMALL = Scale(
     leader_kills=1,
     rolling_rounds=1,
     node_down_seconds=20.0,
+    upgrade_replay_seconds=75.0,
     timeout=420.0,
 )
 
@@ -307,12 +310,28 @@ class ChaosStack:
         for section, values in overrides.items():
             self._worker_config.setdefault(section, {}).update(values)
 
-    def worker(self, name: str) -> ChaosWorker:
+    def worker(
+        self,
+        name: str,
+        *,
+        code_root: Path = REPO_ROOT,
+        omit: Mapping[str, Sequence[str]] | None = None,
+    ) -> ChaosWorker:
+        """Start a worker of this checkout, or of ``code_root`` (another release's
+        tree); ``omit`` drops config keys that release does not know."""
         sections = self.config()
         for section, values in self._worker_config.items():
             sections.setdefault(section, {}).update(values)
+        for section, keys in (omit or {}).items():
+            for key in keys:
+                sections.get(section, {}).pop(key, None)
         worker = ChaosWorker(
-            self.root, name, bootstrap=self.bootstrap, dsn=self.dsn, config=sections
+            self.root,
+            name,
+            bootstrap=self.bootstrap,
+            dsn=self.dsn,
+            config=sections,
+            code_root=code_root,
         )
         self.workers.append(worker)
         worker.start()

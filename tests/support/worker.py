@@ -130,8 +130,12 @@ class WorkerProcess:
         config: Mapping[str, Mapping[str, Any]],
         env: Mapping[str, str] | None = None,
         extra_toml: str = "",
+        code_root: Path = REPO_ROOT,
     ) -> None:
         self.name = name
+        # Whose code runs: this checkout, or another release's tree (a git worktree
+        # of its commit, tests/chaos/test_upgrade.py) with this .venv's packages.
+        self.code_root = code_root
         self.extra_toml = extra_toml  # appended to config.toml (e.g. [[service.tokens]])
         self.root = root / name
         self.root.mkdir(parents=True, exist_ok=True)
@@ -169,13 +173,17 @@ class WorkerProcess:
                 "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
                 "POSTGRES_DSN": self.dsn,
                 "PYTHONUNBUFFERED": "1",
+                # The code root first, ahead of the editable install of this checkout.
+                "PYTHONPATH": os.pathsep.join(
+                    [str(self.code_root), *filter(None, [os.environ.get("PYTHONPATH")])]
+                ),
                 **self.extra_env,
             }
         )
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", WORKER_SCRIPT, str(self.config_path)],
-                cwd=REPO_ROOT,
+                cwd=self.code_root,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

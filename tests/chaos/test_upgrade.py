@@ -1,0 +1,228 @@
+"""Scenario: a rolling upgrade from the previous release while a replay flows.
+
+The previous release is the second entry of CHANGELOG.md; its commit is
+checked out as a git worktree (``git worktree add --detach``) and its workers
+run from that tree with this checkout's ``.venv``. The upgrade goes as
+docs/operations.md ("Upgrading") tells an operator:
+
+1. a database migrated by the previous release, two of its workers;
+2. this release's migrations applied while they run (``migrate``, the
+   runner behind ``compactor migrate``);
+3. the workers replaced one at a time (SIGTERM, then a worker of this
+   release), with one old worker SIGKILLed in between, as a pod of the old
+   release may crash mid-rollout: it restarts as the old release and takes
+   back partitions whose table entries a new worker wrote.
+
+The producer keeps sending throughout. Invariants as every chaos scenario
+(0 lost, 0 duplicated, budgets met, tallies equal PostgreSQL), plus: both
+releases compacted (old rows have no summariser, new ones do) and the BM25
+figures that 0011's triggers keep for the old workers' turns equal a rebuild.
+
+A missing commit (a shallow clone) fails the test with what to do; it never
+skips: an upgrade that was not tried is not known to work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from core.adapters.postgres.migrate import load_migrations, migrate
+from tests.chaos.harness import SCALE, ChaosStack, ChaosWorker, MakeStack, wait_until
+from tests.chaos.workload import build_conversations, interleave
+from tests.support.chaos_llm import ChaosLLMServer
+from tests.support.releases import Release, previous_release
+from tests.support.worker import REPO_ROOT
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(SCALE.timeout)]
+
+# Config keys this release added that the previous release rejects (a config
+# file follows its image; docs/operations.md, "Upgrading").
+NEW_CONFIG_KEYS = {"kafka": ["min_insync_replicas"]}
+
+# The migrations the previous release ends with; the ones after it are this
+# release's, applied while the old workers run.
+_MIGRATE_SCRIPT = """\
+import asyncio, sys
+from core.adapters.postgres.migrate import migrate
+print(" ".join(asyncio.run(migrate(sys.argv[1]))))
+"""
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=False
+    )
+
+
+@contextmanager
+def release_tree(release: Release, parent: Path) -> Iterator[Path]:
+    """The release's commit checked out (detached) in a worktree under ``parent``."""
+    assert release.commit is not None
+    if _git("cat-file", "-e", f"{release.commit}^{{commit}}").returncode != 0:
+        raise AssertionError(
+            f"release {release.version}'s commit {release.commit} (CHANGELOG.md) is not in "
+            f"this clone's history; the upgrade test needs it: `git fetch --unshallow` "
+            f"(or a full `git clone`)"
+        )
+    path = parent / f"release-{release.version}"
+    added = _git("worktree", "add", "--detach", str(path), release.commit)
+    if added.returncode != 0:
+        raise AssertionError(f"git worktree add {path} {release.commit}: {added.stderr}")
+    try:
+        yield path
+    finally:
+        _git("worktree", "remove", "--force", str(path))
+        _git("worktree", "prune")
+
+
+def migrate_with(code_root: Path, dsn: str) -> list[str]:
+    """Migrate ``dsn`` with the migrations of the release at ``code_root``."""
+    env = {**os.environ, "PYTHONPATH": str(code_root)}
+    done = subprocess.run(
+        [sys.executable, "-c", _MIGRATE_SCRIPT, dsn],
+        cwd=code_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"migrate with {code_root}: {done.stderr[-2000:]}")
+    return done.stdout.split()
+
+
+async def compactions_by_release(db: asyncpg.Pool) -> tuple[int, int]:
+    """(by the previous release, by this one): only this one records its summariser."""
+    row = await db.fetchrow(
+        "SELECT count(*) FILTER (WHERE summarizer IS NULL) AS old,"
+        "       count(*) FILTER (WHERE summarizer IS NOT NULL) AS new FROM compactions"
+    )
+    assert row is not None
+    return int(row["old"]), int(row["new"])
+
+
+async def bm25_figures_off(db: asyncpg.Pool) -> int:
+    """Conversations whose kept BM25 figures (0011's triggers) differ from a rebuild."""
+    return int(
+        await db.fetchval(
+            """
+            WITH rebuilt AS (
+                SELECT conversation_id, count(*) AS turns, sum(word_count) AS words
+                  FROM archived_messages GROUP BY conversation_id
+            )
+            SELECT count(*) FROM rebuilt
+              FULL JOIN archived_turn_stats AS kept USING (conversation_id)
+             WHERE kept.turns IS DISTINCT FROM rebuilt.turns
+                OR kept.words IS DISTINCT FROM rebuilt.words
+            """
+        )
+    )
+
+
+async def produced_at_least(stack: ChaosStack, replay: asyncio.Task[None], count: int) -> None:
+    async def reached() -> bool:
+        if replay.done():
+            replay.result()  # a failed replay fails here, not at a timeout
+            return True
+        return len(stack.produced) >= count
+
+    await wait_until(reached, timeout=300, what=f"{count} events produced")
+
+
+async def test_rolling_upgrade_from_the_previous_release_during_replay(
+    make_stack: MakeStack,
+    kafka_bootstrap: str,
+    pg_empty_database: str,
+    chaos_llm: ChaosLLMServer,
+    tmp_path: Path,
+) -> None:
+    release = previous_release()
+    with release_tree(release, tmp_path) as old_code:
+        chaos_llm.latency = (0.1, 0.4)
+        previous = migrate_with(old_code, pg_empty_database)
+        ours = [m.version for m in load_migrations()]
+        newer = [v for v in ours if v not in previous]
+        assert previous and newer, f"{release.version} applied {previous}; this release: {ours}"
+
+        stack = await make_stack("upgrade", kafka_bootstrap, pg_empty_database)
+        stack.notes["from_release"] = release.version
+        old = [stack.worker(f"old{i}", code_root=old_code, omit=NEW_CONFIG_KEYS) for i in (1, 2)]
+        await stack.wait_for_group()
+        conversations = build_conversations(
+            SCALE.conversations, prefix=f"{stack.app_id}-c", seed=41
+        )
+        stack.add_conversations(conversations)
+        events = interleave([c.events for c in conversations], seed=42)
+        step = len(events) // 7
+        window_start = time.monotonic()
+        replay = asyncio.create_task(stack.replay(events, SCALE.upgrade_replay_seconds))
+
+        # 1. Old workers only, then this release's migrations under them.
+        await produced_at_least(stack, replay, step)
+        applied = await migrate(stack.dsn)
+        stack.faults["migrations_under_old_workers"] = len(applied)
+        stack.notes["migrations_applied"] = applied
+
+        # 2. One old worker replaced. The other crashes and stays down until the new
+        #    worker has every partition and has counted messages in all of them, then
+        #    comes back (old code) and restores table entries the new worker wrote.
+        await produced_at_least(stack, replay, 2 * step)
+        await replace(stack, old[0], "new1")
+        await produced_at_least(stack, replay, 3 * step)
+        old[1].expected_alive = False
+        old[1].sigkill()
+        stack.faults["old_worker_sigkill"] += 1
+        await stack.wait_for_group(timeout=120)
+        await produced_at_least(stack, replay, 4 * step)
+        compacted_before, _ = await compactions_by_release(stack.db)
+        old[1].expected_alive = True
+        old[1].restart()
+        await stack.wait_for_group(timeout=120)
+
+        async def old_release_compacting() -> bool:
+            return (await compactions_by_release(stack.db))[0] > compacted_before
+
+        await wait_until(
+            old_release_compacting, timeout=120, what="the restarted old worker compacting"
+        )
+        await produced_at_least(stack, replay, 5 * step)
+
+        # 3. The last old worker replaced.
+        await replace(stack, old[1], "new2")
+        await replay
+        fault_end = time.monotonic()
+        by_old, by_new = await compactions_by_release(stack.db)
+        stack.notes["compactions_by_release"] = {release.version: by_old, "this": by_new}
+        await stack.finish(
+            fault_end,
+            fault_window=fault_end - window_start,
+            checks=[
+                (applied == newer, f"migrations applied under old workers: {applied}, {newer}"),
+                (by_old > 0, f"the previous release made no compaction ({by_old})"),
+                (by_new > 0, f"this release made no compaction ({by_new})"),
+                (
+                    (off := await bm25_figures_off(stack.db)) == 0,
+                    f"{off} conversations' BM25 figures differ from a rebuild",
+                ),
+            ],
+        )
+
+
+async def replace(stack: ChaosStack, old: ChaosWorker, name: str) -> None:
+    """A rolling update's step: SIGTERM the old worker, start one of this release."""
+    old.expected_alive = False
+    await old.stop_async()
+    stack.worker(name)
+    stack.faults["replaced"] += 1
+    await stack.wait_for_group(timeout=120)
