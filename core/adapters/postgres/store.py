@@ -266,21 +266,9 @@ class PostgresStore:
         With a ``scope``, in one READ ONLY transaction as ``compactor_reader``
         (``connection.reading``): row-level security holds the search to the
         scope whatever its own filters say."""
-        if scope is None:
-            # One connection for the search's 3-5 statements (not one each).
-            async with self._pool.acquire() as conn:
-                return await pg_memory.search(
-                    conn,
-                    self._embedder,
-                    query,
-                    conversation_id=conversation_id,
-                    limit=limit,
-                    sources=sources,
-                    mode=mode,
-                    tenant_id=tenant_id,
-                    candidates_per_half=self._candidates_per_half,
-                )
-        async with reading(self._pool, scope) as conn:
+        # One connection for the search's 3-5 statements (not one each).
+        connection = self._pool.acquire() if scope is None else reading(self._pool, scope)
+        async with connection as conn:
             return await pg_memory.search(
                 conn,
                 self._embedder,
