@@ -448,7 +448,21 @@ class Soak:
             started = time.monotonic()
             await self._sample()
             self.llm.requests.clear()  # the test server records every request
+            if len(self.samples) % max(1, round(60 / self.plan.sample_every)) == 1:
+                self._progress(self.samples[-1])
             await asyncio.sleep(max(0.0, self.plan.sample_every - (time.monotonic() - started)))
+
+    @staticmethod
+    def _progress(sample: Mapping[str, Any]) -> None:
+        """A line a minute on stderr, to watch a long run."""
+        workers = ", ".join(
+            f"{name} {w['rss_mib']:.0f} MiB {w['fds']} fds" if w else f"{name} down"
+            for name, w in sample["workers"].items()
+        )
+        note(
+            f"t={sample['t'] / 60:.1f} min: {sample['produced']} produced, lag {sample['lag']}, "
+            f"{sample['over_budget']} over budget; {workers}"
+        )
 
     async def _sample(self) -> None:
         stack = self.stack
