@@ -956,7 +956,7 @@ def draw(report: SoakReport, out: Path) -> None:
     twin = lag.twinx()
     twin.plot([x for x, _ in over], [y for _, y in over], "r.", ms=3, label="over budget")
     twin.set_ylabel("over budget", color="r")
-    sized = [s for s in samples if s["tables"] and s["produced"]]
+    sized = [s for s in samples if s["tables"] and s["produced"] >= 1000]  # past the empty tables
     names = (
         sorted(sized[-1]["tables"], key=lambda n: -sized[-1]["tables"][n]["total"])[:5]
         if sized
