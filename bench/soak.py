@@ -461,7 +461,7 @@ class Soak:
         )
         note(
             f"t={sample['t'] / 60:.1f} min: {sample['produced']} produced, lag {sample['lag']}, "
-            f"{sample['over_budget']} over budget; {workers}"
+            f"{sample['over_budget']} over budget; {workers}; load {sample['load_1min']}"
         )
 
     async def _sample(self) -> None:
@@ -479,6 +479,8 @@ class Soak:
                 "tables": tables,
                 "driver_rss_mib": round(proc_status(os.getpid())["VmRSS"] / 1024, 1),
                 "llm_served": sum(self.llm.served.values()),
+                # The machine may be shared: a starved worker falls behind for no fault of its own.
+                "load_1min": round(os.getloadavg()[0], 2),
             }
         )
 
@@ -858,6 +860,7 @@ def render(report: SoakReport, rows: int = 20) -> str:
         "db MiB",
         "B/message",
         "messages MiB",
+        "load",
     ]
     body = []
     for s in shown:
@@ -873,6 +876,7 @@ def render(report: SoakReport, rows: int = 20) -> str:
                 f"{sum(t['total'] for t in tables.values()) / MiB:.1f}" if tables else "-",
                 f"{bytes_per_message(s):.0f}" if tables else "-",
                 f"{tables['messages']['total'] / MiB:.1f}" if "messages" in tables else "-",
+                s.get("load_1min", "-"),
             ]
         )
     fault_rows = [
