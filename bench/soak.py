@@ -52,7 +52,8 @@ second half of the run, when warm-up is over:
         --fault-every 180 --out soak-out
 
 prints a table, writes ``soak.json`` and (with matplotlib, the ``bench``
-extra) ``soak.png`` under ``--out``. ``tests/chaos/test_soak.py`` runs the
+extra) ``soak.png`` under ``--out`` (and, every minute while it runs,
+``soak-partial.json``: the samples so far, what an interrupted run leaves). ``tests/chaos/test_soak.py`` runs the
 same code for three minutes in CI and asserts the verdict.
 """
 
@@ -354,8 +355,10 @@ class Soak:
         llm: ChaosLLMServer,
         root: Path,
         limits: Limits | None = None,
+        partial: Path | None = None,
     ) -> None:
         self.plan = plan
+        self.partial = partial  # the samples so far, rewritten every minute
         self.limits = limits or Limits()
         self.broker = broker
         self.pg = pg
@@ -450,7 +453,20 @@ class Soak:
             self.llm.requests.clear()  # the test server records every request
             if len(self.samples) % max(1, round(60 / self.plan.sample_every)) == 1:
                 self._progress(self.samples[-1])
+                self._write_partial()
             await asyncio.sleep(max(0.0, self.plan.sample_every - (time.monotonic() - started)))
+
+    def _write_partial(self) -> None:
+        """What an interrupted run leaves: the plan, faults and samples so far."""
+        if self.partial is None:
+            return
+        self.partial.parent.mkdir(parents=True, exist_ok=True)
+        partial = {
+            "plan": asdict(self.plan),
+            "faults": [asdict(f) for f in self.faults],
+            "samples": self.samples,
+        }
+        self.partial.write_text(json.dumps(partial))
 
     @staticmethod
     def _progress(sample: Mapping[str, Any]) -> None:
@@ -1022,9 +1038,13 @@ async def run_soak(
     llm: ChaosLLMServer,
     root: Path,
     limits: Limits | None = None,
+    partial: Path | None = None,
 ) -> SoakReport:
-    """The run and its verdict (``report.ok``); the caller owns the servers."""
-    soak = Soak(plan, broker=broker, pg=pg, dsn=dsn, llm=llm, root=root, limits=limits)
+    """The run and its verdict (``report.ok``); the caller owns the servers.
+    ``partial``: a JSON file rewritten every minute with the samples so far."""
+    soak = Soak(
+        plan, broker=broker, pg=pg, dsn=dsn, llm=llm, root=root, limits=limits, partial=partial
+    )
     await soak.run()
     report = SoakReport(
         plan, soak.limits, soak.samples, soak.faults, soak.traffic_seconds, soak.invariants
@@ -1046,7 +1066,14 @@ async def _main_async(plan: Plan, limits: Limits, out: Path) -> SoakReport:
             dsn = await pg.create_database("soak")
             await migrate(dsn)
             return await run_soak(
-                plan, broker=broker, pg=pg, dsn=dsn, llm=llm, root=root, limits=limits
+                plan,
+                broker=broker,
+                pg=pg,
+                dsn=dsn,
+                llm=llm,
+                root=root,
+                limits=limits,
+                partial=out / "soak-partial.json",
             )
     finally:
         await asyncio.to_thread(broker.stop)
