@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aiohttp
@@ -46,6 +46,9 @@ from core.adapters.postgres.migrate import migrate
 from streams.events import MessageEvent
 from streams.topics import TopicNames
 from tests.support.worker import WorkerProcess
+
+if TYPE_CHECKING:
+    from devtools.localstack import KafkaBroker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KAFKA_ENV = "KAFKA_BOOTSTRAP_SERVERS"
@@ -141,6 +144,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def start_local_broker(root: Path, partitions: int) -> KafkaBroker:
+    """A local KRaft broker with its data under ``root`` (the caller stops it)."""
+    from devtools.localstack import BrokerStartError, start_kafka
+
+    note("starting a local Kafka broker")
+    for attempt in range(3):
+        try:
+            return start_kafka(root / f"kafka{attempt}", num_partitions=partitions)
+        except BrokerStartError as error:
+            # devtools.localstack.new_cluster_id() is base64url: one id in 64 starts
+            # with "-", which kafka-storage's argument parser takes for an option.
+            if "--cluster-id" not in str(error) or attempt == 2:
+                raise
+            note("kafka-storage rejected a cluster id starting with '-'; retrying")
+    raise AssertionError("unreachable")
+
+
 class Infra:
     """Kafka and PostgreSQL for one benchmark run; ``close`` stops what it started."""
 
@@ -167,19 +187,7 @@ class Infra:
             self.bootstrap = configured
             self.kafka_source = f"${KAFKA_ENV}"
             return
-        from devtools.localstack import BrokerStartError, start_kafka
-
-        note("starting a local Kafka broker")
-        for attempt in range(3):
-            try:
-                broker = start_kafka(self.tmp / f"kafka{attempt}", num_partitions=self.partitions)
-                break
-            except BrokerStartError as error:
-                # devtools.localstack.new_cluster_id() is base64url: one id in 64 starts
-                # with "-", which kafka-storage's argument parser takes for an option.
-                if "--cluster-id" not in str(error) or attempt == 2:
-                    raise
-                note("kafka-storage rejected a cluster id starting with '-'; retrying")
+        broker = start_local_broker(self.tmp, self.partitions)
         self._stack.callback(broker.stop)
         self.broker_pid = broker.pid
         self.bootstrap = broker.bootstrap_servers

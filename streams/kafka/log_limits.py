@@ -46,11 +46,13 @@ class RepeatLimiter(logging.Filter):
             held = seen.held if seen is not None else 0
             self._seen[key] = _Seen(now, passed=1)
             if held:
-                # Appended to the formatted text, so a '%' in it cannot break formatting.
-                record.msg = str(record.getMessage()).replace("%", "%%") + (
+                # Appended to the formatted text, with no arguments left to format it
+                # with: an empty tuple, not None, which mode's ExtensionFormatter (the
+                # worker's) turns into (None,) and then fails on "msg % (None,)".
+                record.msg = str(record.getMessage()) + (
                     f" [{held} more like this held back in the last {self._window:.0f}s]"
                 )
-                record.args = None
+                record.args = ()
             return True
         if seen.passed < self._burst:
             seen.passed += 1
