@@ -194,3 +194,4 @@ def register_lifecycle(worker: Worker) -> None:
                 grace,
             )
         await runtime.close()
+        await components.reconciler.close()

@@ -44,9 +44,11 @@ from streams.addresses import KAFKA_BOOTSTRAP_ENV, configured_bootstrap
 from streams.app import register
 from streams.http.auth import AuthPolicy, check_exposure
 from streams.kafka import consumer, faust_patches
+from streams.kafka.command_backlog import KafkaCommandBacklog
 from streams.kafka.consumer import CommandToken, ConsumerSide, LagMeter, Rebalance
 from streams.kafka.faust_app import create_app, raw_topic
 from streams.kafka.publisher import FaustPublisher
+from streams.kafka.security import kafka_security
 from streams.kafka.table_context import TableContexts
 from streams.kafka.watchdog import Watchdog, WatchdogLimits
 from streams.metrics import Metrics
@@ -57,9 +59,10 @@ from streams.worker.accounting import Accounting, AccountingRules
 from streams.worker.components import Components
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
+from streams.worker.issued_commands import IssuedCommands
 from streams.worker.outbox import OutboxRelay
 from streams.worker.processor import CommandIntake, Processor
-from streams.worker.reconciler import Reconciler
+from streams.worker.reconciler import CommandBacklog, Reconciler
 from streams.worker.records import Record
 from streams.worker.requests import OperatorRequests
 from streams.worker.retry import backoff_seconds
@@ -297,6 +300,7 @@ def build_components(
     owns: Callable[[str], bool] = lambda _: True,
     write_context: WriteContext | None = None,
     tables_ready: Callable[[], bool] = lambda: True,
+    backlog: CommandBacklog | None = None,
 ) -> Components[Token]:
     """The components over the given table, publisher and runtime: the worker's
     (Faust's table and topics) or a test's and the offline CLI's (in memory).
@@ -305,7 +309,8 @@ def build_components(
     its partition are done (``streams.worker.scheduler``); ``still_assigned``
     tells accounting whether to keep retrying a record through an outage,
     ``owns`` reconciliation whether a conversation is this worker's;
-    ``write_context`` lets the table flush write Faust table entries.
+    ``write_context`` lets the table flush write Faust table entries;
+    ``backlog`` tells reconciliation which late commands are only queued.
     """
     service = settings.service
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
@@ -334,16 +339,18 @@ def build_components(
         fair_share=settings.summarization.fair_share,
         tenant_weights=settings.tenant_weights(),
     )
+    issued = IssuedCommands()  # accounting notes where commands went; reconciliation reads
     accounting = Accounting(
         names=names, rules=AccountingRules.of(settings), runtime=runtime, table=tallies,
         publisher=publisher, dead_letters=dead_letters, metrics=metrics, health=health,
-        clock=clock, sleep=sleep, still_assigned=still_assigned,
+        clock=clock, sleep=sleep, still_assigned=still_assigned, issued=issued,
     )  # fmt: skip
     reconciler = Reconciler(
         table=tallies, publisher=publisher, budget=settings.budget,
         interval_seconds=service.reconcile_interval_seconds,
         command_timeout_seconds=service.command_timeout_seconds,
         runtime=runtime, owns=owns, clock=clock, ready=tables_ready, metrics=metrics,
+        backlog=backlog, issued=issued,
     )  # fmt: skip
     return Components(
         names=names, metrics=metrics, health=health, table=tallies, dead_letters=dead_letters,
@@ -462,7 +469,11 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         metrics=metrics,
         write_context=contexts,
         tables_ready=lambda: not app.in_recovery,
-    )
+        backlog=KafkaCommandBacklog(
+            bootstrap=servers, security=kafka_security(settings.kafka),
+            group_id=app.conf.id, topic=names.commands, partitions=partitions,
+        ),
+    )  # fmt: skip
     side = consumer_side(app, settings, components)
     register(app, settings, components, runtime, side, topics, contexts)
     app.components = components  # type: ignore[attr-defined]

@@ -218,6 +218,11 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
             registry=r,
         )
+        self.resends_held = Counter(
+            "compactor_reconcile_resends_held_total",
+            "Late commands not re-sent: still queued or in flight (not lost)",
+            registry=r,
+        )
         self.reconcile_candidates = Gauge(
             "compactor_reconcile_candidates",
             "Table entries reconciliation may act on (its index)",

@@ -10,6 +10,7 @@ worker's retry policy never sees a driver type.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 Headers = Sequence[tuple[str, bytes]]
@@ -33,6 +34,14 @@ class RecordTooLarge(PublishRejected):
     """The record is larger than the broker or the producer accepts."""
 
 
+@dataclass(frozen=True)
+class RecordPosition:
+    """Where the broker put an acknowledged record."""
+
+    partition: int
+    offset: int
+
+
 class Publisher(Protocol):
     async def publish(
         self,
@@ -40,4 +49,6 @@ class Publisher(Protocol):
         key: bytes | None,
         value: bytes | None,
         headers: Headers | None = None,
-    ) -> None: ...
+    ) -> RecordPosition | None:
+        """``None`` when the publisher cannot tell where it went (in memory, the CLI)."""
+        ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from core.ports.publisher import Headers
+from core.ports.publisher import Headers, RecordPosition
 from streams.kafka.errors import mapped
 
 
@@ -25,7 +25,7 @@ class FaustPublisher:
         key: bytes | None,
         value: bytes | None,
         headers: Headers | None = None,
-    ) -> None:
+    ) -> RecordPosition | None:
         try:
             target = self._topics[topic]
         except KeyError:
@@ -37,4 +37,5 @@ class FaustPublisher:
                 key=key, value=value, headers=list(headers) if headers else None, force=True
             )
         )
-        await mapped(pending)
+        metadata = await mapped(pending)
+        return RecordPosition(metadata.partition, metadata.offset)

@@ -62,6 +62,7 @@ from streams.metrics import Metrics
 from streams.topics import TopicNames
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
+from streams.worker.issued_commands import IssuedCommands
 from streams.worker.keyed_lock import KeyedLock
 from streams.worker.producers import ProducerPolicy
 from streams.worker.records import (
@@ -122,8 +123,10 @@ class Accounting:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         still_assigned: Callable[[Record], bool] = lambda _: True,
+        issued: IssuedCommands | None = None,
     ) -> None:
         self._names = names
+        self._issued = IssuedCommands() if issued is None else issued  # reconciliation reads
         self._rules = rules
         self._runtime = runtime
         self._table = table
@@ -396,7 +399,10 @@ class Accounting:
             if totals is None and completes_outstanding(tally, control.compaction_id):
                 totals = (await store.totals_of([conversation_id]))[conversation_id]
             counts = None if totals is None else (totals.tokens, totals.rows)
+            outstanding = tally.outstanding
             tally, issue = on_completion(tally, completion_of(control), budget, now, counts)
+            if tally.outstanding != outstanding:
+                self._issued.finished(conversation_id)
             reason = "continue"
         else:
             # Reconciliation does not trust the table: the store's counts repair
@@ -562,9 +568,11 @@ class Accounting:
         )
 
     async def _publish_command(self, command: CompactionCommand, reason: str) -> None:
-        await self._publisher.publish(
+        position = await self._publisher.publish(
             "commands", command.conversation_id.encode(), command.to_json()
         )
+        if position is not None:
+            self._issued.sent(command.conversation_key, command.compaction_id, position)
         self._metrics.commands_issued.labels(reason).inc()
         log.info(
             "compaction %s of %s requested (%s), budget %d",

@@ -8,6 +8,11 @@ after each assignment), so a pass costs what it can do, not the size of the
 table. Every few passes it also asks the store
 which conversations are over budget, so an entry that drifted below the
 store's count (or was lost) is repaired instead of being trusted.
+
+A command outstanding longer than the timeout is re-sent only when the
+``CommandBacklog`` does not know it to be still queued or in flight: under a
+backlog, re-sending late commands made the backlog longer with copies that
+ran as no-ops (``streams.kafka.command_backlog`` has the figures).
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Protocol
 
 from core.domain.accounting import reconcile_due
 from core.domain.budget import BudgetConfig, compaction_due
@@ -25,6 +31,7 @@ from core.domain.tenancy import ConversationRef
 from core.ports.publisher import Publisher
 from streams.events import ReconcileRequest
 from streams.metrics import Metrics
+from streams.worker.issued_commands import IssuedCommand, IssuedCommands
 from streams.worker.runtime import Runtime
 from streams.worker.tally_table import TallyTable
 
@@ -35,6 +42,17 @@ log = logging.getLogger("compactor.worker")
 YIELD_EVERY = 500
 # Passes between two comparisons with the store (one aggregate query each).
 STORE_CHECK_EVERY = 10
+
+
+class CommandBacklog(Protocol):
+    async def still_queued(self, issued: Mapping[str, IssuedCommand]) -> set[str]:
+        """Of these conversation keys (each with when its outstanding command was
+        issued, and where it went when known), those whose command is known to
+        be still queued or in flight. May raise: then none is known, and all
+        may be re-sent."""
+        ...
+
+    async def close(self) -> None: ...
 
 
 class Reconciler:
@@ -51,6 +69,8 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         ready: Callable[[], bool] = lambda: True,
         metrics: Metrics | None = None,
+        backlog: CommandBacklog | None = None,
+        issued: IssuedCommands | None = None,
     ) -> None:
         self._table = table
         self._publisher = publisher
@@ -62,8 +82,18 @@ class Reconciler:
         self._owns = owns
         self._ready = ready  # tables restored: the index may be rebuilt
         self._metrics = metrics
+        self._backlog = backlog
+        self._issued = IssuedCommands() if issued is None else issued
         self._passes = 0
         self._last_request: dict[str, float] = {}
+
+    async def close(self) -> None:
+        """At shutdown: the backlog's broker connections (nothing is lost if it fails)."""
+        if self._backlog is not None:
+            try:
+                await self._backlog.close()
+            except Exception as error:
+                log.warning("closing reconciliation's broker clients: %s", error)
 
     async def tick(self) -> int:
         """One pass (a timer): the number of requests sent. An error (the broker is
@@ -80,6 +110,7 @@ class Reconciler:
             await self._table.rebuild_index(YIELD_EVERY)
         now = self._clock()
         due: list[str] = []
+        resends: dict[str, IssuedCommand] = {}  # outstanding commands past their timeout
         for scanned, conversation_id in enumerate(self._table.candidates()):
             if scanned % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
@@ -88,7 +119,13 @@ class Reconciler:
                 self._table.drop_candidate(conversation_id)  # erased, or another worker's now
             elif reconcile_due(tally, self._budget, now, self._timeout):
                 due.append(conversation_id)
-        sent = await self._request_all(due, now)
+                if tally.outstanding is not None:
+                    resends[conversation_id] = IssuedCommand(
+                        tally.outstanding_since or 0.0,
+                        self._issued.position(conversation_id, tally.outstanding),
+                    )
+        queued = await self._still_queued(resends)
+        sent = await self._request_all([c for c in due if c not in queued], now)
         self._passes += 1
         runtime = self._runtime
         if runtime is not None and self._passes % STORE_CHECK_EVERY == 1:
@@ -97,6 +134,19 @@ class Reconciler:
             self._metrics.reconcile_tick_seconds.observe(time.perf_counter() - started)
             self._metrics.reconcile_candidates.set(len(self._table.candidates()))
         return sent
+
+    async def _still_queued(self, resends: Mapping[str, IssuedCommand]) -> set[str]:
+        """The late commands not to re-send: still queued or in flight."""
+        if not resends or self._backlog is None:
+            return set()
+        try:
+            queued = await self._backlog.still_queued(resends)
+        except Exception as error:  # the broker is away: re-send as before
+            log.warning("could not tell which late commands are still queued: %s", error)
+            return set()
+        if self._metrics is not None:
+            self._metrics.resends_held.inc(len(queued))
+        return queued
 
     async def _check_against_store(self, runtime: Runtime, now: float) -> int:
         """Conversations the store has over budget that the table does not (or lacks)."""

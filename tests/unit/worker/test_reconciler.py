@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from core.domain.accounting import ConversationTally
 from streams.events import ReconcileRequest
+from streams.worker.issued_commands import IssuedCommand
 from tests.unit.worker.harness import harness
 
 pytestmark = pytest.mark.unit
@@ -46,3 +49,67 @@ async def test_reconciliation_leaves_other_workers_conversations_alone() -> None
     h.table.clear()  # not in this worker's table ...
     h.components.reconciler._owns = lambda _: False  # ... and not its partition
     assert await h.components.reconciler.tick() == 0
+
+
+class Backlog:
+    """A ``CommandBacklog``: which commands the processors have not finished."""
+
+    def __init__(self, queued: set[str], error: Exception | None = None) -> None:
+        self.queued = queued
+        self.error = error
+        self.asked: list[dict[str, float]] = []
+
+    async def still_queued(self, issued: Mapping[str, IssuedCommand]) -> set[str]:
+        self.asked.append({key: command.at for key, command in issued.items()})
+        if self.error is not None:
+            raise self.error
+        return self.queued & set(issued)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_late_command_still_queued_is_not_sent_again() -> None:
+    """Under a backlog a command older than its timeout is late, not lost: a copy
+    would only lengthen the backlog and run as a no-op."""
+    h = harness()
+    for i in range(3):
+        await h.message(i, "x" * 400)  # c1 over budget: its command goes out
+    issued_at = h.tally().outstanding_since
+    backlog = Backlog(queued={"c1"})
+    h.components.reconciler._backlog = backlog
+    h.clock.now += 61
+    assert await h.components.reconciler.tick() == 0
+    assert backlog.asked == [{"c1": issued_at}]
+    assert h.components.metrics.resends_held._value.get() == 1
+
+    backlog.queued = set()  # the group went past it without a completion: lost
+    h.clock.now += 61
+    assert await h.components.reconciler.tick() == 1
+    (request,) = h.publisher.on("control")
+    await h.control(ReconcileRequest.model_validate_json(request.value or b""))
+    assert len(h.commands()) == 2  # sent again, under the same compaction id
+    assert h.commands()[0].compaction_id == h.commands()[1].compaction_id
+
+
+async def test_without_an_answer_from_the_backlog_a_late_command_is_sent_again() -> None:
+    h = harness()
+    for i in range(3):
+        await h.message(i, "x" * 400)
+    h.components.reconciler._backlog = Backlog(queued={"c1"}, error=OSError("broker away"))
+    h.clock.now += 61
+    assert await h.components.reconciler.tick() == 1
+
+
+async def test_the_backlog_is_asked_only_about_outstanding_commands() -> None:
+    """A conversation due a first command has nothing queued: it is never held."""
+    h = harness()
+    for i in range(3):
+        await h.message(i, "x" * 400)
+    h.components.table.put(
+        h.tally().model_copy(update={"outstanding": None, "outstanding_since": None})
+    )  # its completion arrived, and it is still over budget
+    backlog = Backlog(queued={"c1"})
+    h.components.reconciler._backlog = backlog
+    assert await h.components.reconciler.tick() == 1
+    assert backlog.asked == []
