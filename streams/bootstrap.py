@@ -471,7 +471,8 @@ def build_app(settings: Settings, *, bootstrap: str | None = None) -> faust.App:
         tables_ready=lambda: not app.in_recovery,
         backlog=KafkaCommandBacklog(
             bootstrap=servers, security=kafka_security(settings.kafka),
-            group_id=app.conf.id, topic=names.commands, partitions=partitions,
+            group_id=app.conf.id, topic=names.commands, control_topic=names.control,
+            partitions=partitions,
         ),
     )  # fmt: skip
     side = consumer_side(app, settings, components)

@@ -223,6 +223,11 @@ class Metrics:
             "Late commands not re-sent: still queued or in flight (not lost)",
             registry=r,
         )
+        self.requests_held = Counter(
+            "compactor_reconcile_requests_held_total",
+            "Reconcile requests not sent: the previous one is still unread",
+            registry=r,
+        )
         self.reconcile_candidates = Gauge(
             "compactor_reconcile_candidates",
             "Table entries reconciliation may act on (its index)",

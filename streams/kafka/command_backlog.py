@@ -46,12 +46,14 @@ class KafkaCommandBacklog:
         security: KafkaSecurity,
         group_id: str,
         topic: str,
+        control_topic: str,
         partitions: int,
     ) -> None:
         self._bootstrap = bootstrap
         self._security = security
         self._group_id = group_id
         self._topic = topic
+        self._control_topic = control_topic
         self._every = list(range(partitions))
         self._partitioner = DefaultPartitioner()
         self._admin: AIOKafkaAdminClient | None = None
@@ -77,7 +79,7 @@ class KafkaCommandBacklog:
                 by_partition[self.partition_of(key)].append((int(command.at * 1000), key))
         partitions = set(by_partition) | {position.partition for position in known.values()}
         try:
-            committed = await self._committed(partitions)
+            committed = await self._committed(self._topic, partitions)
             searches = {
                 partition: _Search(sorted({at for at, _ in entries}), committed.get(partition, -1))
                 for partition, entries in by_partition.items()
@@ -97,6 +99,25 @@ class KafkaCommandBacklog:
             for partition, entries in by_partition.items()
             for at, key in entries
             if searches[partition].queued(at)
+        }
+
+    async def requests_unread(self, sent: Mapping[str, RecordPosition]) -> set[str]:
+        """Of these reconcile requests (conversation key → where it went on the
+        control topic), those the worker group has not read yet."""
+        if not sent:
+            return set()
+        try:
+            committed = await self._committed(
+                self._control_topic, {position.partition for position in sent.values()}
+            )
+        except Exception:
+            with contextlib.suppress(Exception):
+                await self.close()
+            raise
+        return {
+            key
+            for key, position in sent.items()
+            if position.offset >= committed.get(position.partition, -1)
         }
 
     async def _narrow(self, searches: Mapping[int, _Search]) -> None:
@@ -121,14 +142,14 @@ class KafkaCommandBacklog:
                         hit = found.get(tp)
                         searches[tp.partition].learn(at, None if hit is None else hit.offset)
 
-    async def _committed(self, partitions: Collection[int]) -> dict[int, int]:
+    async def _committed(self, topic: str, partitions: Collection[int]) -> dict[int, int]:
         admin = await self._admin_client()
-        wanted = [TopicPartition(self._topic, p) for p in partitions]
+        wanted = [TopicPartition(topic, p) for p in partitions]
         offsets = await admin.list_consumer_group_offsets(self._group_id, partitions=wanted)
         return {
             tp.partition: meta.offset
             for tp, meta in offsets.items()
-            if tp.topic == self._topic and meta is not None and meta.offset >= 0
+            if tp.topic == topic and meta is not None and meta.offset >= 0
         }
 
     async def _admin_client(self) -> AIOKafkaAdminClient:

@@ -28,7 +28,7 @@ from typing import Protocol
 from core.domain.accounting import reconcile_due
 from core.domain.budget import BudgetConfig, compaction_due
 from core.domain.tenancy import ConversationRef
-from core.ports.publisher import Publisher
+from core.ports.publisher import Publisher, RecordPosition
 from streams.events import ReconcileRequest
 from streams.metrics import Metrics
 from streams.worker.issued_commands import IssuedCommand, IssuedCommands
@@ -42,6 +42,9 @@ log = logging.getLogger("compactor.worker")
 YIELD_EVERY = 500
 # Passes between two comparisons with the store (one aggregate query each).
 STORE_CHECK_EVERY = 10
+# A reconcile request still unread after this long is sent again (a bound on
+# what is remembered, not a retry policy: accounting reads every request).
+STALE_REQUEST_SECONDS = 600.0
 
 
 class CommandBacklog(Protocol):
@@ -50,6 +53,11 @@ class CommandBacklog(Protocol):
         issued, and where it went when known), those whose command is known to
         be still queued or in flight. May raise: then none is known, and all
         may be re-sent."""
+        ...
+
+    async def requests_unread(self, sent: Mapping[str, RecordPosition]) -> set[str]:
+        """Of these reconcile requests (by conversation key, where each went on
+        the control topic), those accounting has not read yet. May raise."""
         ...
 
     async def close(self) -> None: ...
@@ -85,7 +93,8 @@ class Reconciler:
         self._backlog = backlog
         self._issued = IssuedCommands() if issued is None else issued
         self._passes = 0
-        self._last_request: dict[str, float] = {}
+        # conversation key → the last request: when, and where it went on the control topic
+        self._requests: dict[str, tuple[float, RecordPosition | None]] = {}
 
     async def close(self) -> None:
         """At shutdown: the backlog's broker connections (nothing is lost if it fails)."""
@@ -177,13 +186,14 @@ class Reconciler:
 
     async def _request_all(self, conversation_ids: list[str], now: float) -> int:
         """Send the requests a few hundred at a time, their acks awaited together
-        (one by one, 10 000 requests took over a minute)."""
+        (one by one, 10 000 requests took over a minute). None for a conversation
+        whose previous request accounting has not read yet: behind a backlog on
+        the control topic, a request a pass piled up there and kept the
+        completions behind them waiting (the hour soak: 90,000 requests deep)."""
         self._forget_old_requests(now)
-        wanted = [
-            c
-            for c in conversation_ids
-            if now - self._last_request.get(c, -math.inf) >= self._interval
-        ]
+        wanted = [c for c in conversation_ids if now - self._last_sent(c) >= self._interval]
+        unread = await self._unread_requests(wanted)
+        wanted = [c for c in wanted if c not in unread]
         for start in range(0, len(wanted), YIELD_EVERY):
             chunk = wanted[start : start + YIELD_EVERY]
             await asyncio.gather(
@@ -191,20 +201,43 @@ class Reconciler:
             )
         return len(wanted)
 
+    def _last_sent(self, conversation_key: str) -> float:
+        sent = self._requests.get(conversation_key)
+        return -math.inf if sent is None else sent[0]
+
+    async def _unread_requests(self, conversation_ids: list[str]) -> set[str]:
+        """Of these conversations, those whose last request is still unread."""
+        positions = {
+            c: sent[1]
+            for c in conversation_ids
+            if (sent := self._requests.get(c)) is not None and sent[1] is not None
+        }
+        if not positions or self._backlog is None:
+            return set()
+        try:
+            unread = await self._backlog.requests_unread(positions)
+        except Exception as error:  # the broker is away: send as before
+            log.warning("could not tell which reconcile requests are still unread: %s", error)
+            return set()
+        if self._metrics is not None:
+            self._metrics.requests_held.inc(len(unread))
+        return unread
+
     def _forget_old_requests(self, now: float) -> None:
-        if len(self._last_request) > 10 * YIELD_EVERY:
-            self._last_request = {
-                c: at for c, at in self._last_request.items() if now - at < self._interval
-            }
+        """Bounded: a request unread for ``STALE_REQUEST_SECONDS`` is sent again."""
+        if len(self._requests) > 10 * YIELD_EVERY:
+            keep = max(self._interval, STALE_REQUEST_SECONDS)
+            self._requests = {c: s for c, s in self._requests.items() if now - s[0] < keep}
 
     async def _request(self, conversation_key: str, now: float) -> None:
-        self._last_request[conversation_key] = now
+        self._requests[conversation_key] = (now, None)
         ref = ConversationRef.of_key(conversation_key)
         request = ReconcileRequest(
             conversation_id=ref.conversation_id,
             tenant_id=ref.tenant_id,
             requested_at=datetime.fromtimestamp(now, UTC),
         )
-        await self._publisher.publish(
+        position = await self._publisher.publish(
             "control", ref.conversation_id.encode(), request.model_dump_json().encode()
         )
+        self._requests[conversation_key] = (now, position)

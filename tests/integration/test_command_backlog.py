@@ -50,6 +50,7 @@ def _backlog(bootstrap: str, topic: str, group: str) -> KafkaCommandBacklog:
         security=KafkaSecurity(),
         group_id=group,
         topic=topic,
+        control_topic=topic,  # a topic of its own in the worker; any topic reads alike
         partitions=PARTITIONS,
     )
 
@@ -177,8 +178,34 @@ async def test_an_unreachable_broker_raises_rather_than_guessing() -> None:
         security=KafkaSecurity(),
         group_id="workers",
         topic="commands",
+        control_topic="control",
         partitions=PARTITIONS,
     )
     with pytest.raises(Exception):  # noqa: B017 - the reconciler logs any error and re-sends
         await backlog.still_queued(_at({"c": time.time()}))
     await backlog.close()
+
+
+async def test_a_request_is_unread_until_the_group_commits_past_it(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    group = f"workers-{uuid.uuid4().hex[:8]}"
+    keys = [f"conversation-{i}" for i in range(6)]
+    landed = await _send(kafka_bootstrap, topic, keys)
+    sent = {key: RecordPosition(p, o) for key, (p, o) in landed.items()}
+    backlog = _backlog(kafka_bootstrap, topic, group)
+    try:
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                assert await backlog.requests_unread(sent) == set(keys)
+                break
+            except GroupCoordinatorNotAvailableError:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+        first = {p: min(o for q, o in landed.values() if q == p) for p, _ in landed.values()}
+        await _commit(kafka_bootstrap, topic, group, {p: o + 1 for p, o in first.items()})
+        read = {k for k, (p, o) in landed.items() if o == first[p]}
+        assert await backlog.requests_unread(sent) == set(keys) - read
+    finally:
+        await backlog.close()

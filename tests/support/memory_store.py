@@ -23,6 +23,7 @@ from core.domain.messages import ConversationMessage
 from core.domain.tenancy import conversation_key, tenant_of
 from core.domain.tokens import estimate_message_tokens
 from core.domain.usage import LlmUsage, UsageDay
+from core.ports.publisher import RecordPosition
 from core.ports.storage import (
     ApplyResult,
     AuditEntry,
@@ -712,11 +713,14 @@ class RecordingPublisher:
         key: bytes | None,
         value: bytes | None,
         headers: Sequence[tuple[str, bytes]] | None = None,
-    ) -> None:
+    ) -> RecordPosition:
+        """Where it went: one partition per topic, offsets counting from 0."""
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None
             raise error
+        offset = len(self.on(topic))
         self.sent.append(Published(topic, key, value, tuple(headers or ())))
+        return RecordPosition(0, offset)
 
     def on(self, topic: str) -> list[Published]:
         return [p for p in self.sent if p.topic == topic]

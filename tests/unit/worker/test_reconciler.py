@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import pytest
 
 from core.domain.accounting import ConversationTally
+from core.ports.publisher import RecordPosition
 from streams.events import ReconcileRequest
 from streams.worker.issued_commands import IssuedCommand
 from tests.unit.worker.harness import harness
@@ -58,6 +59,12 @@ class Backlog:
         self.queued = queued
         self.error = error
         self.asked: list[dict[str, float]] = []
+        self.read_below = 0  # accounting has read the control topic up to here
+
+    async def requests_unread(self, sent: Mapping[str, RecordPosition]) -> set[str]:
+        if self.error is not None:
+            raise self.error
+        return {key for key, position in sent.items() if position.offset >= self.read_below}
 
     async def still_queued(self, issued: Mapping[str, IssuedCommand]) -> set[str]:
         self.asked.append({key: command.at for key, command in issued.items()})
@@ -113,3 +120,25 @@ async def test_the_backlog_is_asked_only_about_outstanding_commands() -> None:
     h.components.reconciler._backlog = backlog
     assert await h.components.reconciler.tick() == 1
     assert backlog.asked == []
+
+
+async def test_no_second_request_while_accounting_has_not_read_the_first() -> None:
+    """Behind a backlog on the control topic, a request per pass piled up there
+    (90,000 deep in the hour soak) and delayed the completions queued behind it."""
+    h = harness()
+    for i in range(3):
+        await h.message(i, "x" * 400)
+    backlog = Backlog(queued=set())  # the command is lost: a request is due
+    h.components.reconciler._backlog = backlog
+    h.clock.now += 61
+    assert await h.components.reconciler.tick() == 1
+    for _ in range(3):  # passes while accounting has not read it
+        h.clock.now += 61
+        assert await h.components.reconciler.tick() == 0
+    assert len(h.publisher.on("control")) == 1
+    assert h.components.metrics.requests_held._value.get() == 3
+
+    backlog.read_below = len(h.publisher.on("control"))  # read, and still due
+    h.clock.now += 61
+    assert await h.components.reconciler.tick() == 1
+    assert len(h.publisher.on("control")) == 2
