@@ -157,9 +157,24 @@ class Watchdog:
                 tracker.observe(generation, {}, now)
         self._settle(what, progress)
         for tp in self._trackers[what].observe(generation, progress, now):
+            if not self._unchanged(generation, what):
+                return  # a rebalance began during this pass: its observations are stale
             position = progress[tp][0]
             if await self._heal(what, tp, position, consumer):
                 self._trackers[what].restart(tp, now)
+
+    def _unchanged(self, generation: int, what: str) -> bool:
+        """Is the consumer still where this pass looked? A re-seek after a
+        rebalance acts on positions of the old assignment: in the hour soak,
+        re-seeks 1 s into a new generation (while Faust sought the same
+        partitions for recovery) came with committed offsets past three
+        messages never stored. Heals wait for a pass of their own."""
+        app = self._app()
+        if int(app.consumer_generation_id or 0) != generation:
+            return False
+        if getattr(app, "rebalancing", False):
+            return False
+        return what == "table recovery" or not app.tables.recovery.in_recovery
 
     def _outage(self) -> bool:
         """Accounting waiting on the database (or the worker still opening it at

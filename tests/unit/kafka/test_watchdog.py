@@ -185,6 +185,29 @@ async def test_a_source_partition_that_stops_moving_is_resought_to_its_committed
     assert r.health.ok
 
 
+async def test_no_re_seek_once_a_rebalance_began_during_the_pass() -> None:
+    """A pass that looked before a rebalance must not re-seek after it: in the
+    hour soak re-seeks 1 s into a new generation, while recovery sought the
+    same partitions, came with three messages never stored."""
+    r = rig()
+    reading(r, read=20, committed=12)
+    await r.at(0)
+    real_reseek = r.watchdog._reseek
+    r.app.consumer.assigned.add(TP(MESSAGES.topic, 2))
+    r.app.consumer.highwaters[TP(MESSAGES.topic, 2)] = 50
+    r.app.consumer._read_offset[TP(MESSAGES.topic, 2)] = 20
+    r.app.consumer._committed_offset[TP(MESSAGES.topic, 2)] = 12
+    r.watchdog._trackers["reading"].observe(2, {TP(MESSAGES.topic, 2): ((20, 12), 29)}, 0)
+
+    async def reseek_then_rebalance(*args: object, **kwargs: object) -> None:
+        await real_reseek(*args, **kwargs)  # type: ignore[arg-type]
+        r.app.consumer_generation_id += 1  # the group rebalances meanwhile
+
+    r.watchdog._reseek = reseek_then_rebalance  # type: ignore[method-assign]
+    await r.at(31)
+    assert len(r.app.consumer.seeks) == 1  # the second stalled partition waits
+
+
 async def test_a_slow_agent_that_still_commits_is_not_a_stall() -> None:
     r = rig()
     for t in range(0, 120, 5):
