@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from core.settings import ConfigError, load_settings, parse_settings
+from core.settings import ConfigError, Settings, config_path, load_settings, parse_settings
 from streams import cli
 from streams.addresses import configured_bootstrap
 from streams.bootstrap import configured_dsn
@@ -111,6 +111,43 @@ def test_the_existing_variables_work_and_win_as_before(monkeypatch: pytest.Monke
     assert settings.service.web_host == "0.0.0.0"
     assert settings.service.api_tokens == ()
     assert AuthPolicy.of(settings.service, env).enabled
+
+
+def test_only_exact_settings_variables_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lower-case name or a whole section as one variable sets nothing (as documented),
+    and ``Settings()`` is the defaults whatever the process's environment says."""
+    env = {
+        "compactor_budget__context_budget": "0.5",
+        "COMPACTOR_SERVICE": json.dumps({"web_port": 7000}),
+    }
+    assert load_settings(None, env) == Settings()
+    monkeypatch.setenv("COMPACTOR_BUDGET__CONTEXT_BUDGET", "0.5")
+    assert Settings().budget.context_budget == 0.8
+    assert load_settings().budget.context_budget == 0.5
+
+
+def test_a_table_from_the_environment_replaces_the_files() -> None:
+    file = {"usage": {"prices": {"mine": {"input": 1, "output": 2}}}}
+    env = {"COMPACTOR_USAGE__PRICES": json.dumps({"other": {"input": 3, "output": 4}})}
+    prices = parse_settings(file, environ=env).usage.prices
+    assert list(prices) == ["other"]  # not merged with the file's table
+    assert (prices["other"].input, prices["other"].output) == (3, 4)
+
+
+def test_a_list_that_is_not_json_is_a_bad_value_naming_the_variable() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, {"COMPACTOR_SERVICE__API_TOKENS": f"[{TOKEN}"})
+    assert "COMPACTOR_SERVICE__API_TOKENS ([service].api_tokens)" in str(caught.value)
+    assert TOKEN not in str(caught.value)
+
+
+def test_config_path_is_the_file_load_settings_reads(tmp_path: Path) -> None:
+    assert config_path(None, {}) is None  # the defaults
+    assert config_path(None, {"COMPACTOR_CONFIG": "a.toml"}) == Path("a.toml")
+    assert config_path("b.toml", {"COMPACTOR_CONFIG": "a.toml"}) == Path("b.toml")
+    (tmp_path / "config.toml").write_text("[service]\nweb_port = 6001\n")  # the cwd's
+    assert config_path(None, {}) == Path("config.toml")
+    assert load_settings(None, {}).service.web_port == 6001
 
 
 def run(
