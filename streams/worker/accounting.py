@@ -4,7 +4,7 @@ It is the table's only writer. Messages and control events each have an
 agent with concurrency 1 (acks stay in order), so a completion never waits
 behind a backlog of messages; the two agents take a per-conversation lock,
 which keeps each entry's read-modify-write single-file. Every rule about the
-tally lives in ``core.domain.accounting``; this class only does the I/O around
+tally lives in ``core.domain.tally``; this class only does the I/O around
 them: store the message, read and write the table entry, send the command.
 
 A record is only acknowledged once its effect is durable: while PostgreSQL or
@@ -21,7 +21,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from core.domain.accounting import (
+from core.domain.budget import BudgetConfig
+from core.domain.erasure import merged_offsets
+from core.domain.tally import (
     Completion,
     ConversationTally,
     OperatorRequest,
@@ -34,8 +36,6 @@ from core.domain.accounting import (
     rebuilt,
     resynced,
 )
-from core.domain.budget import BudgetConfig
-from core.domain.erasure import merged_offsets
 from core.domain.tenancy import ConversationRef
 from core.domain.tokens import estimate_message_tokens
 from core.ports.publisher import Publisher
@@ -439,7 +439,7 @@ class Accounting:
         epoch: int,
     ) -> set[str]:
         """An operator's recompact or restore: the outstanding command now, or queued
-        behind it (``core.domain.accounting.on_request``)."""
+        behind it (``core.domain.tally.on_request``)."""
         key = control.conversation_key
         request = OperatorRequest(
             action=control.type,

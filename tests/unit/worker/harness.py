@@ -14,7 +14,7 @@ from typing import Any
 
 from core.adapters.llm.extractive import ExtractiveProvider
 from core.compactor import create_compactor
-from core.domain.accounting import ConversationTally
+from core.domain.tally import ConversationTally
 from core.ports.model import ModelAuthError, ModelRequest, ModelResponse
 from core.settings import Settings, parse_settings
 from streams.bootstrap import build_components

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from core.domain.accounting import ConversationTally
+from core.domain.tally import ConversationTally
 from streams.events import CompactionCommand, MessageEvent
 from streams.worker.records import Record
 from streams.worker.tally_table import TallyTable
