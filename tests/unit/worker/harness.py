@@ -7,7 +7,7 @@ folder check what it stored, what the table holds and what it sent.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -80,6 +80,8 @@ class Harness:
     slept: list[float] = field(default_factory=list)
     assigned: bool = True
     offsets: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
+    # Called at each of accounting's waits, before the clock moves on.
+    while_sleeping: Callable[[], None] = lambda: None
 
     def record(self, topic: str, key: str | bytes | None, value: bytes | str) -> Record:
         raw_key = key.encode() if isinstance(key, str) else key
@@ -182,6 +184,7 @@ def harness(
     slept: list[float] = []
 
     async def sleep(seconds: float) -> None:
+        harness.while_sleeping()
         slept.append(seconds)
         clock.now += seconds
 

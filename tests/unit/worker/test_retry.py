@@ -29,10 +29,7 @@ async def test_health_reports_the_outage_while_it_lasts() -> None:
     h = harness()
     seen: list[list[dict[str, object]]] = []
 
-    async def sleep(seconds: float) -> None:
-        seen.append(h.components.health.describe())
-
-    h.components.accounting._sleep = sleep
+    h.while_sleeping = lambda: seen.append(h.components.health.describe())
     h.store.fail_times("totals_of", 1)
     await h.message(0, "hello there")
     (problems,) = seen
