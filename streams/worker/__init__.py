@@ -18,7 +18,7 @@
 ``tally_table``    the write-behind token table and the reconciliation index
 ``batching``       groups of waiting events; acks after the table flush
 ``records``        records and their decoding
-``retry``          how long to wait between tries
+``retry``          how long to wait between tries (full jitter)
 ``runtime``        what is open for them (the store and the compactor)
 ``components``     the bundle ``streams.bootstrap`` builds
 =================  ==============================================================

@@ -33,7 +33,7 @@ from core.ports.storage import StoreRejected, StoreUnavailable
 from streams.metrics import Metrics
 from streams.worker.health import Health
 from streams.worker.records import InvalidRecord, Record
-from streams.worker.retry import backoff_seconds
+from streams.worker.retry import jittered_backoff_seconds
 
 log = logging.getLogger("compactor.worker")
 
@@ -71,7 +71,7 @@ Decision = Wait | DeadLetter | Split
 @dataclass(frozen=True)
 class FailurePolicy:
     max_attempts: int = 5
-    backoff: Callable[[int], float] = lambda failures: backoff_seconds(failures - 1)
+    backoff: Callable[[int], float] = jittered_backoff_seconds
 
     @staticmethod
     def counts_as_attempt(error: Exception) -> bool:

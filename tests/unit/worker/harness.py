@@ -7,7 +7,7 @@ folder check what it stored, what the table holds and what it sent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -202,6 +202,12 @@ def harness(
     )
     harness = Harness(store, publisher, table, clock, components, acked, slept)
     return harness
+
+
+def backed_off(slept: Sequence[float]) -> bool:
+    """Each wait within its full-jitter bound: the n-th (from 0) between 0 and
+    0.2 × 2^n seconds, at most 10 (``streams.worker.retry``)."""
+    return all(0.0 <= s <= min(10.0, 0.2 * 2**n) for n, s in enumerate(slept))
 
 
 def compacted(compaction_id: str, generation: int) -> CompactionCompleted:
