@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from core.ports.publisher import PublisherUnavailable
 from core.ports.storage import StoreRejected, StoreUnavailable
 from streams.metrics import Metrics
+from streams.worker.dead_letters import SendDeadLetter
 from streams.worker.health import Health
 from streams.worker.records import InvalidRecord, Record
 from streams.worker.retry import jittered_backoff_seconds
@@ -120,7 +121,7 @@ class Durably:
         self,
         policy: FailurePolicy,
         *,
-        dead_letter: Callable[[Record, InvalidRecord], Awaitable[None]],
+        dead_letter: SendDeadLetter,
         metrics: Metrics,
         health: Health,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from core.domain.budget import BudgetConfig
 from core.domain.tally import on_message, on_resync
@@ -20,13 +20,13 @@ from core.ports.storage import IncomingMessage, SaveOutcome, StoreTotals
 from streams.events import CompactionCommand, MessageEvent
 from streams.metrics import Metrics
 from streams.worker.commands import Commands
+from streams.worker.dead_letters import SendDeadLetter
 from streams.worker.erasure import ConsumedOffsets
 from streams.worker.producers import ProducerPolicy
 from streams.worker.records import InvalidRecord, Record, decode_message
 from streams.worker.runtime import Runtime
 from streams.worker.tally_table import TallyTable
 
-DeadLetter = Callable[[Record, InvalidRecord], Awaitable[None]]
 # One message of a group as stored: its record, what was stored and how it went.
 Stored = tuple[Record, IncomingMessage, SaveOutcome]
 
@@ -48,7 +48,7 @@ class Ingest:
         runtime: Runtime,
         table: TallyTable,
         commands: Commands,
-        dead_letter: DeadLetter,
+        dead_letter: SendDeadLetter,
         consumed: ConsumedOffsets,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
