@@ -128,7 +128,7 @@ class Control:
         tally, issue = on_completion(subject.tally, completion_of(event), self._budget, now, counts)
         if tally.outstanding != subject.tally.outstanding:
             self._issued.finished(subject.key)
-        return await self._put(subject, tally, totals, issue, "continue")
+        return await self._put_and_send(subject, tally, totals, issue, "continue")
 
     async def _reconcile(self, subject: Subject, now: float) -> set[str]:
         """Reconciliation does not trust the table: the store's counts repair an
@@ -147,7 +147,7 @@ class Control:
                 else rebuilt(subject.key, totals.tokens, totals.rows, totals.epoch)
             )
         tally, issue = on_reconcile(tally, self._budget, now, self._command_timeout)
-        return await self._put(subject, tally, totals, issue, "reconcile")
+        return await self._put_and_send(subject, tally, totals, issue, "reconcile")
 
     async def _operator_request(self, event: OperatorRequestEvent, subject: Subject) -> set[str]:
         """An operator's recompact or restore: the outstanding command now, or queued
@@ -172,7 +172,7 @@ class Control:
             await self._send(subject, tally, subject.totals, "request")
         return {key}
 
-    async def _put(
+    async def _put_and_send(
         self,
         subject: Subject,
         tally: ConversationTally,
