@@ -104,8 +104,8 @@ from bench.harness import (
 from core.adapters.llm.factory import build_model_provider
 from core.adapters.postgres.store import PostgresStore
 from core.compactor import PipelineCompactor, create_compactor
-from core.domain.accounting import compaction_id_for
 from core.domain.budget import BudgetConfig
+from core.domain.tally import compaction_id_for
 from core.settings import SummarizationSettings, resolve_model
 from streams.events import ClipArchiveEvent, CompactionCommand, MessageEvent
 from streams.topics import TopicNames

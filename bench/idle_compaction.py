@@ -1,7 +1,7 @@
 """Compact while the conversation pauses ([budget].idle_seconds, issue 18 part 6).
 
 A paced replay with pauses, in simulated time, through the worker's own rules
-(``core.domain.accounting``: ``on_message``, ``on_completion``,
+(``core.domain.tally``: ``on_message``, ``on_completion``,
 ``reconcile_due`` / ``on_reconcile`` on the reconciliation timer's interval):
 ``--conversations`` conversations, each a series of exchanges of 2–6
 messages a few seconds apart, separated by pauses of 20–120 s (a person
@@ -31,7 +31,8 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
-from core.domain.accounting import (
+from core.domain.budget import BudgetConfig
+from core.domain.tally import (
     Completion,
     ConversationTally,
     on_completion,
@@ -39,7 +40,6 @@ from core.domain.accounting import (
     on_reconcile,
     reconcile_due,
 )
-from core.domain.budget import BudgetConfig
 
 
 @dataclass

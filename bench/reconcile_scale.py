@@ -74,8 +74,8 @@ from bench.harness import (
     worker_config,
     worker_metrics,
 )
-from core.domain.accounting import ConversationTally, compaction_id_for
 from core.domain.budget import BudgetConfig
+from core.domain.tally import ConversationTally, compaction_id_for
 from tests.support.worker import WorkerProcess
 
 BUDGET = (0.8, 200_000)  # context_budget, model_max_tokens (harness.worker_config's)

@@ -52,7 +52,7 @@ from bench.harness import (
     worker_config,
     worker_metrics,
 )
-from core.domain.accounting import ConversationTally
+from core.domain.tally import ConversationTally
 from core.settings import ServiceSettings
 from tests.support.worker import WorkerProcess
 

@@ -34,7 +34,7 @@ from core.adapters.postgres.embedded import (
 from core.adapters.postgres.store import PostgresStore
 from core.adapters.postgres.tls import dsn_with_tls
 from core.compactor import PipelineCompactor, create_compactor
-from core.domain.accounting import reconcile_due
+from core.domain.tally import reconcile_due
 from core.ports.compactor import Compactor
 from core.ports.model import ModelProvider
 from core.ports.publisher import Publisher

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
-from core.domain.accounting import request_compaction_id
+from core.domain.tally import request_compaction_id
 from streams.events import (
     ClipArchiveEvent,
     CompactionCompleted,

@@ -18,11 +18,11 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from core.domain.accounting import ConversationTally
 from core.domain.budget import BudgetConfig, over_budget
 from core.domain.clip_archive import is_clip_archive
 from core.domain.messages import ConversationMessage, Text, ToolCall
 from core.domain.specifics import Specific
+from core.domain.tally import ConversationTally
 from core.domain.tenancy import TENANT_ID_PATTERN, ConversationRef
 from core.domain.tokens import estimate_history_tokens
 from core.domain.usage import LlmUsage, UsageDay

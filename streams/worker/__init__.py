@@ -1,7 +1,14 @@
 """The worker's components: Faust-free, each testable against in-memory ports.
 
 =================  ==============================================================
-``accounting``     decode → store → tally → command (the table's single writer)
+``accounting``     each record to its job, under its conversation's lock, durably
+                   (the table's single writer)
+``ingest``         a group of messages: decode → store → count → commands due
+``control``        completions, reconcile requests, operators' recompact and restore
+``erasure``        erase requests, and the clip-archive tombstones
+``commands``       the command of a tally's outstanding compaction, and its sending
+``failures``       the failure policy: an outage waited out, a rejection dead-lettered,
+                   a group that keeps failing split to find the culprit
 ``processor``      run one compaction command: plan, apply with its events, relay;
                    ``CommandIntake`` feeds the scheduler
 ``scheduler``      at most N compactions at once, one per conversation, acks in order
@@ -11,7 +18,7 @@
 ``tally_table``    the write-behind token table and the reconciliation index
 ``batching``       groups of waiting events; acks after the table flush
 ``records``        records and their decoding
-``retry``          which failures are outages, and the backoff
+``retry``          how long to wait between tries (full jitter)
 ``runtime``        what is open for them (the store and the compactor)
 ``components``     the bundle ``streams.bootstrap`` builds
 =================  ==============================================================

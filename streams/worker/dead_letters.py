@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -32,6 +32,9 @@ from streams.metrics import Metrics
 from streams.worker.records import InvalidRecord, Record
 
 log = logging.getLogger("compactor.worker")
+
+# What sends one record's dead letter (``DeadLetters.send``, or a caller's wrapper of it).
+SendDeadLetter = Callable[[Record, InvalidRecord], Awaitable[None]]
 
 # Room left in a request for the key, the headers and the batch framing.
 REQUEST_OVERHEAD_BYTES = 16 * 1024

@@ -1,7 +1,7 @@
 """Reconciliation: nudge conversations whose command got lost or whose compaction failed.
 
 Only a request is sent: the accounting agent owns the table and decides
-(``core.domain.accounting.on_reconcile``, after taking the store's counts); this
+(``core.domain.tally.on_reconcile``, after taking the store's counts); this
 pass only asks ``reconcile_due``, of the entries in the table's index of
 those it may act on (``TallyTable.candidates``, rebuilt by one yielding scan
 after each assignment), so a pass costs what it can do, not the size of the
@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Protocol
 
-from core.domain.accounting import reconcile_due
 from core.domain.budget import BudgetConfig, compaction_due
+from core.domain.tally import reconcile_due
 from core.domain.tenancy import ConversationRef
 from core.ports.publisher import Publisher, RecordPosition
 from streams.events import ReconcileRequest

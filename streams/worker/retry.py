@@ -1,30 +1,36 @@
-"""Which failures are worth waiting out, and how long to wait between tries.
+"""How long to wait between tries: quick after a blip, gentle in an outage.
 
-The accounting path never acknowledges a record whose effect is not durable:
-while PostgreSQL or the broker is away it retries the same record, which
-also stops consumption of its partitions (the agent is busy with it). Every
-step is idempotent, so a retried record is written once. A failure that is
-not an outage (a bug, a record that breaks an assumption) is retried a few
-times and then dead-lettered with the error, so one poisonous record cannot
-hold a partition forever, and nothing is dropped without a trace.
-
-An outage is said by the ports' own errors: the adapters map their drivers'
-exceptions at the edge (``core.adapters.postgres.errors``,
-``streams.kafka.errors``), so this policy imports no driver.
+Exponential from ``FIRST_SECONDS``, at most ``CAP_SECONDS``. Accounting waits
+a random time up to that ("full jitter", tenacity's
+``wait_random_exponential``): the workers that an outage stopped together do
+not all come back in the same instant. What to retry is
+``streams.worker.failures``.
 """
 
 from __future__ import annotations
 
-from core.ports.publisher import PublisherUnavailable
-from core.ports.storage import StoreUnavailable
+from tenacity import RetryCallState, Retrying, wait_random_exponential
 
-_OUTAGES: tuple[type[BaseException], ...] = (StoreUnavailable, PublisherUnavailable)
+FIRST_SECONDS = 0.2
+CAP_SECONDS = 10.0
+
+_FULL_JITTER = wait_random_exponential(multiplier=FIRST_SECONDS, max=CAP_SECONDS)
+_RETRYING = Retrying()
 
 
-def is_outage(error: BaseException) -> bool:
-    return isinstance(error, _OUTAGES)
-
-
-def backoff_seconds(attempt: int, *, first: float = 0.2, cap: float = 10.0) -> float:
-    """0.2, 0.4, 0.8, … seconds, at most ``cap``: quick after a blip, gentle in an outage."""
+def backoff_seconds(
+    attempt: int, *, first: float = FIRST_SECONDS, cap: float = CAP_SECONDS
+) -> float:
+    """0.2, 0.4, 0.8, … seconds (``attempt`` from 0), at most ``cap``: no jitter (the
+    worker opening its store, ``streams.bootstrap``, waits these)."""
     return float(min(cap, first * 2.0 ** min(attempt, 30)))
+
+
+def jittered_backoff_seconds(failures: int) -> float:
+    """Between 0 and ``backoff_seconds(failures - 1)``, at random (``failures`` from 1).
+
+    A tenacity wait strategy reads the attempt number off a call state; the loop
+    that waits is ``failures.Durably``'s own, so the state is made for the asking."""
+    state = RetryCallState(_RETRYING, fn=None, args=(), kwargs={})
+    state.attempt_number = failures
+    return float(_FULL_JITTER(state))

@@ -147,39 +147,55 @@ class CompactionScheduler(Generic[Token]):
         previous = conversation.tail
         conversation.queued += 1
         self.stats.queued += 1
-
-        async def run() -> None:
-            try:
-                if previous is not None:
-                    await asyncio.wait([previous])
-                async with self._slots.hold(tenant_of(conversation_id)):
-                    self.stats.queued -= 1
-                    self.stats.in_flight += 1
-                    self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
-                    try:
-                        with log_context(conversation_id=conversation_id, partition=partition):
-                            await work()
-                        self.stats.completed += 1
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        # Acked anyway, or one poisonous command would hold its
-                        # partition forever; reconciliation sends it again.
-                        self.stats.crashed += 1
-                        log.exception("compaction of %s crashed", conversation_id)
-                    finally:
-                        self.stats.in_flight -= 1
-                await acker.finish(ticket)
-            finally:
-                conversation.queued -= 1
-                if conversation.tail is task and conversation.queued == 0:
-                    del self._conversations[conversation_id]
-                self._room.release()
-
-        task = asyncio.ensure_future(run())
+        task = asyncio.ensure_future(
+            self._run(conversation_id, conversation, previous, work, partition, acker, ticket)
+        )
         conversation.tail = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _run(
+        self,
+        conversation_id: str,
+        conversation: _Conversation,
+        previous: asyncio.Task[None] | None,
+        work: Callable[[], Awaitable[None]],
+        partition: Hashable,
+        acker: OrderedAcker[Token],
+        ticket: _Ticket[Token],
+    ) -> None:
+        """After the conversation's previous command, within a slot; then the ack."""
+        try:
+            if previous is not None:
+                await asyncio.wait([previous])
+            async with self._slots.hold(tenant_of(conversation_id)):
+                await self._compact(conversation_id, partition, work)
+            await acker.finish(ticket)
+        finally:
+            conversation.queued -= 1
+            if conversation.tail is asyncio.current_task() and conversation.queued == 0:
+                del self._conversations[conversation_id]
+            self._room.release()
+
+    async def _compact(
+        self, conversation_id: str, partition: Hashable, work: Callable[[], Awaitable[None]]
+    ) -> None:
+        self.stats.queued -= 1
+        self.stats.in_flight += 1
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
+        try:
+            with log_context(conversation_id=conversation_id, partition=partition):
+                await work()
+            self.stats.completed += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Acked anyway, or one poisonous command would hold its
+            # partition forever; reconciliation sends it again.
+            self.stats.crashed += 1
+            log.exception("compaction of %s crashed", conversation_id)
+        finally:
+            self.stats.in_flight -= 1
 
     def revoke(self, partitions: set[Hashable]) -> None:
         for partition in partitions:

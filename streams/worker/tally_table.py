@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from core.domain.accounting import ConversationTally
+from core.domain.tally import ConversationTally
 
 log = logging.getLogger("compactor.worker")
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from core.adapters.postgres.privacy import ERASED_TABLES
-from core.domain.accounting import compaction_id_for
+from core.domain.tally import compaction_id_for
 from streams.events import ClipArchiveEvent
 from streams.kafka.admin import describe_topic_configs
 from tests.e2e.conftest import (

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from core.domain.accounting import request_compaction_id
+from core.domain.tally import request_compaction_id
 from streams.events import ClipArchiveEvent
 from tests.e2e.conftest import BUDGET_TOKENS, Conversation, Stack, eventually
 from tests.e2e.test_erase import compactor

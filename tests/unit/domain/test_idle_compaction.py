@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.domain.accounting import ConversationTally, on_message, reconcile_due
 from core.domain.budget import BudgetConfig, compaction_due_now
+from core.domain.tally import ConversationTally, on_message, reconcile_due
 
 pytestmark = pytest.mark.unit
 

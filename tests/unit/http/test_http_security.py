@@ -28,7 +28,7 @@ from streams.http.views import Forbidden, register_views, search_request
 from streams.worker.components import Components
 from streams.worker.records import Record
 from tests.support.builders import T0
-from tests.support.memory_store import InMemoryStore
+from tests.support.memory_store import InMemoryStore, RecordingPublisher
 from tests.unit.http.views_over_memory import components_over
 
 pytestmark = pytest.mark.unit
@@ -71,7 +71,8 @@ class ViewRuntime:
 class Site:
     def __init__(self, config: Settings) -> None:
         self.store = InMemoryStore()
-        self.components: Components[int] = components_over(self.store, config)
+        self.publisher = RecordingPublisher()
+        self.components: Components[int] = components_over(self.store, config, self.publisher)
         self.app = faust.App(f"web-test-{id(self)}", broker="kafka://127.0.0.1:1", web_port=6999)
 
         async def same_node(*args: Any, **kwargs: Any) -> Any:
@@ -109,11 +110,7 @@ async def compacted_site(config: Settings) -> Site:
             for i in range(40):
                 words = " ".join(f"{tenant}secret{i} word{j}." for j in range(12))
                 await site.message(conversation, i, words, tenant)
-    for command in [
-        p
-        for p in site.components.accounting._publisher.sent  # type: ignore[attr-defined]
-        if p.topic == "commands"
-    ]:
+    for command in [p for p in site.publisher.sent if p.topic == "commands"]:
         from streams.events import CompactionCommand
 
         parsed = CompactionCommand.model_validate_json(command.value or b"")
@@ -315,7 +312,7 @@ async def test_the_same_id_under_two_tenants_is_two_conversations() -> None:
     await site.message("shared-1", 0, "globex got here first: globexonly", "globex")
     await site.message("shared-1", 1, "acme's own words: acmeonly", "acme")
     await site.message("shared-1", 2, "globex again: globexonly", "globex")
-    published = site.components.accounting._publisher.sent  # type: ignore[attr-defined]
+    published = site.publisher.sent
     assert not [p for p in published if p.topic == "dead_letters"]
     async with TestClient(TestServer(site.app.web.web_app)) as client:  # type: ignore[attr-defined]
         for token, mine, theirs, count in (

@@ -46,7 +46,7 @@ from streams.kafka.faust_app import create_app
 from streams.worker.components import Components
 from streams.worker.records import Record
 from tests.support.builders import T0
-from tests.support.memory_store import InMemoryStore
+from tests.support.memory_store import InMemoryStore, RecordingPublisher
 from tests.unit.http.views_over_memory import components_over
 
 pytestmark = pytest.mark.unit
@@ -110,7 +110,8 @@ class Worker:
 
     def __init__(self, config: Settings, app: faust.App | None = None) -> None:
         self.store = InMemoryStore()
-        self.components: Components[int] = components_over(self.store, config)
+        self.publisher = RecordingPublisher()
+        self.components: Components[int] = components_over(self.store, config, self.publisher)
         self.app = app or faust.App(
             f"tokens-test-{id(self)}", broker="kafka://127.0.0.1:1", web_port=6999
         )
@@ -147,7 +148,7 @@ class Worker:
         await self.components.accounting.handle(record)
 
     async def compact_all(self) -> None:
-        sent = self.components.accounting._publisher.sent  # type: ignore[attr-defined]
+        sent = self.publisher.sent
         for command in [p for p in sent if p.topic == "commands"]:
             parsed = CompactionCommand.model_validate_json(command.value or b"")
             await self.components.processor.compact(parsed)

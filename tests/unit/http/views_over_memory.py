@@ -16,7 +16,9 @@ async def _no_ack(_: int) -> None:
     return None
 
 
-def components_over(store: InMemoryStore, config: Settings) -> Components[int]:
+def components_over(
+    store: InMemoryStore, config: Settings, publisher: RecordingPublisher | None = None
+) -> Components[int]:
     """``build_components`` with the extractive summariser and a recording publisher."""
     compactor = create_compactor(
         model=ExtractiveProvider(),
@@ -27,7 +29,7 @@ def components_over(store: InMemoryStore, config: Settings) -> Components[int]:
     return build_components(
         config,
         table={},
-        publisher=RecordingPublisher(),
+        publisher=RecordingPublisher() if publisher is None else publisher,
         runtime=StaticRuntime(store, compactor),
         ack=_no_ack,
     )

@@ -7,14 +7,14 @@ folder check what it stored, what the table holds and what it sent.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from core.adapters.llm.extractive import ExtractiveProvider
 from core.compactor import create_compactor
-from core.domain.accounting import ConversationTally
+from core.domain.tally import ConversationTally
 from core.ports.model import ModelAuthError, ModelRequest, ModelResponse
 from core.settings import Settings, parse_settings
 from streams.bootstrap import build_components
@@ -80,6 +80,8 @@ class Harness:
     slept: list[float] = field(default_factory=list)
     assigned: bool = True
     offsets: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
+    # Called at each of accounting's waits, before the clock moves on.
+    while_sleeping: Callable[[], None] = lambda: None
 
     def record(self, topic: str, key: str | bytes | None, value: bytes | str) -> Record:
         raw_key = key.encode() if isinstance(key, str) else key
@@ -182,6 +184,7 @@ def harness(
     slept: list[float] = []
 
     async def sleep(seconds: float) -> None:
+        harness.while_sleeping()
         slept.append(seconds)
         clock.now += seconds
 
@@ -199,6 +202,12 @@ def harness(
     )
     harness = Harness(store, publisher, table, clock, components, acked, slept)
     return harness
+
+
+def backed_off(slept: Sequence[float]) -> bool:
+    """Each wait within its full-jitter bound: the n-th (from 0) between 0 and
+    0.2 × 2^n seconds, at most 10 (``streams.worker.retry``)."""
+    return all(0.0 <= s <= min(10.0, 0.2 * 2**n) for n, s in enumerate(slept))
 
 
 def compacted(compaction_id: str, generation: int) -> CompactionCompleted:

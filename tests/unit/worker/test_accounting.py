@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.domain.accounting import compaction_id_for
+from core.domain.tally import compaction_id_for
 from streams.events import DeadLetterHeaders, MessageEvent, ReconcileRequest
 from tests.support.builders import T0
 from tests.unit.worker.harness import NAMES, compacted, harness

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from core.domain.accounting import compaction_id_for
+from core.domain.tally import compaction_id_for
 from core.ports.storage import IncomingMessage
 from streams.events import (
     CompactionCompleted,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from core.domain.accounting import ConversationTally
+from core.domain.tally import ConversationTally
 from core.ports.publisher import RecordPosition
 from streams.events import ReconcileRequest
 from streams.worker.issued_commands import IssuedCommand

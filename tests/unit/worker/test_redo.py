@@ -11,7 +11,7 @@ import pytest
 
 from core.adapters.llm.extractive import ExtractiveProvider
 from core.compactor import create_compactor
-from core.domain.accounting import request_compaction_id
+from core.domain.tally import request_compaction_id
 from core.domain.tokens import estimate_history_tokens
 from streams.events import ClipArchiveEvent, CompactionCommand, RecompactRequest, RestoreRequest
 from streams.worker.runtime import StaticRuntime
@@ -183,14 +183,14 @@ async def test_a_request_for_a_conversation_that_does_not_exist_sends_nothing() 
 
 
 async def test_a_noop_request_does_not_stall_the_conversation() -> None:
-    from core.domain.accounting import (
+    from core.domain.budget import BudgetConfig
+    from core.domain.tally import (
         Completion,
         ConversationTally,
         OperatorRequest,
         on_completion,
         on_request,
     )
-    from core.domain.budget import BudgetConfig
 
     budget = BudgetConfig(context_budget=0.5, model_max_tokens=400, compact_at=0.9, idle_seconds=5)
     tally = ConversationTally(conversation_id="c1", token_total=190)  # over the trigger only

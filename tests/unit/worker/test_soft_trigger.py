@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.domain.accounting import (
+from core.domain.budget import BudgetConfig, compaction_due, over_budget
+from core.domain.tally import (
     Completion,
     ConversationTally,
     on_completion,
@@ -27,7 +28,6 @@ from core.domain.accounting import (
     on_resync,
     reconcile_due,
 )
-from core.domain.budget import BudgetConfig, compaction_due, over_budget
 from core.settings import ConfigError, parse_settings
 from tests.unit.worker import harness as components
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from core.domain.accounting import ConversationTally, OperatorRequest, on_message
 from core.domain.budget import BudgetConfig
+from core.domain.tally import ConversationTally, OperatorRequest, on_message
 from streams.worker.tally_table import TallyTable, read_tally, table_value
 
 pytestmark = pytest.mark.unit

@@ -154,17 +154,24 @@ def on_completion(
     """
     if not completes_outstanding(tally, completion.compaction_id):
         return tally, False
+    counts = store_totals if store_totals is not None else _counts_after(tally, completion)
+    tally = _completed(tally, completion, counts, budget)
+    if tally.queued:
+        return _issue_request(tally, tally.queued[0], now, tally.queued[1:]), True
+    again = completion.status == "compacted" and completion.messages_compressed > 0
+    if again and compaction_due_now(tally.token_total, budget, _idle_for(tally, now)):
+        return _issue(tally, now), True
+    return tally, False
+
+
+def _completed(
+    tally: ConversationTally, completion: Completion, counts: tuple[int, int], budget: BudgetConfig
+) -> ConversationTally:
+    """The tally with the completion applied: its counts, the next generation, nothing
+    outstanding."""
+    token_total, message_count = counts
     compacted = completion.status == "compacted"
-    if store_totals is not None:
-        token_total, message_count = store_totals
-    else:
-        token_total = max(
-            0, tally.token_total - completion.tokens_removed + completion.tokens_added
-        )
-        message_count = max(
-            0, tally.message_count - completion.rows_removed + completion.rows_added
-        )
-    tally = tally.model_copy(
+    return tally.model_copy(
         update={
             "token_total": token_total,
             "message_count": message_count,
@@ -180,12 +187,14 @@ def on_completion(
             "request": None,
         }
     )
-    if tally.queued:
-        return _issue_request(tally, tally.queued[0], now, tally.queued[1:]), True
-    again = compacted and completion.messages_compressed > 0
-    if again and compaction_due_now(tally.token_total, budget, _idle_for(tally, now)):
-        return _issue(tally, now), True
-    return tally, False
+
+
+def _counts_after(tally: ConversationTally, completion: Completion) -> tuple[int, int]:
+    """(tokens, rows) once the completion's deltas are applied to the tally's counts."""
+    return (
+        max(0, tally.token_total - completion.tokens_removed + completion.tokens_added),
+        max(0, tally.message_count - completion.rows_removed + completion.rows_added),
+    )
 
 
 def _issue_request(

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.domain.accounting import (
+from core.domain.budget import BudgetConfig
+from core.domain.tally import (
     Completion,
     ConversationTally,
     compaction_id_for,
@@ -14,7 +15,6 @@ from core.domain.accounting import (
     on_resync,
     resynced,
 )
-from core.domain.budget import BudgetConfig
 
 pytestmark = pytest.mark.unit
 

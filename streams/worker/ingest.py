@@ -1,0 +1,165 @@
+"""A group of message records: decode, store in one call, count, send the commands due.
+
+Per group: one store call for the messages, one for the counts of the
+conversations it must resync, each conversation counted once by
+``core.domain.tally``, and the group's commands and dead letters sent
+together. A record that cannot be used is dead-lettered with its reason and
+the rest of the group goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from core.domain.budget import BudgetConfig
+from core.domain.tally import on_message, on_resync
+from core.domain.tokens import estimate_message_tokens
+from core.ports.storage import IncomingMessage, SaveOutcome, StoreTotals
+from streams.events import CompactionCommand, MessageEvent
+from streams.metrics import Metrics
+from streams.worker.commands import Commands
+from streams.worker.dead_letters import SendDeadLetter
+from streams.worker.erasure import ConsumedOffsets
+from streams.worker.producers import ProducerPolicy
+from streams.worker.records import InvalidRecord, Record, decode_message
+from streams.worker.runtime import Runtime
+from streams.worker.tally_table import TallyTable
+
+# One message of a group as stored: its record, what was stored and how it went.
+Stored = tuple[Record, IncomingMessage, SaveOutcome]
+
+
+def message_tokens(event: MessageEvent) -> int:
+    """The provider's count when the producer sent one, else the estimate."""
+    if event.token_count is not None:
+        return event.token_count
+    return estimate_message_tokens(event.to_message())
+
+
+class Ingest:
+    def __init__(
+        self,
+        *,
+        budget: BudgetConfig,
+        max_content_chars: int,
+        producers: ProducerPolicy,
+        runtime: Runtime,
+        table: TallyTable,
+        commands: Commands,
+        dead_letter: SendDeadLetter,
+        consumed: ConsumedOffsets,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._budget = budget
+        self._max_content_chars = max_content_chars
+        self._producers = producers
+        self._runtime = runtime
+        self._table = table
+        self._commands = commands
+        self._dead_letter = dead_letter
+        self._consumed = consumed
+        self._metrics = metrics
+        self._clock = clock
+
+    async def ingest(self, records: Sequence[Record]) -> set[str]:
+        """Store the group, then count each conversation once: from the store when
+        this worker has not checked its entry since it got the partition (or a
+        message was a redelivery), else by adding the new messages' tokens.
+        Returns the conversation keys counted."""
+        epochs = {record.partition: self._table.epoch(record.partition) for record in records}
+        decoded, letters = self._decode(records)
+        store = self._runtime.store
+        outcomes = await store.save_messages([incoming for _, incoming in decoded])
+        groups = self._by_conversation(decoded, outcomes)
+        resync = [
+            conversation_id
+            for conversation_id, items in groups.items()
+            if not self._table.synced(conversation_id)
+            or any(outcome.status == "duplicate" for _, _, outcome in items)
+        ]
+        totals = await store.totals_of(resync) if resync else {}
+        now = self._clock()
+        commands = [
+            command
+            for conversation_id, items in groups.items()
+            if (command := self._count(items, totals.get(conversation_id), now, epochs))
+        ]
+        await asyncio.gather(
+            *(self._dead_letter(record, error) for record, error in letters),
+            *(self._commands.publish(command, "over_budget") for command in commands),
+        )
+        self._consumed.note(records)
+        return set(groups)
+
+    def _decode(
+        self, records: Sequence[Record]
+    ) -> tuple[list[tuple[Record, IncomingMessage]], list[tuple[Record, InvalidRecord]]]:
+        decoded: list[tuple[Record, IncomingMessage]] = []
+        letters: list[tuple[Record, InvalidRecord]] = []
+        for record in records:
+            try:
+                event = decode_message(record, self._max_content_chars)
+                self._producers.check(record, event)
+            except InvalidRecord as error:
+                letters.append((record, error))
+                continue
+            incoming = IncomingMessage(
+                event.to_message(),  # under its conversation key: (tenant, id)
+                message_tokens(event),
+                partition=record.partition,
+                offset=record.offset,
+            )
+            decoded.append((record, incoming))
+        return decoded, letters
+
+    def _by_conversation(
+        self,
+        decoded: Sequence[tuple[Record, IncomingMessage]],
+        outcomes: Sequence[SaveOutcome],
+    ) -> dict[str, list[Stored]]:
+        """The stored messages by conversation; a message an erase covers is dropped."""
+        groups: dict[str, list[Stored]] = {}
+        for (record, incoming), outcome in zip(decoded, outcomes, strict=True):
+            if outcome.status == "erased":
+                self._metrics.events_in.labels("erased").inc()
+            else:
+                groups.setdefault(incoming.message.conversation_id, []).append(
+                    (record, incoming, outcome)
+                )
+        return groups
+
+    def _count(
+        self,
+        items: Sequence[Stored],
+        totals: StoreTotals | None,
+        now: float,
+        epochs: dict[int, int],
+    ) -> CompactionCommand | None:
+        """One conversation's share of a group: its new tally, and a command if due."""
+        conversation_id = items[0][1].message.conversation_id
+        tally = self._table.get(conversation_id)
+        inserted = [outcome for _, _, outcome in items if outcome.status == "inserted"]
+        for label, count in (("new", len(inserted)), ("duplicate", len(items) - len(inserted))):
+            if count:  # a label appears once it happened (the metrics views rely on it)
+                self._metrics.events_in.labels(label).inc(count)
+        if totals is not None:
+            tally, issue = on_resync(
+                tally, conversation_id, totals.tokens, totals.rows, self._budget, now, totals.epoch
+            )
+            last_seq = totals.last_seq
+        else:
+            assert tally is not None  # synced entries are cached
+            issue, last_seq = False, None
+            for _, incoming, outcome in items:  # all inserted: a duplicate means a resync
+                tally, issued = on_message(tally, incoming.tokens, self._budget, now)
+                if issued:  # as if alone: the command covers up to the message that crossed
+                    issue, last_seq = True, outcome.seq
+        partition = items[-1][0].partition
+        if not self._table.put(
+            tally, partition=partition, synced=totals is not None or None, epoch=epochs[partition]
+        ):
+            return None  # revoked meanwhile: the new owner counts it from the store
+        return self._commands.command_for(tally, last_seq, "over_budget") if issue else None
