@@ -25,7 +25,7 @@ from core.adapters.embedding.local import (
     LocalEmbeddingsUnavailableError,
     LocalSentenceTransformerEmbedder,
 )
-from core.adapters.embedding.minilm import MiniLMEmbedder, MiniLMUnavailableError, WordPiece
+from core.adapters.embedding.minilm import MiniLMEmbedder, MiniLMUnavailableError, load_tokenizer
 from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import CompactionPlan, StoredBatch, SummaryBatch
 from core.domain.messages import ConversationMessage
@@ -63,14 +63,14 @@ def _cosine(a: list[float], b: list[float]) -> float:
 @pytest.mark.unit
 @pytest.mark.parametrize("text", list(TOKEN_IDS))
 def test_wordpiece_gives_the_reference_tokenizers_ids(text: str) -> None:
-    tokenizer = WordPiece.from_file(minilm.model_directory() / "vocab.txt")
-    assert tokenizer.encode(text) == TOKEN_IDS[text]
+    tokenizer = load_tokenizer(minilm.model_directory())
+    assert tokenizer.encode(text).ids == TOKEN_IDS[text]
 
 
 @pytest.mark.unit
 def test_a_long_text_is_cut_to_the_models_256_tokens() -> None:
-    tokenizer = WordPiece.from_file(minilm.model_directory() / "vocab.txt")
-    ids = tokenizer.encode("word " * 1000)
+    tokenizer = load_tokenizer(minilm.model_directory())
+    ids = tokenizer.encode("word " * 1000).ids
     assert len(ids) == 256 and ids[0] == 101 and ids[-1] == 102
 
 

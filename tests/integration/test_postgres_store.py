@@ -15,11 +15,11 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from core.adapters.postgres.memory import RRF_K
 from core.adapters.postgres.migrate import applied_versions, load_migrations, migrate
 from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch, SummaryBatch
 from core.domain.messages import ConversationMessage, ToolCall
+from core.domain.ranking import RRF_K
 from core.domain.tokens import estimate_message_tokens
 from core.ports.embedding import EmbeddingError
 from core.ports.storage import HistoryConflictError, OutboxRecord

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from core.adapters.postgres import memory as pg_memory
+from core.adapters.postgres import memory_statements
 from core.adapters.postgres.connection import (
     ALL_TENANTS,
     READER_ROLE,
@@ -201,22 +201,22 @@ async def test_the_views_reads_hold_without_their_filters(
 
     # Strip the tenant filter out of every search statement and ask as acme for globex's tenant.
     monkeypatch.setattr(
-        pg_memory, "tenant_clause", lambda alias, n: f"(${n}::text IS NULL OR true)"
+        memory_statements, "tenant_clause", lambda alias, n: f"(${n}::text IS NULL OR true)"
     )
-    pg_memory.forget_statements()
+    memory_statements.forget_statements()
     try:
         for kind in ((False, True), (True, True)):
-            for builder in pg_memory.STATEMENTS:
+            for builder in memory_statements.STATEMENTS:
                 assert "conversations AS t" not in builder(kind), builder.__name__
         stripped = await pg_store.memory_read("orchid", tenant_id="globex", scope=ACME)
         assert {h.conversation_id for h in stripped.hits} == {"acme/shared"}
         assert {t.conversation_id for t in stripped.turns} <= {"acme/shared"}
     finally:
         monkeypatch.undo()
-        pg_memory.forget_statements()
+        memory_statements.forget_statements()
 
     # The batch fill-in query, asked for globex's batch (same id as acme's) under acme.
-    by_id = pg_memory.batches_by_id_sql
+    by_id = memory_statements.batches_by_id_sql
     async with reading(pool := pg_store.pool, ACME) as conn:
         rows = await conn.fetch(
             by_id((False, False)), ["globex/shared", "acme/shared"], ["batch-1"] * 2

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings, parse_settings
-from devtools import devstack
+from devtools import dev_compose, dev_processes, dev_services, devstack
 from devtools.localstack import free_port
 from streams import stack_state
 from streams.addresses import configured_bootstrap
@@ -182,9 +182,9 @@ async def test_without_java_but_with_docker_up_and_down_use_compose(
 
     monkeypatch.setattr(devstack, "_java_tools_problem", lambda: "`java` not found on PATH")
     monkeypatch.setattr(devstack, "docker_engine_available", lambda: True)
-    monkeypatch.setattr(devstack, "_compose", compose)
-    monkeypatch.setattr(devstack, "kafka_answers", answers)
-    monkeypatch.setattr(devstack, "postgres_answers", answers)
+    monkeypatch.setattr(dev_compose, "_compose", compose)
+    monkeypatch.setattr(dev_services, "kafka_answers", answers)
+    monkeypatch.setattr(dev_services, "postgres_answers", answers)
     monkeypatch.setattr(devstack, "migrate", migrated)
     state_dir = tmp_path / "dev"
     explicit = stack_state.Explicit(None, "-", None, "-")
@@ -249,9 +249,9 @@ def fake_launch(monkeypatch: pytest.MonkeyPatch, fake_service: int) -> FakeLaunc
         return []
 
     monkeypatch.setattr(devstack, "_java_tools_problem", lambda: None)
-    monkeypatch.setattr(devstack, "_spawn", spawn)
-    monkeypatch.setattr(devstack, "kafka_answers", answers)
-    monkeypatch.setattr(devstack, "postgres_answers", answers)
+    monkeypatch.setattr(dev_processes, "_spawn", spawn)
+    monkeypatch.setattr(dev_services, "kafka_answers", answers)
+    monkeypatch.setattr(dev_services, "postgres_answers", answers)
     monkeypatch.setattr(devstack, "migrate", migrated)
     return launch
 

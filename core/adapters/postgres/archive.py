@@ -37,6 +37,16 @@ async def live_batches(pool: asyncpg.Pool, conversation_id: str) -> list[StoredB
     return [row_to_batch(row) for row in rows]
 
 
+_BATCH_TURNS_SQL = """
+SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at
+  FROM archived_messages
+ WHERE conversation_id = $1 AND id = ANY($2::text[])
+   AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::text))
+ ORDER BY created_at, id
+ LIMIT $5::bigint
+"""
+
+
 async def expand_batch(
     pool: Queryable,
     conversation_id: str,
@@ -57,34 +67,31 @@ async def expand_batch(
     batch = row_to_batch(row)
     ids = list(batch.batch.source_message_ids)
     turns = await pool.fetch(
-        """
-        SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at
-          FROM archived_messages
-         WHERE conversation_id = $1 AND id = ANY($2::text[])
-           AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::text))
-         ORDER BY created_at, id
-         LIMIT $5::bigint
-        """,
+        _BATCH_TURNS_SQL,
         conversation_id,
         ids,
         None if after is None else after.created_at,
         None if after is None else after.id,
         limit,
     )
-    if after is None and limit is None:
-        archived = len(turns)
-    else:
-        archived = await pool.fetchval(
-            "SELECT count(*) FROM archived_messages WHERE conversation_id = $1 "
-            "AND id = ANY($2::text[])",
-            conversation_id,
-            ids,
-        )
+    paged = after is not None or limit is not None
+    archived = await _archived_count(pool, conversation_id, ids) if paged else len(turns)
     return ExpandedBatch(
         batch=batch,
         turns=tuple(row_to_message(t) for t in turns),
-        turns_missing=len(set(ids)) - int(archived),
+        turns_missing=len(set(ids)) - archived,
     )
+
+
+async def _archived_count(pool: Queryable, conversation_id: str, ids: list[str]) -> int:
+    """How many of the batch's turns are still archived (a page holds only some)."""
+    count = await pool.fetchval(
+        "SELECT count(*) FROM archived_messages WHERE conversation_id = $1 "
+        "AND id = ANY($2::text[])",
+        conversation_id,
+        ids,
+    )
+    return int(count)
 
 
 async def expire_raw_turns(pool: asyncpg.Pool, retention_days: int) -> int:

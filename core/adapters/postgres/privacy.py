@@ -73,32 +73,11 @@ async def erase_conversation(
             CONVERSATION_LOCK_CLASS,
             conversation_id,
         )
-        removed: dict[str, int] = {}
-        for table in ERASED_TABLES:
-            status = await conn.execute(
-                f"DELETE FROM {table} WHERE conversation_id = $1", conversation_id
-            )
-            removed[table] = int(status.rsplit(" ", 1)[-1])
-        before = await conn.fetchrow(
-            "SELECT erased_at, epoch, counts FROM erase_audit "
-            "WHERE request_id = $1 AND conversation_id = $2",
-            erasure.request_id,
-            conversation_id,
-        )
-        if before is not None:
-            counts = {str(k): int(v) for k, v in _jsonb(before["counts"]).items()}
-            return EraseOutcome(counts, int(before["epoch"]), before["erased_at"], repeated=True)
-        previous = await conn.fetchval(
-            "SELECT offsets FROM erasures WHERE conversation_id = $1", conversation_id
-        )
-        offsets = merged_offsets(_jsonb(previous) or {}, erasure.offsets)
-        epoch = await conn.fetchval(
-            _MARK_SQL,
-            conversation_id,
-            {str(p): o for p, o in offsets.items()},
-            erasure.requested_at,
-            erasure.erased_at,
-        )
+        removed = await _delete_rows(conn, conversation_id)
+        applied_before = await _applied_before(conn, conversation_id, erasure.request_id)
+        if applied_before is not None:
+            return applied_before
+        epoch = await _mark(conn, conversation_id, erasure)
         await conn.execute(
             _AUDIT_SQL,
             erasure.request_id,
@@ -107,10 +86,54 @@ async def erase_conversation(
             erasure.reason,
             erasure.requested_at,
             erasure.erased_at,
-            int(epoch),
+            epoch,
             removed,
         )
-    return EraseOutcome(removed, int(epoch), erasure.erased_at)
+    return EraseOutcome(removed, epoch, erasure.erased_at)
+
+
+async def _delete_rows(conn: asyncpg.Connection, conversation_id: str) -> dict[str, int]:
+    """Empty every table of ``ERASED_TABLES`` of the conversation: rows removed per table."""
+    removed: dict[str, int] = {}
+    for table in ERASED_TABLES:
+        status = await conn.execute(
+            f"DELETE FROM {table} WHERE conversation_id = $1", conversation_id
+        )
+        removed[table] = int(status.rsplit(" ", 1)[-1])
+    return removed
+
+
+async def _applied_before(
+    conn: asyncpg.Connection, conversation_id: str, request_id: str
+) -> EraseOutcome | None:
+    """The first application's outcome, when this request was applied before."""
+    before = await conn.fetchrow(
+        "SELECT erased_at, epoch, counts FROM erase_audit "
+        "WHERE request_id = $1 AND conversation_id = $2",
+        request_id,
+        conversation_id,
+    )
+    if before is None:
+        return None
+    counts = {str(k): int(v) for k, v in _jsonb(before["counts"]).items()}
+    return EraseOutcome(counts, int(before["epoch"]), before["erased_at"], repeated=True)
+
+
+async def _mark(conn: asyncpg.Connection, conversation_id: str, erasure: Erasure) -> int:
+    """Raise the conversation's erase mark (offsets merged with the previous mark's):
+    its new epoch."""
+    previous = await conn.fetchval(
+        "SELECT offsets FROM erasures WHERE conversation_id = $1", conversation_id
+    )
+    offsets = merged_offsets(_jsonb(previous) or {}, erasure.offsets)
+    epoch = await conn.fetchval(
+        _MARK_SQL,
+        conversation_id,
+        {str(p): o for p, o in offsets.items()},
+        erasure.requested_at,
+        erasure.erased_at,
+    )
+    return int(epoch)
 
 
 async def erase_audit(pool: asyncpg.Pool, conversation_id: str) -> list[AuditEntry]:
