@@ -16,6 +16,7 @@ from core.settings import ConfigError, Settings
 from streams.addresses import configured_bootstrap
 from streams.cli.errors import CommandError
 from streams.cli.replay import Progress, publish, read_events
+from streams.cli.startup import config_file
 from streams.cli.tail import tail
 from streams.kafka.admin import PreparedTopics, prepare_topics, topic_drift
 from streams.kafka.probe import broker_problem
@@ -30,7 +31,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """Synchronous on purpose: Faust runs its own event loop and must own the process."""
     from streams.cli.worker import run_worker  # Faust is heavy; only the worker needs it
 
-    return run_worker(settings, loglevel=args.loglevel)
+    return run_worker(settings, loglevel=args.loglevel, config_path=config_file(args.config))
 
 
 async def kafka_checked(settings: Settings) -> tuple[str, KafkaSecurity]:

@@ -26,6 +26,7 @@ from streams.http import bodies
 from streams.http.bodies import Params
 
 API_TITLE = "context-compactor worker"
+OPENAPI_PATH = "/openapi.json"  # where the worker serves the document
 REF = "#/components/schemas/{model}"
 
 
