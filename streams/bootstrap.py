@@ -15,9 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +33,9 @@ from core.compactor import PipelineCompactor, create_compactor
 from core.domain.accounting import reconcile_due
 from core.ports.model import ModelProvider
 from core.ports.publisher import Publisher
-from core.settings import ConfigError, ResolvedModel, Settings, resolve_model
-from streams.addresses import KAFKA_BOOTSTRAP_ENV, configured_bootstrap
+from core.settings import ResolvedModel, Settings, resolve_model
 from streams.app import register
 from streams.database import check_database, configured_dsn
-from streams.http.auth import AuthPolicy, check_exposure
 from streams.kafka import consumer, faust_patches
 from streams.kafka.command_backlog import KafkaCommandBacklog
 from streams.kafka.consumer import CommandToken, ConsumerSide, LagMeter, Rebalance
@@ -48,10 +45,9 @@ from streams.kafka.security import kafka_security
 from streams.kafka.table_context import TableContexts
 from streams.kafka.watchdog import Watchdog, WatchdogLimits
 from streams.metrics import Metrics
+from streams.preflight import startup_checks, worker_bootstrap
 from streams.runtime import WorkerRuntime
-from streams.stack_state import Explicit
 from streams.topics import TOPICS, TopicNames
-from streams.transport import check_transport
 from streams.worker.accounting import Accounting, AccountingRules
 from streams.worker.components import Components
 from streams.worker.dead_letters import DeadLetters
@@ -70,25 +66,6 @@ from streams.worker.tenant_budget import TenantBudgets
 log = logging.getLogger("compactor.runtime")
 
 Token = TypeVar("Token")
-
-
-# -- Where things are ---------------------------------------------------------
-
-
-def explicit_addresses(settings: Settings) -> Explicit:
-    """Addresses given by the environment or the config file: ``dev`` never replaces them."""
-    return Explicit(
-        kafka_bootstrap=configured_bootstrap(settings, dev_stack=False),
-        kafka_source=(
-            f"${KAFKA_BOOTSTRAP_ENV}"
-            if os.environ.get(KAFKA_BOOTSTRAP_ENV)
-            else "[kafka].bootstrap_servers"
-        ),
-        postgres_dsn=configured_dsn(settings, dev_stack=False),
-        postgres_source=(
-            f"${POSTGRES_DSN_ENV}" if os.environ.get(POSTGRES_DSN_ENV) else "[postgres].dsn"
-        ),
-    )
 
 
 # -- What is open ---------------------------------------------------------------
@@ -218,26 +195,15 @@ def build_components(
     backlog: CommandBacklog | None = None,
 ) -> Components[Token]:
     """The components over the given table, publisher and runtime: the worker's
-    (Faust's table and topics) or a test's and the offline CLI's (in memory).
-
-    ``ack`` acknowledges a command record once it and every earlier one of
-    its partition are done (``streams.worker.scheduler``); ``still_assigned``
-    tells accounting whether to keep retrying a record through an outage,
-    ``owns`` reconciliation whether a conversation is this worker's;
-    ``write_context`` lets the table flush write Faust table entries;
-    ``backlog`` tells reconciliation which late commands are only queued.
-    """
+    (Faust's) or a test's and the offline CLI's (in memory); the hooks are the
+    consumer's and the table's state, which only the worker has (``_worker_components``)."""
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
     metrics = metrics or Metrics()
     health = Health(clock)
     tallies = tally_table(settings, table, metrics, write_context)
-    dead_letters = DeadLetters(
-        publisher, metrics, clock, max_request_bytes=settings.kafka.max_request_bytes,
-        content=settings.kafka.dead_letter_content,
-    )  # fmt: skip
-    relay = OutboxRelay(runtime, publisher, metrics)
-    processor, intake = _compaction(
-        settings, runtime, publisher, relay, metrics, clock, ack, dead_letters
+    dead_letters = _dead_letters(settings, publisher, metrics, clock)
+    relay, processor, intake = _compaction(
+        settings, runtime, publisher, metrics, clock, ack, dead_letters
     )
     issued = IssuedCommands()  # accounting notes where commands went; reconciliation reads
     accounting = Accounting(
@@ -259,18 +225,31 @@ def build_components(
     )  # fmt: skip
 
 
+def _dead_letters(
+    settings: Settings, publisher: Publisher, metrics: Metrics, clock: Callable[[], float]
+) -> DeadLetters:
+    return DeadLetters(
+        publisher,
+        metrics,
+        clock,
+        max_request_bytes=settings.kafka.max_request_bytes,
+        content=settings.kafka.dead_letter_content,
+    )
+
+
 def _compaction(
     settings: Settings,
     runtime: Runtime,
     publisher: Publisher,
-    relay: OutboxRelay,
     metrics: Metrics,
     clock: Callable[[], float],
     ack: Callable[[Token], Awaitable[None]],
     dead_letters: DeadLetters,
-) -> tuple[Processor, CommandIntake[Token]]:
-    """The processor and the scheduler in front of it: how commands become compactions."""
+) -> tuple[OutboxRelay, Processor, CommandIntake[Token]]:
+    """The processor, the scheduler in front of it and the relay behind it: how
+    commands become compactions and their events."""
     service = settings.service
+    relay = OutboxRelay(runtime, publisher, metrics)
     tenant_budgets = TenantBudgets(
         {t.id: t.llm_tokens_per_day for t in settings.tenants}, runtime, metrics, clock
     )
@@ -285,7 +264,7 @@ def _compaction(
         fair_share=settings.summarization.fair_share,
         tenant_weights=settings.tenant_weights(),
     )
-    return processor, CommandIntake(processor, scheduler, dead_letters)
+    return relay, processor, CommandIntake(processor, scheduler, dead_letters)
 
 
 def tally_table(
@@ -330,33 +309,6 @@ def consumer_side(
             crash=app.crash,
         ),
     )
-
-
-def startup_checks(
-    settings: Settings, servers: str | None, environ: Mapping[str, str] | None = None
-) -> None:
-    """What the worker refuses to start with, checked before anything connects:
-    an unprotected connection to a remote host, unauthenticated reads beyond
-    loopback, no database configured (``check_database``). A ConfigError names
-    the key. The deployment files' tests (compose, Kubernetes) run exactly this
-    on their configuration."""
-    env = os.environ if environ is None else environ
-    dsn = configured_dsn(settings)
-    check_transport(settings, bootstrap=servers, dsn=dsn, environ=env)
-    check_exposure(settings.service, AuthPolicy.of(settings.service, env))
-    check_database(settings, dsn)
-
-
-def worker_bootstrap(settings: Settings, bootstrap: str | None = None) -> str:
-    """The brokers the worker connects to (``bootstrap`` overrides env and config);
-    a ConfigError when there are none."""
-    servers = bootstrap or configured_bootstrap(settings)
-    if not servers:
-        raise ConfigError(
-            "no Kafka broker configured: set KAFKA_BOOTSTRAP_SERVERS or [kafka].bootstrap_servers, "
-            "or run `compactor dev up`"
-        )
-    return servers
 
 
 def build_app(

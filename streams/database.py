@@ -2,7 +2,8 @@
 ``compactor dev up`` stack; and the refusal to start without one.
 
 The one place the DSN is found (``streams.addresses`` finds Kafka the same
-way): the worker, every command and the views' forwarding key ask here.
+way): the worker, every command and the views' forwarding key ask here;
+``explicit_addresses`` tells ``compactor dev`` what it must not replace.
 """
 
 from __future__ import annotations
@@ -12,9 +13,16 @@ import os
 from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, require_embedded
 from core.adapters.postgres.tls import dsn_with_tls
 from core.settings import ConfigError, Settings
-from streams.stack_state import dev_stack_dsn
+from streams.addresses import KAFKA_BOOTSTRAP_ENV, configured_bootstrap
+from streams.stack_state import Explicit, dev_stack_dsn
 
-__all__ = ["POSTGRES_DSN_ENV", "check_database", "configured_dsn", "explicit_dsn"]
+__all__ = [
+    "POSTGRES_DSN_ENV",
+    "check_database",
+    "configured_dsn",
+    "explicit_addresses",
+    "explicit_dsn",
+]
 
 
 def explicit_dsn(settings: Settings) -> str | None:
@@ -53,3 +61,19 @@ def check_database(settings: Settings, dsn: str | None) -> None:
             "[postgres].embedded = true (an embedded server in [postgres].data_dir)"
         )
     require_embedded()
+
+
+def explicit_addresses(settings: Settings) -> Explicit:
+    """Addresses given by the environment or the config file: ``dev`` never replaces them."""
+    return Explicit(
+        kafka_bootstrap=configured_bootstrap(settings, dev_stack=False),
+        kafka_source=(
+            f"${KAFKA_BOOTSTRAP_ENV}"
+            if os.environ.get(KAFKA_BOOTSTRAP_ENV)
+            else "[kafka].bootstrap_servers"
+        ),
+        postgres_dsn=configured_dsn(settings, dev_stack=False),
+        postgres_source=(
+            f"${POSTGRES_DSN_ENV}" if os.environ.get(POSTGRES_DSN_ENV) else "[postgres].dsn"
+        ),
+    )

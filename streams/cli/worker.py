@@ -9,11 +9,12 @@ from pathlib import Path
 import faust
 
 from core.settings import ConfigError, Settings
-from streams.bootstrap import build_app, startup_checks, worker_bootstrap
+from streams.bootstrap import build_app
 from streams.kafka.admin import PreparedTopics, dead_letter_bytes, prepare_topics, worker_kafka
 from streams.kafka.probe import broker_problem
 from streams.kafka.security import kafka_security
 from streams.logs import configure as configure_logging
+from streams.preflight import startup_checks, worker_bootstrap
 from streams.topics import TopicNames
 
 log = logging.getLogger("compactor.worker")

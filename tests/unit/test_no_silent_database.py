@@ -19,7 +19,8 @@ import pytest
 from core.adapters.postgres import embedded as embedded_module
 from core.settings import ConfigError, Settings, parse_settings
 from streams import bootstrap, cli, database
-from streams.bootstrap import build_app, open_all, startup_checks
+from streams.bootstrap import build_app, open_all
+from streams.preflight import startup_checks
 from streams.stack_state import (
     DEV_STATE_DIR_ENV,
     DOCKER_COMPOSE,
