@@ -65,7 +65,7 @@ DEFAULT_DB_TIMEOUT_SECONDS = 2.0
 
 
 class ProbeRuntime(Protocol):
-    """What the probes need of ``streams.bootstrap.WorkerRuntime``."""
+    """What the probes need of ``streams.runtime.WorkerRuntime``."""
 
     @property
     def is_open(self) -> bool: ...

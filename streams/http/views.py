@@ -64,7 +64,7 @@ log = logging.getLogger("compactor.auth")
 
 
 class ViewRuntime(Protocol):
-    """What the views need of the worker's runtime (``streams.bootstrap.WorkerRuntime``)."""
+    """What the views need of the worker's runtime (``streams.runtime.WorkerRuntime``)."""
 
     resolved_model: ResolvedModel
 
