@@ -28,9 +28,9 @@ from core.adapters.postgres.embedded import POSTGRES_DSN_ENV
 from core.settings import Settings, resolve_model
 from devtools import devstack
 from streams.addresses import KAFKA_BOOTSTRAP_ENV
-from streams.bootstrap import explicit_addresses
 from streams.cli.replay import publish, read_events
 from streams.cli.tail import summarise, tail
+from streams.database import explicit_addresses
 from streams.events import ClipArchiveEvent
 from streams.kafka.admin import prepare_topics
 from streams.kafka.security import PLAINTEXT, KafkaSecurity, kafka_security

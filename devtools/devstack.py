@@ -5,7 +5,7 @@ database, and copying ports between terminals is where local setups go wrong.
 ``dev up`` starts both once, as detached processes whose files (data, logs,
 ``stack.json``) live in one state directory, and every other command finds
 them through ``streams.stack_state.dev_stack_bootstrap``/``dev_stack_dsn``
-(used by ``streams.addresses.configured_bootstrap``/``streams.bootstrap.configured_dsn`` after the
+(used by ``streams.addresses.configured_bootstrap``/``streams.database.configured_dsn`` after the
 environment and the config file). That lookup, and the format of
 ``stack.json``, live in ``streams.stack_state`` so that the worker never
 imports this module.

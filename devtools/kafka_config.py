@@ -10,13 +10,49 @@ and failover tests finish in seconds.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
 
 from core.settings import default_min_insync
+from devtools.kafka_secure import SecureBroker
 from streams.kafka.probe import LOOPBACK
 
-if TYPE_CHECKING:
-    from devtools.kafka_broker import KafkaBroker
+
+class BrokerLayout(Protocol):
+    """What a broker's configuration is made of (``KafkaBroker`` has it): a protocol,
+    so this module does not import the broker that imports it."""
+
+    @property
+    def node_id(self) -> int: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def controller_port(self) -> int: ...
+
+    @property
+    def ssl_port(self) -> int | None: ...
+
+    @property
+    def secure(self) -> SecureBroker | None: ...
+
+    @property
+    def quorum(self) -> Sequence[tuple[int, int]]: ...
+
+    @property
+    def log_dirs(self) -> Path: ...
+
+    @property
+    def num_partitions(self) -> int: ...
+
+    @property
+    def replication(self) -> int: ...
+
+    @property
+    def extra_config(self) -> Mapping[str, str | int]: ...
+
 
 #: The same for every local broker: quick to join, quick to fail over, small.
 TEST_TUNING: dict[str, str | int] = {
@@ -62,7 +98,7 @@ def replication_properties(replicas: int) -> dict[str, str | int]:
     }
 
 
-def server_properties(broker: KafkaBroker) -> dict[str, str]:
+def server_properties(broker: BrokerLayout) -> dict[str, str]:
     """``broker``'s configuration: its listeners, quorum and storage, then the rest."""
     voters = ",".join(f"{node}@{LOOPBACK}:{port}" for node, port in broker.quorum)
     props: dict[str, str | int] = {

@@ -1,6 +1,6 @@
 """Where Kafka is: the environment, then the config file, then a running
 ``compactor dev up`` stack. (PostgreSQL's DSN is found the same way by
-``streams.bootstrap.configured_dsn``, which applies the adapter's TLS settings.)"""
+``streams.database.configured_dsn``, which applies the adapter's TLS settings.)"""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import faust
 
@@ -23,12 +24,10 @@ from streams.kafka.consumer import CommandToken, ConsumerSide
 from streams.kafka.faust_app import raw_topic
 from streams.kafka.log_limits import limit_repeats
 from streams.kafka.table_context import TableContexts
+from streams.runtime import WorkerRuntime
 from streams.worker import batching
 from streams.worker.components import Components
 from streams.worker.records import record_of
-
-if TYPE_CHECKING:
-    from streams.bootstrap import WorkerRuntime
 
 log = logging.getLogger("compactor.worker")
 
@@ -55,14 +54,16 @@ def register(
     side: ConsumerSide,
     topics: dict[str, faust.TopicT],
     contexts: TableContexts,
+    config_path: Path | None = None,
 ) -> None:
+    """``config_path``: the file a token reload (SIGHUP) reads again."""
     acks = batching.AcksAfterFlush(components.table)
     worker = Worker(app, settings, components, runtime, side, topics, contexts, acks)
     register_agents(worker)
     register_rebalance(worker)
     register_timers(worker)
     register_lifecycle(worker)
-    register_views(app, settings, components, runtime)
+    register_views(app, settings, components, runtime, config_path)
     register_redo(app, components)  # POST recompact / restore, admin scope
 
 

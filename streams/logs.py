@@ -89,3 +89,9 @@ def configure(
     root.setLevel(level.upper() if isinstance(level, str) else level)
     logging.captureWarnings(True)
     return handler
+
+
+def logs_json() -> bool:
+    """Whether the process logs JSON now (``configure("json")`` ran): a line written
+    outside logging must then be JSON too."""
+    return any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)

@@ -2,7 +2,7 @@
 
 Why a module of its own: every command (the worker included) asks
 :func:`dev_stack_bootstrap` / :func:`dev_stack_dsn` on start-up, through
-``streams.addresses.configured_bootstrap``/``streams.bootstrap.configured_dsn``, when neither the
+``streams.addresses.configured_bootstrap``/``streams.database.configured_dsn``, when neither the
 environment nor the config file names a broker or a database. That question
 needs only a small file and ``/proc``; the code that starts and stops the
 stack (a JVM launcher, Maven, docker compose) lives in ``devtools`` and must
@@ -208,7 +208,7 @@ def dev_stack_dsn(state_dir: Path | None = None) -> str | None:
 class Explicit:
     """Addresses given by the environment or config file: ``dev`` uses them, never starts.
 
-    Built by ``streams.bootstrap.explicit_addresses``; read by ``devtools.devstack``.
+    Built by ``streams.database.explicit_addresses``; read by ``devtools.devstack``.
     """
 
     kafka_bootstrap: str | None

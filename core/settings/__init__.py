@@ -15,7 +15,6 @@ from core.settings.errors import ConfigError
 from core.settings.loading import (
     CONFIG_ENV,
     config_path,
-    last_loaded_path,
     load_settings,
     parse_settings,
 )
@@ -83,7 +82,6 @@ __all__ = [
     "default_min_insync",
     "env_name",
     "env_overrides",
-    "last_loaded_path",
     "load_settings",
     "parse_settings",
     "resolve_model",

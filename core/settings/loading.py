@@ -104,16 +104,4 @@ def load_settings(
     file = config_path(path, env)
     if file is None:
         return parse_settings({}, source="the defaults", environ=env)
-    global _last_loaded
-    _last_loaded = file.absolute()
     return parse_settings(read_toml(file), source=str(file), environ=env)
-
-
-# Only for streams/http/auth.py's SIGHUP reload until it is handed config_path()'s
-# file explicitly; then this state goes.
-_last_loaded: Path | None = None
-
-
-def last_loaded_path() -> Path | None:
-    """The config file ``load_settings`` read last in this process (None: defaults)."""
-    return _last_loaded

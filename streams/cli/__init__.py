@@ -41,11 +41,13 @@ from streams.cli.read_commands import add_remote_options, cmd_expand, cmd_histor
 from streams.cli.redo import RequestError
 from streams.cli.replay import PublishError
 from streams.cli.schema_commands import cmd_schemas
+from streams.cli.startup import report_failure, requested_log_format
 from streams.cli.store_commands import cmd_compact, cmd_migrate
 from streams.cli.tail import TailError
 from streams.cli.tenant_commands import add_tenant_commands, cmd_tenants
 from streams.cli.usage_commands import add_usage_command, cmd_usage
 from streams.kafka.admin import TopicMismatchError
+from streams.logs import TEXT_FORMAT, logs_json
 from streams.logs import configure as configure_logging
 from streams.stack_state import DEFAULT_STATE_DIR, DEV_STATE_DIR_ENV
 
@@ -266,11 +268,14 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
-def _configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _configure_logging(config: str | None, verbose: bool) -> None:
+    """Log as the configuration asks from the first line on (a bad configuration's
+    own refusal included)."""
+    level = logging.DEBUG if verbose else logging.INFO
+    if requested_log_format(config) == "json":
+        configure_logging("json", level)
+    else:
+        logging.basicConfig(level=level, format=TEXT_FORMAT)
     _quiet_noisy_loggers()
 
 
@@ -279,27 +284,31 @@ def _quiet_noisy_loggers() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.command == "completion":  # needs the parser, not the configuration
+        print(completion_script(parser, args.shell))
+        return 0
+    settings = load_settings(args.config)
+    if settings.service.log_format == "json" and not logs_json():
+        configure_logging("json", logging.DEBUG if args.verbose else logging.INFO)
+        _quiet_noisy_loggers()
+    outcome = COMMANDS[args.command](settings, args)
+    if isinstance(outcome, int):
+        return outcome
+    return asyncio.run(outcome)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_logging(args.verbose)
+    _configure_logging(args.config, args.verbose)
     try:
-        if args.command == "completion":  # needs the parser, not the configuration
-            print(completion_script(parser, args.shell))
-            return 0
-        settings = load_settings(args.config)
-        if settings.service.log_format == "json":
-            configure_logging("json", logging.DEBUG if args.verbose else logging.INFO)
-            _quiet_noisy_loggers()
-        outcome = COMMANDS[args.command](settings, args)
-        if isinstance(outcome, int):
-            return outcome
-        return asyncio.run(outcome)
+        return _run(parser, args)
     except CONFIG_ERRORS as error:
-        print(f"compactor: {error}", file=sys.stderr)
+        report_failure(str(error))
         return 2
     except COMMAND_ERRORS as error:
-        print(f"compactor: {error}", file=sys.stderr)
+        report_failure(str(error))
         return 1
     except KeyboardInterrupt:
         return 130
@@ -308,3 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         # at /dev/null so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as error:
+        if not logs_json():
+            raise  # the traceback, as Python prints it
+        logging.getLogger("compactor").critical(
+            "%s: %s", type(error).__name__, error, exc_info=True
+        )
+        return 1

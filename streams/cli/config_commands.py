@@ -33,15 +33,11 @@ from core.settings import (
     env_overrides,
     resolve_model,
 )
-from streams.bootstrap import (
-    configured_dsn,
-    explicit_addresses,
-    startup_checks,
-    worker_bootstrap,
-)
+from streams.database import configured_dsn, explicit_addresses
 from streams.http.auth import API_TOKENS_ENV, env_tokens
 from streams.http.forwarding import client_ssl_context, server_ssl_context
 from streams.kafka.security import kafka_security
+from streams.preflight import startup_checks, worker_bootstrap
 from streams.stack_state import Explicit
 
 REDACTED = "<redacted>"

@@ -1,4 +1,5 @@
-"""``compactor dead-letters list|redrive`` (see ``streams.cli.dead_letters``)."""
+"""``compactor dead-letters list|redrive`` (see ``streams.cli.dead_letters`` and
+``streams.cli.redrive``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from streams.cli.dead_letters import (
     LEDGER_SUFFIX,
     DeadLetter,
     LedgerEntry,
-    Redriver,
     ensure_ledger,
     plan_redrive,
     read_dead_letters,
@@ -22,6 +22,7 @@ from streams.cli.dead_letters import (
 )
 from streams.cli.errors import CommandError
 from streams.cli.kafka_commands import kafka_checked
+from streams.cli.redrive import Redriver
 from streams.topics import TopicNames
 
 _Subparsers = Any  # argparse's _SubParsersAction, private

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from pydantic import ValidationError
@@ -44,12 +44,10 @@ from pydantic import ValidationError
 from core.settings import KafkaSettings
 from streams.events import DeadLetterHeaders
 from streams.kafka.admin import MIN_INSYNC_REPLICAS, Replication, cluster_brokers
-from streams.kafka.producers import producer_config
 from streams.kafka.security import PLAINTEXT, KafkaSecurity
 
 LEDGER_SUFFIX = "dead-letters-redriven"
 REDRIVEN_FROM = "compactor.redriven-from"
-CHUNK = 100  # records per intent / send / done round
 
 
 class RedriveError(RuntimeError):
@@ -193,7 +191,7 @@ def plan_redrive(
 # -- Kafka -----------------------------------------------------------------------
 
 
-def _consumer(bootstrap: str, security: KafkaSecurity) -> AIOKafkaConsumer:
+def reader(bootstrap: str, security: KafkaSecurity) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
@@ -213,7 +211,7 @@ async def read_topic(
 ) -> list[Any]:
     """Every record of ``topic`` (of ``partitions``; from ``start`` offsets, else the
     beginning) up to its end offsets when called; [] when the topic does not exist."""
-    consumer = _consumer(bootstrap, security)
+    consumer = reader(bootstrap, security)
     try:
         await consumer.start()
         await consumer._client.force_metadata_update()
@@ -316,143 +314,3 @@ async def ensure_ledger(
         raise RedriveError(f"creating {topic} on {bootstrap} failed: {error}") from error
     finally:
         await admin.close()
-
-
-Progress = Callable[[str, Sequence[DeadLetter]], Awaitable[None]]
-
-
-async def _no_progress(step: str, letters: Sequence[DeadLetter]) -> None:
-    return None
-
-
-@dataclass
-class RedriveResult:
-    sent: list[DeadLetter] = field(default_factory=list)
-    found_sent: list[DeadLetter] = field(default_factory=list)  # an interrupted run's
-    done_before: list[DeadLetter] = field(default_factory=list)
-    unsendable: list[tuple[DeadLetter, str]] = field(default_factory=list)
-
-
-class Redriver:
-    """Carries out a ``RedrivePlan`` (see the module's docstring for the steps)."""
-
-    def __init__(
-        self,
-        bootstrap: str,
-        ledger_topic: str,
-        security: KafkaSecurity = PLAINTEXT,
-        progress: Progress = _no_progress,
-    ) -> None:
-        self._bootstrap = bootstrap
-        self._ledger = ledger_topic
-        self._security = security
-        self._progress = progress
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            **producer_config(security.client_kwargs(), client_id="compactor-redrive"),
-        )
-
-    async def run(self, plan: RedrivePlan) -> RedriveResult:
-        result = RedriveResult(done_before=plan.done, unsendable=plan.unsendable)
-        await self._producer.start()
-        try:
-            found, again = await self._resolve(plan.check)
-            result.found_sent = found
-            pending = [*again, *plan.send]
-            for start in range(0, len(pending), CHUNK):
-                chunk = pending[start : start + CHUNK]
-                await self._redrive(chunk)
-                result.sent += chunk
-        except KafkaError as error:
-            raise RedriveError(f"re-driving on {self._bootstrap} failed: {error}") from error
-        finally:
-            await self._producer.stop()
-        return result
-
-    async def _resolve(
-        self, intents: Sequence[tuple[DeadLetter, LedgerEntry]]
-    ) -> tuple[list[DeadLetter], list[DeadLetter]]:
-        """(sent by an interrupted run: now recorded done, never sent: to send)."""
-        by_partition: dict[tuple[str, int], list[tuple[DeadLetter, LedgerEntry]]] = {}
-        for letter, entry in intents:
-            key = (letter.meta.source_topic, letter.meta.source_partition)
-            by_partition.setdefault(key, []).append((letter, entry))
-        found: list[DeadLetter] = []
-        again: list[DeadLetter] = []
-        for (topic, partition), waiting in by_partition.items():
-            start = min(entry.scan_from for _, entry in waiting)
-            landed = {
-                _redriven_from(record): record.offset
-                for record in await read_topic(
-                    self._bootstrap, topic, self._security, {partition: start}, [partition]
-                )
-            }
-            for letter, _ in waiting:
-                if letter.source in landed:
-                    found.append(letter)
-                    await self._write_ledger([(letter, _entry("done", 0, landed[letter.source]))])
-                else:
-                    again.append(letter)
-        return found, again
-
-    async def _redrive(self, chunk: Sequence[DeadLetter]) -> None:
-        ends = await self._end_offsets(chunk)
-        await self._write_ledger(
-            [(letter, _entry("intent", ends[_source_tp(letter)])) for letter in chunk]
-        )
-        await self._progress("intent", chunk)
-        sends = [
-            await self._producer.send(
-                letter.meta.source_topic,
-                letter.value,
-                key=letter.key,
-                partition=letter.meta.source_partition,
-                headers=[*letter.original_headers(), (REDRIVEN_FROM, letter.source.encode())],
-            )
-            for letter in chunk
-        ]
-        offsets = [(await sent).offset for sent in sends]
-        await self._progress("sent", chunk)
-        await self._write_ledger(
-            [
-                (letter, _entry("done", 0, offset))
-                for letter, offset in zip(chunk, offsets, strict=True)
-            ]
-        )
-        await self._progress("done", chunk)
-
-    async def _end_offsets(self, chunk: Sequence[DeadLetter]) -> dict[TopicPartition, int]:
-        consumer = _consumer(self._bootstrap, self._security)
-        await consumer.start()
-        try:
-            wanted = sorted({_source_tp(letter) for letter in chunk})
-            ends: dict[TopicPartition, int] = await consumer.end_offsets(wanted)
-            return ends
-        finally:
-            await consumer.stop()
-
-    async def _write_ledger(self, entries: Sequence[tuple[DeadLetter, LedgerEntry]]) -> None:
-        sends = [
-            await self._producer.send(self._ledger, entry.encode(), key=letter.source.encode())
-            for letter, entry in entries
-        ]
-        for sent in sends:
-            await sent
-
-
-def _source_tp(letter: DeadLetter) -> TopicPartition:
-    return TopicPartition(letter.meta.source_topic, letter.meta.source_partition)
-
-
-def _entry(
-    state: Literal["intent", "done"], scan_from: int, offset: int | None = None
-) -> LedgerEntry:
-    return LedgerEntry(state, scan_from, offset, datetime.now(UTC).isoformat())
-
-
-def _redriven_from(record: Any) -> str | None:
-    found = None
-    for name, value in record.headers or ():
-        if name == REDRIVEN_FROM:
-            found = bytes(value).decode("utf-8", "replace")
-    return found

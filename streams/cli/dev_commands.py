@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.settings import ConfigError, Settings
-from streams.bootstrap import explicit_addresses
 from streams.cli.errors import CommandError
+from streams.database import explicit_addresses
 from streams.stack_state import DEV_STATE_DIR_ENV, default_state_dir
 
 if TYPE_CHECKING:

@@ -109,29 +109,17 @@ async def send_erase(
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, **producer_config(kwargs, client_id="compactor-erase")
     )
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        client_id="compactor-erase",
-        **kwargs,
-    )
+    consumer = AIOKafkaConsumer(  # no group: it reads the completions, commits nothing
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+        client_id="compactor-erase", **kwargs,
+    )  # fmt: skip
     try:
         await consumer.start()
-        messages = await _assigned(consumer, messages_topic)
-        ends = await consumer.end_offsets(messages)
-        completions = await _assigned(consumer, completions_topic) if wait else []
-        if completions:
-            consumer.assign(completions)
-            for tp, offset in (await consumer.end_offsets(completions)).items():
-                consumer.seek(tp, offset)
+        ends = await _messages_ends(consumer, messages_topic, completions_topic if wait else None)
         request = erase_request(
-            conversation_id,
-            tenant_id=tenant_id,
-            reason=reason,
-            requester=requester,
-            end_offsets={tp.partition: offset for tp, offset in ends.items()},
-        )
+            conversation_id, tenant_id=tenant_id, reason=reason, requester=requester,
+            end_offsets=ends,
+        )  # fmt: skip
         await producer.start()
         await producer.send_and_wait(
             topic, request.model_dump_json().encode(), key=conversation_id.encode()
@@ -144,6 +132,22 @@ async def send_erase(
     finally:
         await producer.stop()
         await consumer.stop()
+
+
+async def _messages_ends(
+    consumer: AIOKafkaConsumer, messages_topic: str, completions_topic: str | None
+) -> dict[int, int]:
+    """The messages topic's end offsets (what the request keeps erased); with a
+    completions topic, the consumer is placed at its end first, so the answer to a
+    request sent after this cannot be missed."""
+    messages = await _assigned(consumer, messages_topic)
+    ends = await consumer.end_offsets(messages)
+    completions = await _assigned(consumer, completions_topic) if completions_topic else []
+    if completions:
+        consumer.assign(completions)
+        for tp, offset in (await consumer.end_offsets(completions)).items():
+            consumer.seek(tp, offset)
+    return {tp.partition: offset for tp, offset in ends.items()}
 
 
 async def _completion(

@@ -15,11 +15,14 @@ from pathlib import Path
 from core.settings import ConfigError, Settings
 from streams.addresses import configured_bootstrap
 from streams.cli.errors import CommandError
-from streams.cli.replay import Progress, publish, read_events
+from streams.cli.replay import Progress, Transcript, publish, read_events
+from streams.cli.startup import config_file
 from streams.cli.tail import tail
-from streams.kafka.admin import PreparedTopics, prepare_topics, topic_drift
+from streams.events import RecompactRequest, RestoreRequest
+from streams.kafka.admin import PreparedTopics, prepare_topics
 from streams.kafka.probe import broker_problem
 from streams.kafka.security import KafkaSecurity, kafka_security
+from streams.kafka.topic_drift import topic_drift
 from streams.topics import TopicNames
 
 #: How many invalid lines ``replay`` shows before it only counts them.
@@ -30,7 +33,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """Synchronous on purpose: Faust runs its own event loop and must own the process."""
     from streams.cli.worker import run_worker  # Faust is heavy; only the worker needs it
 
-    return run_worker(settings, loglevel=args.loglevel)
+    return run_worker(settings, loglevel=args.loglevel, config_path=config_file(args.config))
 
 
 async def kafka_checked(settings: Settings) -> tuple[str, KafkaSecurity]:
@@ -97,26 +100,8 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     path = Path(args.file)
     if args.rate is not None and args.rate <= 0:
         raise ConfigError(f"--rate must be positive, got {args.rate}")
-    try:
-        transcript = await asyncio.to_thread(read_events, path)
-    except FileNotFoundError:
-        raise CommandError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise CommandError(f"{path}: cannot read: {error}") from None
-    if transcript.bad and not args.skip_invalid:
-        for bad in transcript.bad[:SHOWN_BAD_LINES]:
-            print(bad, file=sys.stderr)
-        if len(transcript.bad) > SHOWN_BAD_LINES:
-            print(f"... and {len(transcript.bad) - SHOWN_BAD_LINES} more", file=sys.stderr)
-        raise CommandError(
-            f"{path}: {len(transcript.bad)} invalid line(s), nothing published "
-            "(--skip-invalid publishes the valid ones)"
-        )
-    for bad in transcript.bad[:SHOWN_BAD_LINES]:
-        print(f"skipping {bad}", file=sys.stderr)
+    transcript = await _valid_events(path, skip_invalid=args.skip_invalid)
     topics = TopicNames.with_prefix(settings.kafka.topic_prefix)
-    if not transcript.events:
-        raise CommandError(f"{path}: no valid message events, nothing published")
     bootstrap, security = await kafka_checked(settings)
     await _ensure_topics(settings, bootstrap, security)
     progress = Progress(len(transcript.events), sys.stderr)
@@ -138,6 +123,31 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         f"({result.conversations} conversations){skipped}"
     )
     return 0
+
+
+async def _valid_events(path: Path, *, skip_invalid: bool) -> Transcript:
+    """The file's message events; its invalid lines named on stderr, and refused unless
+    ``skip_invalid`` (a CommandError: nothing is published)."""
+    try:
+        transcript = await asyncio.to_thread(read_events, path)
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise CommandError(f"{path}: cannot read: {error}") from None
+    if transcript.bad and not skip_invalid:
+        for bad in transcript.bad[:SHOWN_BAD_LINES]:
+            print(bad, file=sys.stderr)
+        if len(transcript.bad) > SHOWN_BAD_LINES:
+            print(f"... and {len(transcript.bad) - SHOWN_BAD_LINES} more", file=sys.stderr)
+        raise CommandError(
+            f"{path}: {len(transcript.bad)} invalid line(s), nothing published "
+            "(--skip-invalid publishes the valid ones)"
+        )
+    for bad in transcript.bad[:SHOWN_BAD_LINES]:
+        print(f"skipping {bad}", file=sys.stderr)
+    if not transcript.events:
+        raise CommandError(f"{path}: no valid message events, nothing published")
+    return transcript
 
 
 async def cmd_tail(settings: Settings, args: argparse.Namespace) -> int:
@@ -208,25 +218,11 @@ async def cmd_erase(settings: Settings, args: argparse.Namespace) -> int:
 async def cmd_redo(settings: Settings, args: argparse.Namespace) -> int:
     """``recompact`` / ``restore``: a request on the control topic for the owning worker;
     with --wait, what it did (exit 3 when nothing came within --timeout)."""
-    from streams.cli.erase import default_requester
-    from streams.cli.redo import (
-        EXIT_TIMEOUT,
-        RequestTimeout,
-        build_request,
-        describe,
-        send_request,
-    )
+    from streams.cli.redo import EXIT_TIMEOUT, RequestTimeout, describe, send_request
 
     if args.timeout <= 0:
         raise ConfigError(f"--timeout must be positive, got {args.timeout}")
-    request = build_request(
-        args.command,
-        args.conversation_id,
-        tenant_id=args.tenant_id,
-        requester=args.requester or default_requester(),
-        request_id=args.request_id,
-        batch_id=getattr(args, "batch", None),
-    )
+    request = _redo_request(args)
     bootstrap, security = await kafka_checked(settings)
     await _ensure_topics(settings, bootstrap, security)  # never auto-created elsewise
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
@@ -251,3 +247,18 @@ async def cmd_redo(settings: Settings, args: argparse.Namespace) -> int:
     if answer is not None:
         print(describe(answer))
     return 0
+
+
+def _redo_request(args: argparse.Namespace) -> RecompactRequest | RestoreRequest:
+    """The recompact or restore request the command line asks for."""
+    from streams.cli.erase import default_requester
+    from streams.cli.redo import build_request
+
+    return build_request(
+        args.command,
+        args.conversation_id,
+        tenant_id=args.tenant_id,
+        requester=args.requester or default_requester(),
+        request_id=args.request_id,
+        batch_id=getattr(args, "batch", None),
+    )

@@ -149,34 +149,13 @@ async def publish(
     tenant in ``signing_keys`` is signed with its key (``[tenancy]``; the
     first key of each tenant in the configuration).
     """
-    keys = dict(signing_keys or {})
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         **producer_config(security.client_kwargs(), client_id="compactor-replay", linger_ms=5),
     )
     try:
         await producer.start()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        pending: list[asyncio.Future[object]] = []
-        for index, event in enumerate(events):
-            if rate:
-                delay = started + index / rate - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            value = event.model_dump_json().encode()
-            key = keys.get(event.tenant_id) if event.tenant_id is not None else None
-            future = await producer.send(
-                topic,
-                value=value,
-                key=event.conversation_id.encode(),
-                headers=None
-                if key is None
-                else [(SIGNATURE_HEADER, signature(key, value).encode())],
-            )
-            if progress is not None:
-                future.add_done_callback(_advance(progress))
-            pending.append(future)
+        pending = await _send_all(producer, events, topic, rate, dict(signing_keys or {}), progress)
         acks = await asyncio.gather(*pending)
     except KafkaError as error:
         raise PublishError(f"publishing to {topic} on {bootstrap} failed: {error}") from error
@@ -188,6 +167,37 @@ async def publish(
     for event, meta in zip(events, acks, strict=True):
         partitions[event.conversation_id] = int(getattr(meta, "partition", -1))
     return PublishResult(len(events), len(partitions), partitions)
+
+
+async def _send_all(
+    producer: AIOKafkaProducer,
+    events: list[MessageEvent],
+    topic: str,
+    rate: float | None,
+    keys: Mapping[str, bytes],
+    progress: Progress | None,
+) -> list[asyncio.Future[object]]:
+    """Hand every event to the producer, spaced by ``rate``; the futures of their acks."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    pending: list[asyncio.Future[object]] = []
+    for index, event in enumerate(events):
+        if rate:
+            delay = started + index / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        value = event.model_dump_json().encode()
+        key = keys.get(event.tenant_id) if event.tenant_id is not None else None
+        future = await producer.send(
+            topic,
+            value=value,
+            key=event.conversation_id.encode(),
+            headers=None if key is None else [(SIGNATURE_HEADER, signature(key, value).encode())],
+        )
+        if progress is not None:
+            future.add_done_callback(_advance(progress))
+        pending.append(future)
+    return pending
 
 
 def _advance(progress: Progress) -> Callable[[asyncio.Future[object]], None]:

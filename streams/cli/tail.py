@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
@@ -75,6 +75,45 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str, wait: float | None
         await asyncio.sleep(0.5)
 
 
+@dataclass
+class _Printer:
+    """Prints each new event once (the topic is written at least once), the chosen
+    conversation's only, and counts what it skipped."""
+
+    conversation_id: str | None
+    max_events: int | None
+    as_json: bool
+    emit: Emit
+    warn: Emit
+    result: TailResult = field(default_factory=TailResult)
+    seen: set[str] = field(default_factory=set)
+
+    @property
+    def done(self) -> bool:
+        return self.max_events is not None and self.result.printed >= self.max_events
+
+    def take(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]) -> None:
+        try:
+            event = ClipArchiveEvent.model_validate_json(record.value or b"")
+        except ValidationError as error:
+            self.result.invalid += 1
+            first = error.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(value)"
+            self.warn(
+                f"skipping {tp.topic}[{tp.partition}]@{record.offset}: "
+                f"not a ClipArchiveEvent: {where}: {first['msg']}"
+            )
+            return
+        if event.compaction_id in self.seen:
+            self.result.duplicates += 1
+            return
+        self.seen.add(event.compaction_id)
+        if self.conversation_id is not None and event.conversation_id != self.conversation_id:
+            return
+        self.emit(event.model_dump_json() if self.as_json else summarise(event))
+        self.result.printed += 1
+
+
 async def tail(
     *,
     bootstrap: str,
@@ -90,7 +129,7 @@ async def tail(
 ) -> TailResult:
     """Print clip-archive events until ``max_events`` were printed or nothing new came
     for ``idle_timeout`` seconds (both optional: without them, until interrupted)."""
-    result = TailResult()
+    printer = _Printer(conversation_id, max_events, as_json, emit, warn)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
@@ -99,56 +138,44 @@ async def tail(
         client_id="compactor-tail",
         **security.client_kwargs(),
     )
-    seen: set[str] = set()
     try:
         await consumer.start()
         partitions = await _partitions(consumer, topic, idle_timeout)
         if not partitions:
-            result.timed_out = True
-            return result
+            printer.result.timed_out = True
+            return printer.result
         assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(assigned)
         if from_beginning:
             await consumer.seek_to_beginning(*assigned)
         else:
             await consumer.seek_to_end(*assigned)
-        loop = asyncio.get_running_loop()
-        last_activity = loop.time()
-        while max_events is None or result.printed < max_events:
-            wait = 1.0
-            if idle_timeout is not None:
-                remaining = idle_timeout - (loop.time() - last_activity)
-                if remaining <= 0:
-                    result.timed_out = True
-                    break
-                wait = min(wait, remaining)
-            batches = await consumer.getmany(timeout_ms=max(int(wait * 1000), 1))
-            for tp, records in batches.items():
-                for record in records:
-                    last_activity = loop.time()
-                    try:
-                        event = ClipArchiveEvent.model_validate_json(record.value or b"")
-                    except ValidationError as error:
-                        result.invalid += 1
-                        first = error.errors()[0]
-                        where = ".".join(str(p) for p in first["loc"]) or "(value)"
-                        warn(
-                            f"skipping {tp.topic}[{tp.partition}]@{record.offset}: "
-                            f"not a ClipArchiveEvent: {where}: {first['msg']}"
-                        )
-                        continue
-                    if event.compaction_id in seen:
-                        result.duplicates += 1
-                        continue
-                    seen.add(event.compaction_id)
-                    if conversation_id is not None and event.conversation_id != conversation_id:
-                        continue
-                    emit(event.model_dump_json() if as_json else summarise(event))
-                    result.printed += 1
-                    if max_events is not None and result.printed >= max_events:
-                        return result
+        await _follow(consumer, printer, idle_timeout)
     except KafkaError as error:
         raise TailError(f"reading {topic} on {bootstrap} failed: {error}") from error
     finally:
         await consumer.stop()
-    return result
+    return printer.result
+
+
+async def _follow(
+    consumer: AIOKafkaConsumer, printer: _Printer, idle_timeout: float | None
+) -> None:
+    """Hand every record to ``printer`` until it is done or the topic stays idle."""
+    loop = asyncio.get_running_loop()
+    last_activity = loop.time()
+    while not printer.done:
+        wait = 1.0
+        if idle_timeout is not None:
+            remaining = idle_timeout - (loop.time() - last_activity)
+            if remaining <= 0:
+                printer.result.timed_out = True
+                return
+            wait = min(wait, remaining)
+        batches = await consumer.getmany(timeout_ms=max(int(wait * 1000), 1))
+        for tp, records in batches.items():
+            for record in records:
+                last_activity = loop.time()
+                printer.take(tp, record)
+                if printer.done:
+                    return

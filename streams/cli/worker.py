@@ -9,18 +9,22 @@ from pathlib import Path
 import faust
 
 from core.settings import ConfigError, Settings
-from streams.bootstrap import build_app, startup_checks, worker_bootstrap
+from streams.bootstrap import build_app
 from streams.kafka.admin import PreparedTopics, dead_letter_bytes, prepare_topics, worker_kafka
 from streams.kafka.probe import broker_problem
 from streams.kafka.security import kafka_security
 from streams.logs import configure as configure_logging
+from streams.preflight import startup_checks, worker_bootstrap
 from streams.topics import TopicNames
 
 log = logging.getLogger("compactor.worker")
 
 
-def run_worker(settings: Settings, *, loglevel: str = "info") -> int:
-    """Create the topics, then run one worker until SIGTERM/SIGINT."""
+def run_worker(
+    settings: Settings, *, loglevel: str = "info", config_path: Path | None = None
+) -> int:
+    """Create the topics, then run one worker until SIGTERM/SIGINT; a token reload
+    (SIGHUP) reads ``config_path`` again."""
     json_logs = settings.service.log_format == "json"
     if json_logs:
         configure_logging("json", loglevel)
@@ -37,7 +41,7 @@ def run_worker(settings: Settings, *, loglevel: str = "info") -> int:
     prepared = asyncio.run(prepare_topics(bootstrap, settings.kafka, security=security))
     settings = settings.model_copy(update={"kafka": worker_kafka(settings.kafka, prepared)})
     _warn_if_dead_letters_cut(settings, prepared)
-    app = build_app(settings, bootstrap=bootstrap)
+    app = build_app(settings, bootstrap=bootstrap, config_path=config_path)
     Path(settings.service.data_dir).mkdir(parents=True, exist_ok=True)
     # Faust (mode) replaces the root logger's handlers when the worker starts;
     # with JSON logs it is told not to, so the lines stay JSON.

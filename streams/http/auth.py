@@ -11,7 +11,7 @@ every presented token is hashed and its digest compared in constant time
 (``hmac.compare_digest``) with every configured digest, no early exit, so the
 time does not say which one nearly matched. Tokens are never logged; the same
 token (or hash) listed twice is a ConfigError naming both keys. The policy is
-rebuilt from the config file and the environment on SIGHUP (``PolicyRef.reload``).
+rebuilt from the config file and the environment on SIGHUP (``streams.http.reload``).
 
 With no token configured the worker only serves loopback: binding elsewhere
 is refused unless ``[service].allow_unauthenticated = true``.
@@ -25,7 +25,7 @@ import hmac
 import ipaddress
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from core.settings import (
@@ -35,8 +35,6 @@ from core.settings import (
     ServiceSettings,
     TokenBinding,
     check_token,
-    last_loaded_path,
-    load_settings,
 )
 
 log = logging.getLogger("compactor.auth")
@@ -70,9 +68,6 @@ class Principal:
         if not self.scopes:
             default = TENANT_SCOPES if self.tenant is not None else ADMIN_SCOPES
             object.__setattr__(self, "scopes", default)
-
-    def may_read(self, tenant: str | None) -> bool:
-        return self.tenant is None or self.tenant == tenant
 
     def allows(self, scope: Scope) -> bool:
         return scope in self.scopes
@@ -173,11 +168,6 @@ class AuthPolicy:
         """Whether the data views need a token (a token with a scope but metrics exists)."""
         return self._data
 
-    @property
-    def guards_operations(self) -> bool:
-        """Whether ``/healthz`` and ``/metrics`` need a token with the metrics scope."""
-        return self._metrics
-
     def identify(self, authorization: str | None) -> Principal | None:
         """The configured token presented, or None; every digest is compared."""
         presented = bearer(authorization)
@@ -210,48 +200,6 @@ class AuthPolicy:
 def _token_id(digest: bytes) -> str:
     """A name for a token in logs and rate limits, which reveals nothing of it."""
     return "tok-" + hashlib.sha256(b"compactor token id:" + digest).hexdigest()[:12]
-
-
-class PolicyRef:
-    """The worker's current policy; ``reload`` swaps it whole (one assignment)."""
-
-    def __init__(self, policy: AuthPolicy) -> None:
-        self.policy = policy
-
-    def reload(
-        self,
-        load: Callable[[], ServiceSettings],
-        environ: Mapping[str, str] | None = None,
-        check: Callable[[ServiceSettings, AuthPolicy], None] | None = None,
-    ) -> bool:
-        """Rebuild the policy from ``load()`` and the environment; on any error keep
-        the old one and log why (never a token). True when swapped."""
-        try:
-            service = load()
-            policy = AuthPolicy.of(service, environ)
-            if check is not None:
-                check(service, policy)
-        except (ConfigError, OSError, ValueError) as error:
-            log.error("token reload failed, the previous tokens stay in force: %s", error)
-            return False
-        self.policy = policy
-        log.info("tokens reloaded")
-        return True
-
-
-_config_path: str | None = None
-
-
-def remember_config_path(path: str | None) -> None:
-    """The ``--config`` the worker was started with, for ``reload_tokens`` (SIGHUP)."""
-    global _config_path
-    _config_path = path
-
-
-def configured_service() -> ServiceSettings:
-    """``[service]`` as the config file says now: the ``remember_config_path`` one, else
-    the file the worker's settings were loaded from, else as ``load_settings`` finds it."""
-    return load_settings(_config_path or last_loaded_path()).service
 
 
 def bearer(authorization: str | None) -> bytes | None:

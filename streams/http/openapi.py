@@ -22,10 +22,11 @@ from pydantic.json_schema import models_json_schema
 from core.domain.tenancy import TENANT_ID_PATTERN
 from core.settings import ServiceSettings
 from streams.events import MAX_ID_LENGTH
-from streams.http import bodies
-from streams.http.bodies import Params
+from streams.http import bodies, params
+from streams.http.params import Params
 
 API_TITLE = "context-compactor worker"
+OPENAPI_PATH = "/openapi.json"  # where the worker serves the document
 REF = "#/components/schemas/{model}"
 
 
@@ -55,7 +56,7 @@ ROUTES: tuple[Route, ...] = (
         "getConversation",
         "The conversation's token tally, budget and compactions so far",
         bodies.ConversationStatus,
-        bodies.TenantParams,
+        params.TenantParams,
         ("conversation_id",),
         CONVERSATION_READS,
         notes="Read from the worker that owns the conversation (forwarded when needed).",
@@ -65,7 +66,7 @@ ROUTES: tuple[Route, ...] = (
         "getHistory",
         "What the model should see now: the clip-archive, then the kept messages, a page at a time",
         bodies.HistoryPage,
-        bodies.PageParams,
+        params.PageParams,
         ("conversation_id",),
         CONVERSATION_READS,
     ),
@@ -74,7 +75,7 @@ ROUTES: tuple[Route, ...] = (
         "getCompactions",
         "The conversation's applied compactions, oldest first, with the batches each archived",
         bodies.CompactionLog,
-        bodies.TenantParams,
+        params.TenantParams,
         ("conversation_id",),
         CONVERSATION_READS,
     ),
@@ -83,7 +84,7 @@ ROUTES: tuple[Route, ...] = (
         "getBatch",
         "One archived batch: its summary and a page of the raw turns it covers",
         bodies.BatchPage,
-        bodies.PageParams,
+        params.PageParams,
         ("conversation_id", "batch_id"),
         CONVERSATION_READS,
     ),
@@ -92,7 +93,7 @@ ROUTES: tuple[Route, ...] = (
         "searchMemory",
         "memory_read: archived summaries and raw turns ranked by full text and vectors",
         bodies.SearchResult,
-        bodies.SearchParams,
+        params.SearchParams,
         refusals=(400, 401, 403, 413, 429, 503),
         scope="search",
         notes="Scoped by conversation_id or tenant_id; a search across every conversation "
@@ -103,7 +104,7 @@ ROUTES: tuple[Route, ...] = (
         "getTenantUsage",
         "What the tenant's compactions cost: LLM calls, tokens and estimated cost by UTC day",
         bodies.UsageReport,
-        bodies.UsageParams,
+        params.UsageParams,
         ("tenant",),
         (400, 401, 403, 413, 429, 503),
         notes="A token with the admin scope, or a tenant-bound token for its own tenant.",
@@ -127,12 +128,12 @@ ROUTES: tuple[Route, ...] = (
             (
                 "recompact",
                 "Rebuild the conversation's archived summaries from their raw turns",
-                bodies.RecompactParams,
+                params.RecompactParams,
             ),
             (
                 "restore",
                 "Bring an archived batch's raw turns back into the history",
-                bodies.RestoreParams,
+                params.RestoreParams,
             ),
         )
     ),
@@ -300,7 +301,7 @@ def _bounded(
 ) -> dict[str, Any]:
     """The bounds a worker's ``[service]`` sets."""
     if name == "limit":
-        paged = route.params is bodies.PageParams
+        paged = route.params is params.PageParams
         prop["maximum"] = service.page_max_limit if paged else service.max_search_limit
     if name == "q":
         prop["maxLength"] = service.max_query_chars

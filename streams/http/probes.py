@@ -1,6 +1,6 @@
 """Kubernetes probes of a worker: ``/livez`` (restart me?) and ``/readyz`` (send me traffic?).
 
-Both are open: the guard (``streams.http.views.guard``) lets ``PROBE_PATHS``
+Both are open: the guard (``streams.http.guard``) lets ``PROBE_PATHS``
 through without a token, even when ``[service].metrics_token`` protects
 ``/healthz`` and ``/metrics``, since a kubelet cannot hold a secret. So their
 bodies say only what a probe needs: a status, the reasons, counts; never a
@@ -65,7 +65,7 @@ DEFAULT_DB_TIMEOUT_SECONDS = 2.0
 
 
 class ProbeRuntime(Protocol):
-    """What the probes need of ``streams.bootstrap.WorkerRuntime``."""
+    """What the probes need of ``streams.runtime.WorkerRuntime``."""
 
     @property
     def is_open(self) -> bool: ...

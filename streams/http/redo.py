@@ -4,7 +4,7 @@ Why POST, in an API that was GET-only: these ask for a change (a compaction),
 and a GET that changes something is cached, prefetched and retried by
 clients and proxies as if it did not. They stay as narrow as the reads:
 
-* **admin scope only** (``views.required_scope``: every POST needs it), so a
+* **admin scope only** (``guard.required_scope``: every POST needs it), so a
   tenant-bound token, which never has it, cannot ask;
 * **no body**: the guard still refuses every request body (413) before
   authentication; the parameters are the path and the query (``tenant_id``,
@@ -29,20 +29,20 @@ from faust.web import Request, Response, View
 from pydantic import ValidationError
 
 from streams.events import MAX_ID_LENGTH
-from streams.http.bodies import RedoAccepted
-from streams.http.views import (
+from streams.http.access import (
     FORBIDDEN,
     Forbidden,
     bad_text,
     principal_of,
     requested_tenant,
 )
+from streams.http.bodies import RedoAccepted
 from streams.worker.components import Components
 from streams.worker.requests import operator_request
 
 
 def register_redo(app: faust.App, components: Components[Any]) -> None:
-    """The two POST routes (registered by ``register_views``, behind the guard)."""
+    """The two POST routes (registered by ``streams.app.register``, behind the guard)."""
     for action in ("recompact", "restore"):
         _register(app, components, action)
 

@@ -18,6 +18,7 @@ from faust.web import Request, Response, View
 from core.domain.tenancy import is_tenant_id
 from core.domain.usage import UsageDay
 from core.ports.storage import ReadScope, UsageStore
+from streams.http.access import FORBIDDEN, principal_of, read_scope
 from streams.http.bodies import UsageReport, UsageTotals
 
 USAGE_PATH = re.compile(r"^/tenants/[^/]+/usage$")
@@ -53,8 +54,6 @@ def parse_since(raw: str | None) -> date | None:
 
 
 def register_usage(app: faust.App, runtime: UsageRuntime) -> None:
-    from streams.http.views import FORBIDDEN, principal_of, read_scope
-
     @app.page("/tenants/{tenant}/usage")
     class TenantUsage(View):
         async def get(self, request: Request, tenant: str) -> Response:

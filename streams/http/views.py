@@ -1,87 +1,70 @@
-"""HTTP views of a worker (JSON), served by Faust's web server.
+"""HTTP views of a worker (JSON), served by Faust's web server: the routes.
 
 ``/conversations/{id}`` reads the token table, which is partitioned: a request
 reaching the wrong worker is forwarded to the one that owns the key (the
 owner of the conversation's messages partition). Faust forwards the request
 with its headers, so the owner authenticates the same bearer token again.
 
-Every request passes ``guard`` first (an aiohttp middleware, so Faust's own
-views are covered too): bodies are refused, ``/livez`` and ``/readyz`` need no
-token (``streams.http.probes``), ``/healthz`` and ``/metrics``
-need ``[service].metrics_token`` when it is set, everything else a token of
-``streams.http.auth.AuthPolicy``. A tenant-bound token reaches only the views
-below, each of which checks the conversation's tenant (403 otherwise, also
-for an unknown conversation, so a 403/404 difference reveals nothing).
-Inputs are bounded: path ids by ``MAX_ID_LENGTH``, the query by
-``[service].max_query_chars``, ``limit`` by ``[service].max_search_limit``.
-Every body is built by a model of ``streams.http.bodies``, the API's contract:
-``streams.http.openapi`` generates the document (``/openapi.json``) from the
-same models, and ``tests/unit/http/test_openapi.py`` keeps routes, parameters
-and fields in step with it.
+Every request passes the guard first (``streams.http.guard``, installed by
+``register_views``). A tenant-bound token reaches only the views below, each
+of which checks the conversation's tenant (403 otherwise, also for an unknown
+conversation, so a 403/404 difference reveals nothing). Inputs are bounded:
+path ids by ``MAX_ID_LENGTH``, the query by ``[service].max_query_chars``,
+``limit`` by ``[service].max_search_limit``. Every body is built by a model of
+``streams.http.bodies``, the API's contract: ``streams.http.openapi``
+generates the document (``/openapi.json``) from the same models, and
+``tests/unit/http/test_openapi.py`` keeps routes, parameters and fields in
+step with it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 import faust
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 from faust.web import Request, Response, View
-from pydantic import BaseModel
 
-from core.domain.tenancy import conversation_key, is_tenant_id
-from core.ports.storage import (
-    QueryMode,
-    ReadScope,
-    SearchSources,
-    StoreUnavailable,
-    WorkerStore,
-)
-from core.settings import ResolvedModel, Scope, ServiceSettings, Settings
+from core.domain.tenancy import conversation_key
+from core.ports.storage import QueryMode, SearchSources, WorkerStore
+from core.settings import ResolvedModel, ServiceSettings, Settings
+from streams.database import explicit_dsn
 from streams.events import MAX_ID_LENGTH
 from streams.http import bodies, openapi, pages, ui
-from streams.http.audit import audit_reads
-from streams.http.auth import (
-    OPEN_PATHS,
-    AuthPolicy,
-    PolicyRef,
-    Principal,
-    check_exposure,
-    configured_service,
+from streams.http.access import (
+    Forbidden,
+    bad_text,
+    json_body,
+    principal_of,
+    problem_response,
+    read_scope,
+    requested_tenant,
 )
+from streams.http.audit import audit_reads
+from streams.http.auth import AuthPolicy, Principal, check_exposure
 from streams.http.forwarding import (
-    FORWARDABLE,
-    FORWARDED,
     PRINCIPAL,
-    PRINCIPAL_HEADER,
-    SIGNATURE_HEADER,
     Forwarding,
     client_ssl_context,
     install,
     internal_key,
 )
+from streams.http.guard import guard, store_outage_is_503
 from streams.http.limits import RateLimiter
-from streams.http.probes import PROBE_PATHS, register_probes
-from streams.http.usage import USAGE_PATH, register_usage
+from streams.http.probes import register_probes
+from streams.http.reload import PolicyRef, register_reload
+from streams.http.usage import register_usage
 from streams.worker.components import Components
 
 log = logging.getLogger("compactor.auth")
-OPENAPI_PATH = "/openapi.json"
-# Where the worker finds the DSN first (core.adapters.postgres.embedded.POSTGRES_DSN_ENV).
-DSN_ENV = "POSTGRES_DSN"
-# A request that somehow skipped the guard reads nothing (no tenant matches "").
-_NOBODY = Principal(tenant="")
 
 
 class ViewRuntime(Protocol):
-    """What the views need of the worker's runtime (``streams.bootstrap.WorkerRuntime``)."""
+    """What the views need of the worker's runtime (``streams.runtime.WorkerRuntime``)."""
 
     resolved_model: ResolvedModel
 
@@ -90,17 +73,6 @@ class ViewRuntime(Protocol):
 
     @property
     def store(self) -> WorkerStore: ...
-
-
-def _body(model: BaseModel) -> dict[str, Any]:
-    """A body as the views send it: every field, in JSON types."""
-    dumped: dict[str, Any] = model.model_dump(mode="json")
-    return dumped
-
-
-def _problem(view: View, problem: bodies.Problem | str, status: int) -> Response:
-    found = bodies.Problem(error=problem) if isinstance(problem, str) else problem
-    return view.json(_body(found), status=status)
 
 
 _SOURCES: tuple[SearchSources, ...] = ("both", "summaries", "raw")
@@ -116,25 +88,6 @@ def search_options(query: Any) -> tuple[SearchSources, QueryMode]:
     return sources, mode
 
 
-FORBIDDEN = _body(bodies.FORBIDDEN)
-UNAUTHORIZED = _body(bodies.UNAUTHORIZED)
-
-
-def bad_text(name: str, value: str, limit: int) -> str | None:
-    """Why ``value`` is not usable as ``name``, or None."""
-    if not value:
-        return f"{name} must not be empty"
-    if len(value) > limit:
-        return f"{name} is longer than {limit} characters"
-    if "\x00" in value:
-        return f"{name} contains a NUL character"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return f"{name} is not valid UTF-8 text"
-    return None
-
-
 @dataclass(frozen=True)
 class SearchRequest:
     query: str
@@ -143,25 +96,6 @@ class SearchRequest:
     limit: int
     sources: SearchSources
     mode: QueryMode
-
-
-class Forbidden(Exception):
-    """The caller's token may not read what it asked for (403)."""
-
-
-def requested_tenant(query: Mapping[str, str], principal: Principal) -> str | None:
-    """The tenant a request is about: a tenant-bound token's own (``tenant_id``, if
-    given, must be it: Forbidden otherwise), or ``tenant_id`` (None: conversations
-    without a tenant, or every tenant where a view allows). ValueError names a
-    malformed one."""
-    asked = query.get("tenant_id")
-    if asked is not None and not is_tenant_id(asked):
-        raise ValueError("tenant_id must be 1 to 256 letters, digits or ._:@-")
-    if principal.tenant is None:
-        return asked
-    if not principal.tenant or asked not in (None, principal.tenant):
-        raise Forbidden
-    return principal.tenant
 
 
 def search_request(
@@ -191,165 +125,37 @@ def search_request(
     return SearchRequest(text, key, tenant, int(raw_limit), sources, mode)
 
 
-def principal_of(request: Request) -> Principal:
-    found = cast(web.Request, request).get(PRINCIPAL)
-    return found if isinstance(found, Principal) else _NOBODY
-
-
-def read_scope(principal: Principal) -> ReadScope:
-    """What the store lets the caller's reads see, beneath every view's own tenant
-    check (PostgreSQL: row-level security, docs/security.md): the tenant's
-    conversations, or all of them for a token that is not tenant-bound. Only
-    here, after the guard authenticated the token, is ``everything()`` chosen."""
-    if principal.tenant is None:
-        return ReadScope.everything()
-    return ReadScope.of_tenant(principal.tenant)
-
-
-def _refusal(status: int, body: Mapping[str, str]) -> web.Response:
-    headers = {"WWW-Authenticate": 'Bearer realm="compactor"'} if status == 401 else None
-    return web.json_response(dict(body), status=status, headers=headers)
-
-
-def _tenant_views(path: str) -> bool:
-    """The views a tenant-bound token may reach: those that check a conversation's
-    (or the usage's) tenant themselves, and the API's document."""
-    return (
-        path in ("/memory/search", OPENAPI_PATH)
-        or path.startswith("/conversations/")
-        or USAGE_PATH.match(path) is not None
-    )
-
-
-def required_scope(method: str, path: str) -> Scope:
-    """The scope a request needs (``/healthz`` and ``/metrics``: metrics, see ``guard``)."""
-    if path in OPEN_PATHS:
-        return "metrics"
-    if method == "POST":  # recompact, restore (streams/http/redo.py): the admin's only
-        return "admin"
-    if path == "/memory/search":
-        return "search"
-    if path == OPENAPI_PATH:
-        return "read"
-    if USAGE_PATH.match(path):
-        return "read"  # the view lets only the admin scope or the tenant's own token in
-    if path.startswith("/conversations/"):
-        return "erase" if method == "DELETE" else "read"
-    return "admin"  # Faust's own views (/table, /router, /, …) and anything else
-
-
-def _too_many(
-    limiter: RateLimiter, wait: float, why: str = "too many requests for this token"
-) -> web.Response:
-    return web.json_response(
-        {"error": why},
-        status=429,
-        headers={"Retry-After": limiter.retry_after(wait)},
-    )
-
-
-@web.middleware
-async def store_outage_is_503(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A read while PostgreSQL is away (or not opened yet, at start-up) is a 503 the
-    client may retry, not a 500: the worker waits such outages out. aiohttp's own
-    refusals (no such route, a method a view lacks) answer JSON like the views."""
-    try:
-        return await handler(request)
-    except web.HTTPException as refusal:
-        if refusal.status < 400:
-            raise
-        return web.json_response(
-            {"error": refusal.reason.lower()}, status=refusal.status, headers=_allow(refusal)
-        )
-    except StoreUnavailable:
-        return web.json_response(
-            {"error": "the store is unavailable; retry later"},
-            status=503,
-            headers={"Retry-After": "5"},
-        )
-
-
-def _allow(refusal: web.HTTPException) -> dict[str, str] | None:
-    allow = refusal.headers.get("Allow")
-    return None if allow is None else {"Allow": allow}
-
-
-def guard(
-    policy: AuthPolicy | PolicyRef,
-    limiter: RateLimiter | None = None,
-    forwarding: Forwarding | None = None,
-    failures: RateLimiter | None = None,
-) -> Middleware:
-    """``failures``: failed authentications per client address (see ``limits``)."""
-    ref = policy if isinstance(policy, PolicyRef) else PolicyRef(policy)
-    limits = limiter if limiter is not None else RateLimiter(0, 1)
-    failed = failures if failures is not None else RateLimiter(0, 1)
-
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.body_exists:
-            return _refusal(413, {"error": "request bodies are not accepted"})
-        if request.path in PROBE_PATHS or ui.is_ui_path(request.path):
-            # kubelet probes (streams/http/probes.py) and the inspector's static files
-            # (no data: the page asks for a token): no token
-            return await handler(request)
-        current = ref.policy  # read once: a reload mid-request never mixes two policies
-        header = request.headers.get("Authorization")
-        principal: Principal | None
-        if PRINCIPAL_HEADER in request.headers or SIGNATURE_HEADER in request.headers:
-            # Forwarded by another worker: the signed principal, on the forwarded
-            # path only; the entry worker already counted it against the limit.
-            principal = None
-            if (
-                forwarding is not None
-                and request.method in ("GET", "HEAD")
-                and FORWARDABLE.match(request.path)
-            ):
-                principal = forwarding.verify(request.headers, request.method, request.path_qs)
-            if principal is None:
-                return _refusal(401, UNAUTHORIZED)
-            request[FORWARDED] = True
-        else:
-            client = request.remote or "unknown"
-            if (wait := failed.blocked(client)) is not None:
-                return _too_many(failed, wait, "too many failed authentications from here")
-            if request.path in OPEN_PATHS:
-                principal = current.operations_principal(header)
-            else:
-                principal = current.authenticate(header)
-            if principal is None:
-                failed.acquire(client)
-                return _refusal(401, UNAUTHORIZED)
-            if (
-                principal.token_id != "anonymous"
-                and (wait := limits.acquire(principal.token_id)) is not None
-            ):
-                return _too_many(limits, wait)
-            if request.path in OPEN_PATHS:
-                return await handler(request)
-        if not principal.allows(required_scope(request.method, request.path)):
-            return _refusal(403, FORBIDDEN)
-        if principal.tenant is not None and not _tenant_views(request.path):
-            return _refusal(403, FORBIDDEN)
-        request[PRINCIPAL] = principal
-        return await handler(request)
-
-    return check
-
-
 def register_views(
-    app: faust.App, settings: Settings, components: Components[Any], runtime: ViewRuntime
+    app: faust.App,
+    settings: Settings,
+    components: Components[Any],
+    runtime: ViewRuntime,
+    config_path: Path | None = None,
 ) -> Callable[[], bool]:
-    """Registers the views behind the guard; returns the token reload (what SIGHUP calls)."""
+    """Registers the views behind the guard; returns the token reload (what SIGHUP
+    calls), which reads ``config_path`` again (None: wherever ``load_settings``
+    finds the file)."""
+    ref = install_guard(app, settings)
+    register_operations(app, components, runtime)
+    register_probes(app, components, runtime)
+    register_conversations(app, settings, components, runtime)
+    register_memory(app, settings, runtime)
+    register_usage(app, runtime)
+    register_document(app, settings.service)
+    ui.register_ui(app)
+    return register_reload(app, ref, config_path)
+
+
+def install_guard(app: faust.App, settings: Settings) -> PolicyRef:
+    """The middlewares every request passes (audit, guard, outage → 503) and request
+    forwarding; the policy they read, which a reload swaps."""
     service = settings.service
     policy = AuthPolicy.of(service)
     check_exposure(service, policy)
     ref = PolicyRef(policy)
-    configured = settings.postgres.dsn
-    dsn = os.environ.get(DSN_ENV) or (
-        configured.get_secret_value() if configured is not None else None
+    forwarding = Forwarding(
+        internal_key(service, explicit_dsn(settings)), client_ssl_context(service)
     )
-    forwarding = Forwarding(internal_key(service, dsn), client_ssl_context(service))
     if forwarding.key is None and policy.enabled:
         log.warning(
             "no internal key: a request for a conversation another worker serves is "
@@ -366,27 +172,7 @@ def register_views(
     web_app.middlewares.append(audit_reads(lambda request: request.get(PRINCIPAL)))
     web_app.middlewares.append(guard(ref, limiter, forwarding, failures))
     web_app.middlewares.append(store_outage_is_503)
-    register_operations(app, components, runtime)
-    register_probes(app, components, runtime)
-    register_conversations(app, settings, components, runtime)
-    register_memory(app, settings, runtime)
-    register_usage(app, runtime)
-    register_document(app, settings.service)
-    ui.register_ui(app)
-
-    def reload() -> bool:
-        return ref.reload(configured_service, check=check_exposure)
-
-    @app.task  # type: ignore[untyped-decorator]
-    async def reload_on_sighup() -> None:
-        watch_sighup(reload)
-
-    return reload
-
-
-def watch_sighup(reload: Callable[[], bool]) -> None:
-    """Call ``reload`` (the tokens from the config file and the environment) on SIGHUP."""
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+    return ref
 
 
 def register_operations(app: faust.App, components: Components[Any], runtime: ViewRuntime) -> None:
@@ -398,14 +184,14 @@ def register_operations(app: faust.App, components: Components[Any], runtime: Vi
             except Exception:  # not started yet (or stopping): nothing assigned
                 assignment = set()
             health = components.health
-            body = bodies.Health(
+            answer = bodies.Health(
                 status="ok" if health.ok else "degraded",
                 problems=[bodies.HealthProblem.model_validate(p) for p in health.describe()],
                 app_id=app.conf.id,
                 summariser=runtime.resolved_model.kind,
                 assigned_partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assignment),
             )
-            return self.json(_body(body), status=200 if health.ok else 503)
+            return self.json(json_body(answer), status=200 if health.ok else 503)
 
     @app.page("/metrics")
     class Metrics(View):
@@ -443,8 +229,8 @@ def register_conversations(
                 return key
             tally = tallies.get(key)
             if tally is None:
-                return _problem(self, bodies.unknown_conversation(key), 404)
-            return self.json(_body(bodies.ConversationStatus.of(tally, budget)))
+                return problem_response(self, bodies.unknown_conversation(key), 404)
+            return self.json(json_body(bodies.ConversationStatus.of(tally, budget)))
 
     register_pages(app, settings, runtime)
 
@@ -457,28 +243,34 @@ def addressed(view: View, request: Request, *ids: str) -> Response | str:
     for name, value in zip(("conversation_id", "batch_id"), ids, strict=False):
         problem = bad_text(name, value, MAX_ID_LENGTH)
         if problem is not None:
-            return _problem(view, problem, 400)
+            return problem_response(view, problem, 400)
     try:
         tenant = requested_tenant(request.query, principal_of(request))
     except ValueError as error:
-        return _problem(view, str(error), 400)
+        return problem_response(view, str(error), 400)
     except Forbidden:
-        return _problem(view, bodies.FORBIDDEN, 403)
+        return problem_response(view, bodies.FORBIDDEN, 403)
     return conversation_key(tenant, ids[0])
 
 
 def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> None:
-    """The views that return a page (``limit`` + ``cursor``, ``streams.http.pages``)."""
+    """The views that return a page (``limit`` + ``cursor``, ``streams.http.pages``),
+    and the compaction log."""
+    register_history(app, settings.service, runtime)
+    register_batch(app, settings.service, runtime)
+    register_compactions(app, runtime)
 
+
+def register_history(app: faust.App, service: ServiceSettings, runtime: ViewRuntime) -> None:
     @app.page("/conversations/{conversation_id}/history")
     class History(View):
         async def get(self, request: Request, conversation_id: str) -> Response:
             if not isinstance(key := addressed(self, request, conversation_id), str):
                 return key
             try:
-                limit, after = pages.page_request(request.query, settings.service)
+                limit, after = pages.page_request(request.query, service)
             except ValueError as error:
-                return _problem(self, str(error), 400)
+                return problem_response(self, str(error), 400)
             store = runtime.store
             history = await store.load_history(
                 key,
@@ -487,20 +279,22 @@ def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> 
                 limit=limit + 1,  # one more: is there a next page?
             )
             if not history and after is None:
-                return _problem(self, bodies.unknown_conversation(key), 404)
+                return problem_response(self, bodies.unknown_conversation(key), 404)
             page = history[:limit]
             following = pages.cursor_of(page[-1]) if len(history) > limit else None
-            return self.json(_body(bodies.HistoryPage.of(key, page, following)))
+            return self.json(json_body(bodies.HistoryPage.of(key, page, following)))
 
+
+def register_batch(app: faust.App, service: ServiceSettings, runtime: ViewRuntime) -> None:
     @app.page("/conversations/{conversation_id}/batches/{batch_id}")
     class Batch(View):
         async def get(self, request: Request, conversation_id: str, batch_id: str) -> Response:
             if not isinstance(key := addressed(self, request, conversation_id, batch_id), str):
                 return key
             try:
-                limit, after = pages.page_request(request.query, settings.service)
+                limit, after = pages.page_request(request.query, service)
             except ValueError as error:
-                return _problem(self, str(error), 400)
+                return problem_response(self, str(error), 400)
             store = runtime.store
             expanded = await store.expand_batch(
                 key,
@@ -510,12 +304,15 @@ def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> 
                 limit=limit + 1,
             )
             if expanded is None:
-                return _problem(self, f"unknown batch {batch_id!r} in {conversation_id!r}", 404)
+                unknown = f"unknown batch {batch_id!r} in {conversation_id!r}"
+                return problem_response(self, unknown, 404)
             turns = expanded.turns
             following = pages.cursor_of(turns[limit - 1]) if len(turns) > limit else None
             page = expanded.model_copy(update={"turns": turns[:limit]})
-            return self.json(_body(bodies.BatchPage.of(page, following)))
+            return self.json(json_body(bodies.BatchPage.of(page, following)))
 
+
+def register_compactions(app: faust.App, runtime: ViewRuntime) -> None:
     @app.page("/conversations/{conversation_id}/compactions")
     class Compactions(View):
         async def get(self, request: Request, conversation_id: str) -> Response:
@@ -525,8 +322,8 @@ def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> 
             scope = read_scope(principal_of(request))
             records = await store.compaction_log(key, scope=scope)
             if not records and not await store.load_history(key, scope=scope, limit=1):
-                return _problem(self, bodies.unknown_conversation(key), 404)
-            return self.json(_body(bodies.CompactionLog.of(key, records)))
+                return problem_response(self, bodies.unknown_conversation(key), 404)
+            return self.json(json_body(bodies.CompactionLog.of(key, records)))
 
 
 def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) -> None:
@@ -537,9 +334,9 @@ def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) ->
             try:
                 asked = search_request(request.query, principal, settings.service)
             except ValueError as error:
-                return _problem(self, str(error), 400)
+                return problem_response(self, str(error), 400)
             except Forbidden:
-                return _problem(self, bodies.FORBIDDEN, 403)
+                return problem_response(self, bodies.FORBIDDEN, 403)
             store = runtime.store
             try:
                 result = await store.memory_read(
@@ -552,15 +349,15 @@ def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) ->
                     scope=read_scope(principal),
                 )
             except ValueError as error:
-                return _problem(self, str(error), 400)
-            return self.json(_body(bodies.SearchResult.of(result)))
+                return problem_response(self, str(error), 400)
+            return self.json(json_body(bodies.SearchResult.of(result)))
 
 
 def register_document(app: faust.App, service: ServiceSettings) -> None:
     """``/openapi.json``: the API's contract with this worker's bounds (``[service]``)."""
     document = openapi.document(service)
 
-    @app.page(OPENAPI_PATH)
+    @app.page(openapi.OPENAPI_PATH)
     class Document(View):
         async def get(self, request: Request) -> Response:
             return self.json(document)

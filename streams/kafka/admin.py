@@ -12,8 +12,8 @@ clip-archives), the messages and dead-letter topics with the retentions of
 is created last, to accept whole the largest record the source topics accept
 (their ``max.message.bytes``) plus the dead letter's own headers. An existing
 topic keeps its configs: the worker never alters a topic (``compactor topics``
-reports what differs, ``--apply-configs`` applies it; docs/security.md says
-how with ``kafka-configs``).
+reports what differs, ``--apply-configs`` applies it: ``streams.kafka.topic_drift``;
+docs/security.md says how with ``kafka-configs``).
 
 Replication (``Replication``): ``[kafka].replication_factor`` and
 ``min_insync_replicas``, or when unset 3 replicas (fewer on a smaller
@@ -166,27 +166,7 @@ async def ensure_topics(
     try:
         existing = set(await admin.list_topics())
         missing = [name for name in wanted if name not in existing]
-        first = [name for name in missing if name != names.dead_letters]
-        await _create(admin, first, partitions, replication_factor, configs)
-        if names.dead_letters in missing:
-            dead_letters = dict(configs.get(names.dead_letters, {}))
-            if MAX_MESSAGE_BYTES not in dead_letters:
-                largest = await _largest_record(admin, source_topics(names))
-                dead_letters[MAX_MESSAGE_BYTES] = str(dead_letter_bytes(largest))
-            await _create(
-                admin,
-                [names.dead_letters],
-                partitions,
-                replication_factor,
-                {names.dead_letters: dead_letters},
-            )
-        if missing:
-            log.info(
-                "created topics %s (%d partitions, %d replicas)",
-                ", ".join(missing),
-                partitions,
-                replication_factor,
-            )
+        await _create_missing(admin, names, missing, partitions, replication_factor, configs)
         counts = await _settled_counts(admin, wanted, settle_seconds)
     finally:
         await admin.close()
@@ -197,6 +177,38 @@ async def ensure_topics(
             f"co-partitioned, but {wrong} differ; recreate them or change the setting"
         )
     return counts
+
+
+async def _create_missing(
+    admin: AIOKafkaAdminClient,
+    names: TopicNames,
+    missing: list[str],
+    partitions: int,
+    replication_factor: int,
+    configs: Mapping[str, Mapping[str, str]],
+) -> None:
+    """The missing topics, the dead-letter topic last: sized by the others."""
+    first = [name for name in missing if name != names.dead_letters]
+    await _create(admin, first, partitions, replication_factor, configs)
+    if names.dead_letters in missing:
+        dead_letters = dict(configs.get(names.dead_letters, {}))
+        if MAX_MESSAGE_BYTES not in dead_letters:
+            largest = await _largest_record(admin, source_topics(names))
+            dead_letters[MAX_MESSAGE_BYTES] = str(dead_letter_bytes(largest))
+        await _create(
+            admin,
+            [names.dead_letters],
+            partitions,
+            replication_factor,
+            {names.dead_letters: dead_letters},
+        )
+    if missing:
+        log.info(
+            "created topics %s (%d partitions, %d replicas)",
+            ", ".join(missing),
+            partitions,
+            replication_factor,
+        )
 
 
 async def _create(
@@ -241,7 +253,7 @@ async def _settled_counts(
 async def _largest_record(admin: AIOKafkaAdminClient, topics: list[str]) -> int:
     """The largest ``max.message.bytes`` of ``topics`` (the broker's default for
     those that set none)."""
-    described = await _describe(admin, topics)
+    described = await describe_configs(admin, topics)
     return max(int(values[MAX_MESSAGE_BYTES] or 0) for values, _ in described.values())
 
 
@@ -316,7 +328,9 @@ async def describe_topic_configs(
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
     await admin.start()
     try:
-        return {name: values for name, (values, _) in (await _describe(admin, topics)).items()}
+        return {
+            name: values for name, (values, _) in (await describe_configs(admin, topics)).items()
+        }
     finally:
         await admin.close()
 
@@ -324,7 +338,7 @@ async def describe_topic_configs(
 UNKNOWN_TOPIC_OR_PARTITION = 3  # Kafka protocol error code
 
 
-async def _describe(
+async def describe_configs(
     admin: AIOKafkaAdminClient, topics: list[str], settle_seconds: float = 15.0
 ) -> dict[str, tuple[dict[str, str | None], dict[str, str | None]]]:
     """Topic → (every config, those set on the topic itself).
@@ -370,112 +384,3 @@ async def _describe_once(
                     own[key] = value
             found[name] = (values, own)
     return found
-
-
-def _differs(key: str, current: str | None, wanted: str) -> bool:
-    if key in AT_LEAST and current is not None and current.isdigit() and wanted.isdigit():
-        return int(current) < int(wanted)
-    return current != wanted
-
-
-async def config_drift(
-    bootstrap: str,
-    configs: Mapping[str, Mapping[str, str]],
-    *,
-    security: KafkaSecurity = PLAINTEXT,
-    apply: bool = False,
-) -> dict[str, dict[str, tuple[str | None, str]]]:
-    """Topic → {config: (current, wanted)} where an existing topic differs from
-    ``configs`` (for ``AT_LEAST`` configs: is smaller). With ``apply``, set the
-    wanted values (keeping every other config set on the topic: AlterConfigs
-    replaces a topic's whole dynamic set) and return what differed before."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
-    await admin.start()
-    try:
-        described = await _describe(admin, list(configs))
-        drift = {
-            topic: {
-                key: (described[topic][0].get(key), value)
-                for key, value in wanted.items()
-                if _differs(key, described[topic][0].get(key), value)
-            }
-            for topic, wanted in configs.items()
-            if topic in described
-        }
-        drift = {topic: keys for topic, keys in drift.items() if keys}
-        if apply and drift:
-            resources = [
-                ConfigResource(
-                    ConfigResourceType.TOPIC,
-                    topic,
-                    configs={**described[topic][1], **configs[topic]},
-                )
-                for topic in drift
-            ]
-            for response in await admin.alter_configs(resources):
-                for error_code, error_message, _, name, *_ in response.resources:
-                    if error_code:
-                        raise TopicMismatchError(f"cannot alter {name}: {error_message}")
-            log.info("altered the configs of %s", ", ".join(drift))
-        return drift
-    finally:
-        await admin.close()
-
-
-async def replica_counts(
-    bootstrap: str, topics: list[str], *, security: KafkaSecurity = PLAINTEXT
-) -> dict[str, int]:
-    """Topic → its replication factor (the fewest replicas of any of its partitions)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
-    await admin.start()
-    try:
-        described = await admin.describe_topics(topics)
-    finally:
-        await admin.close()
-    return {
-        d["topic"]: min(len(p["replicas"]) for p in d["partitions"])
-        for d in described
-        if d["partitions"]
-    }
-
-
-@dataclass(frozen=True)
-class TopicDrift:
-    """What differs between the existing topics and the settings."""
-
-    #: topic → {config: (current, wanted)}; applied when asked.
-    configs: dict[str, dict[str, tuple[str | None, str]]]
-    #: topic → (replicas, wanted): a partition reassignment, never applied here.
-    replicas: dict[str, tuple[int, int]]
-
-    def __bool__(self) -> bool:
-        return bool(self.configs or self.replicas)
-
-
-async def topic_drift(
-    bootstrap: str,
-    kafka: KafkaSettings,
-    prepared: PreparedTopics,
-    *,
-    security: KafkaSecurity = PLAINTEXT,
-    apply: bool = False,
-) -> TopicDrift:
-    """Existing topics against the settings: their configs (``min.insync.replicas``
-    by each topic's own replica count, the dead-letter topic's size by the source
-    topics'), and their replication factor. An unset ``replication_factor`` only
-    wants at least the default (a topic with more replicas is not drift)."""
-    names = TopicNames.with_prefix(kafka.topic_prefix)
-    replicas = await replica_counts(bootstrap, names.all(), security=security)
-    replication = prepared.replication
-    wanted = topic_configs(names, kafka, largest_record=prepared.largest_record)
-    for topic, count in replicas.items():
-        wanted.setdefault(topic, {})[MIN_INSYNC_REPLICAS] = str(
-            replication.wanted_min_insync(kafka, count)
-        )
-    configs = await config_drift(bootstrap, wanted, security=security, apply=apply)
-    fewer = {
-        topic: (count, replication.factor)
-        for topic, count in replicas.items()
-        if count < replication.factor or (replication.explicit and count != replication.factor)
-    }
-    return TopicDrift(configs, fewer)

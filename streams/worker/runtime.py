@@ -1,7 +1,7 @@
 """What is open for the components: the store and the compactor.
 
 Handed to each component once, when it is built. The worker's runtime
-(``streams.bootstrap.WorkerRuntime``) is opened once at start-up; until it is,
+(``streams.runtime.WorkerRuntime``) is opened once at start-up; until it is,
 ``store`` raises ``StoreUnavailable``, which every component already treats as
 a database outage. The offline CLI and the tests pass a ``StaticRuntime``.
 """

@@ -37,7 +37,8 @@ from core.domain.messages import ConversationMessage, ToolCall
 from devtools import devstack
 from streams import cli
 from streams.events import BatchInfo, ClipArchiveEvent, EraseRequest, MessageEvent
-from streams.kafka.admin import config_drift, describe_topic_configs
+from streams.kafka.admin import describe_topic_configs
+from streams.kafka.topic_drift import config_drift
 from streams.stack_state import DEV_STATE_DIR_ENV, pid_alive, read_state
 from streams.topics import TopicNames
 from tests.conftest import require_local_kafka_tools

@@ -31,13 +31,13 @@ from streams.cli.dead_letter_commands import cmd_dead_letters, ledger_topic
 from streams.cli.dead_letters import (
     REDRIVEN_FROM,
     DeadLetter,
-    Redriver,
     plan_redrive,
     read_dead_letters,
     read_ledger,
     read_topic,
     since_time,
 )
+from streams.cli.redrive import Redriver
 from streams.events import DeadLetterHeaders
 from streams.kafka.admin import ensure_topics
 from streams.topics import TopicNames

@@ -25,7 +25,7 @@ from core.adapters.postgres.store import PostgresStore
 from core.settings import ConfigError, parse_settings
 from devtools.tls import CertificateAuthority, make_ca
 from devtools.tls import issue as issue_certificate
-from streams.bootstrap import configured_dsn
+from streams.database import configured_dsn
 from tests.conftest import in_ci
 from tests.support.pg_control import ControlledPostgres
 

@@ -26,7 +26,7 @@ from core.domain.clip_archive import clip_archive_message, is_clip_archive
 from core.domain.split import split_history
 from core.ports.storage import IncomingMessage, TenantConflictError
 from streams import cli
-from streams.bootstrap import POSTGRES_DSN_ENV
+from streams.database import POSTGRES_DSN_ENV
 from tests.integration.test_postgres_pool import plan_over
 from tests.support.builders import T0, message
 

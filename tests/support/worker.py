@@ -173,6 +173,8 @@ class WorkerProcess:
                 "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
                 "POSTGRES_DSN": self.dsn,
                 "PYTHONUNBUFFERED": "1",
+                # The file a token reload (SIGHUP) reads again, as `compactor worker` passes it.
+                "COMPACTOR_CONFIG": str(self.config_path),
                 # The code root first, ahead of the editable install of this checkout.
                 "PYTHONPATH": os.pathsep.join(
                     [str(self.code_root), *filter(None, [os.environ.get("PYTHONPATH")])]

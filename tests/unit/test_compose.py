@@ -7,7 +7,7 @@ made the compose worker exit 2 at start (no API token, ``web_host =
 noticing. This test reads the compose file as compose would (its variable
 interpolation, by hand below: compose's own implementation is Go, and the
 Python ``docker-compose`` v1 package is retired), then calls
-``streams.bootstrap.startup_checks``, the function ``build_app`` calls before
+``streams.preflight.startup_checks``, the function ``build_app`` calls before
 anything connects.
 """
 
@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from core.settings import ConfigError, load_settings
-from streams.bootstrap import startup_checks
 from streams.http.probes import PROBE_PATHS
+from streams.preflight import startup_checks
 
 pytestmark = pytest.mark.unit
 

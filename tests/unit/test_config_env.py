@@ -17,8 +17,8 @@ import pytest
 from core.settings import ConfigError, Settings, config_path, load_settings, parse_settings
 from streams import cli
 from streams.addresses import configured_bootstrap
-from streams.bootstrap import configured_dsn
 from streams.cli.config_commands import DOC, redact, rendered_doc
+from streams.database import configured_dsn
 from streams.http.auth import AuthPolicy
 
 pytestmark = pytest.mark.unit

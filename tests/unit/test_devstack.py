@@ -22,7 +22,7 @@ from devtools import dev_compose, dev_processes, dev_services, devstack
 from devtools.localstack import free_port
 from streams import stack_state
 from streams.addresses import configured_bootstrap
-from streams.bootstrap import configured_dsn
+from streams.database import configured_dsn
 from streams.stack_state import StackState, write_state
 
 pytestmark = pytest.mark.unit

@@ -12,9 +12,12 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +102,89 @@ def test_audit_log_shares_the_formatter() -> None:
     assert line["event"] == "http_read" and line["logger"] == "compactor.audit"
     assert "level" not in line
     assert json.loads(json_formatter().format(record))["level"] == "INFO"
+
+
+# -- the lines a failing start writes ---------------------------------------------------
+
+
+def compactor(
+    tmp_path: Path, *args: str, config: str, script: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``compactor --config … ARGS`` in a subprocess, with no PostgreSQL (nor dev stack)
+    and a Kafka address nothing is asked of before the checks refuse to start."""
+    (tmp_path / "config.toml").write_text(config, encoding="utf-8")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("COMPACTOR_", "POSTGRES_", "KAFKA_"))
+    }
+    env |= {
+        "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+        "COMPACTOR_DEV_STATE_DIR": str(tmp_path / "no-dev-stack"),
+    }
+    code = script or "import sys; from streams.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, "--config", str(tmp_path / "config.toml"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
+
+
+def json_lines(stderr: str) -> list[dict[str, Any]]:
+    """Every line of ``stderr``, each of which must be a JSON object with level and message."""
+    records = []
+    for line in stderr.splitlines():
+        record = json.loads(line)  # raises on a line that is not JSON
+        assert isinstance(record, dict), line
+        assert {"level", "message"} <= record.keys(), line
+        records.append(record)
+    assert records, "nothing was written"
+    return records
+
+
+JSON_CONFIG = '[service]\nlog_format = "json"\n'
+
+
+def test_a_worker_without_postgres_says_so_in_json(tmp_path: Path) -> None:
+    done = compactor(tmp_path, "worker", config=JSON_CONFIG)
+    assert done.returncode == 2, done.stderr
+    records = json_lines(done.stderr)
+    fatal = [r for r in records if r["level"] == "ERROR"]
+    assert len(fatal) == 1 and "POSTGRES_DSN" in fatal[0]["message"], records
+    assert done.stdout == ""
+
+
+def test_with_text_logs_the_same_refusal_stays_one_plain_line(tmp_path: Path) -> None:
+    done = compactor(tmp_path, "worker", config="")
+    assert done.returncode == 2
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("compactor: no PostgreSQL configured: set POSTGRES_DSN")
+
+
+def test_a_bad_config_key_is_refused_in_json(tmp_path: Path) -> None:
+    done = compactor(tmp_path, "worker", config=JSON_CONFIG + "web_prot = 6066\n")
+    assert done.returncode == 2, done.stderr
+    (fatal,) = json_lines(done.stderr)
+    assert fatal["level"] == "ERROR" and "web_prot" in fatal["message"]
+
+
+def test_a_crash_at_start_is_one_json_line_with_its_traceback(tmp_path: Path) -> None:
+    crash = textwrap.dedent(
+        """
+        import sys
+        import streams.cli.worker
+        def crash(settings):
+            raise RuntimeError("boom")
+        streams.cli.worker.worker_bootstrap = crash
+        from streams.cli import main
+        sys.exit(main(sys.argv[1:]))
+        """
+    )
+    done = compactor(tmp_path, "worker", config=JSON_CONFIG, script=crash)
+    assert done.returncode == 1, done.stderr
+    (fatal,) = json_lines(done.stderr)
+    assert fatal["level"] == "CRITICAL" and fatal["message"] == "RuntimeError: boom"
+    assert "Traceback" in fatal["exc_info"] and "crash" in fatal["exc_info"]

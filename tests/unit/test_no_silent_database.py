@@ -18,8 +18,9 @@ import pytest
 
 from core.adapters.postgres import embedded as embedded_module
 from core.settings import ConfigError, Settings, parse_settings
-from streams import bootstrap, cli
-from streams.bootstrap import build_app, open_all, startup_checks
+from streams import bootstrap, cli, database
+from streams.bootstrap import build_app, open_all
+from streams.preflight import startup_checks
 from streams.stack_state import (
     DEV_STATE_DIR_ENV,
     DOCKER_COMPOSE,
@@ -119,7 +120,7 @@ def test_startup_is_accepted_with_a_running_dev_stack(nothing_configured: Path) 
         nothing_configured,
         StackState(kafka_bootstrap=KAFKA, postgres_dsn=DEV_DSN, launcher=DOCKER_COMPOSE),
     )
-    assert bootstrap.configured_dsn(Settings()) == DEV_DSN
+    assert database.configured_dsn(Settings()) == DEV_DSN
     startup_checks(Settings(), KAFKA, {})
     clear_state(nothing_configured)  # `compactor dev down`: no database any more
     with pytest.raises(ConfigError, match=NAMES_THE_FIX):

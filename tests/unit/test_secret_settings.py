@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from core.settings import ConfigError, Settings, parse_settings
-from streams.bootstrap import build_app, configured_dsn
+from streams.bootstrap import build_app
+from streams.database import configured_dsn
 from streams.transport import check_transport, dsn_hosts, is_local
 
 pytestmark = pytest.mark.unit

@@ -16,8 +16,7 @@ import pytest
 
 from core.ports.storage import StoreUnavailable
 from core.settings import Settings
-from streams import bootstrap
-from streams.bootstrap import WorkerRuntime
+from streams.runtime import MAX_WAIT_SECONDS, WorkerRuntime
 
 pytestmark = pytest.mark.unit
 
@@ -32,9 +31,7 @@ class FakeOpened:
         self.closed = True
 
 
-async def test_the_runtime_is_an_outage_until_open_then_opens_once_through_failures(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_the_runtime_is_an_outage_until_open_then_opens_once_through_failures() -> None:
     opened = FakeOpened()
     attempts: list[int] = []
 
@@ -44,8 +41,7 @@ async def test_the_runtime_is_an_outage_until_open_then_opens_once_through_failu
             raise StoreUnavailable("connection refused")
         return opened
 
-    monkeypatch.setattr(bootstrap, "open_all", open_all)
-    runtime = WorkerRuntime(Settings())
+    runtime = WorkerRuntime(Settings(), open_all)
     with pytest.raises(StoreUnavailable):
         _ = runtime.store
     assert not runtime.is_open
@@ -59,7 +55,9 @@ async def test_the_runtime_is_an_outage_until_open_then_opens_once_through_failu
     waiter = asyncio.create_task(runtime.wait_open())
     await runtime.open(on_failure=failures.append, sleep=sleep)
     await asyncio.wait_for(waiter, 5.0)
-    assert len(attempts) == 3 and len(failures) == 2 and slept == [0.2, 0.4]
+    assert len(attempts) == 3 and len(failures) == 2 and len(slept) == 2
+    # Full jitter: each wait is drawn below 0.2 s, 0.4 s, … (as the fixed backoff was).
+    assert 0 <= slept[0] <= 0.2 and 0 <= slept[1] <= 0.4
     assert runtime.is_open and runtime.store is opened.store
     assert runtime.compactor is opened.compactor
 
@@ -67,3 +65,38 @@ async def test_the_runtime_is_an_outage_until_open_then_opens_once_through_failu
     assert len(attempts) == 3
     await runtime.close()
     assert opened.closed and not runtime.is_open
+
+
+async def test_the_waits_widen_to_the_cap_and_are_jittered() -> None:
+    """A long outage: the window doubles from 0.2 s up to MAX_WAIT_SECONDS, never
+    beyond; within it the wait is random, so workers started together spread out."""
+    failures_left = 40
+
+    async def open_all(settings: Settings) -> Any:
+        nonlocal failures_left
+        if failures_left:
+            failures_left -= 1
+            raise OSError("connection refused")
+        return FakeOpened()
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    runtime = WorkerRuntime(Settings(), open_all)
+    await runtime.open(sleep=sleep)
+    assert runtime.is_open and len(slept) == 40
+    assert all(0 <= wait <= min(MAX_WAIT_SECONDS, 0.2 * 2**n) for n, wait in enumerate(slept))
+    assert max(slept[10:]) > 0.2 * 2**5  # the window did widen
+    assert len(set(slept)) > 1  # and the waits are drawn, not fixed
+
+
+async def test_an_error_that_is_not_an_outage_is_not_retried() -> None:
+    async def open_all(settings: Settings) -> Any:
+        raise ValueError("a bug, not an outage")
+
+    runtime = WorkerRuntime(Settings(), open_all)
+    with pytest.raises(ValueError, match="a bug"):
+        await runtime.open(sleep=lambda _: asyncio.sleep(0))
+    assert not runtime.is_open

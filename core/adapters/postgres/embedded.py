@@ -66,10 +66,6 @@ class EmbeddedPostgres:
         self._owned_tempdir = owned_tempdir
         self._stopped = False
 
-    def dsn_for(self, database: str) -> str:
-        """The DSN of another database on this server."""
-        return str(self._server.get_uri(database=database))
-
     def psql(self, sql: str) -> str:
         """Run ``sql`` through the bundled psql (autocommit, one statement at a time)."""
         return str(self._server.psql(sql))

@@ -22,9 +22,10 @@ from core.domain.compaction import StoredBatch
 from core.domain.tenancy import ConversationRef, tenant_of
 from core.settings import ConfigError, ResolvedModel, Settings, parse_settings
 from streams.events import MessageEvent
+from streams.http.access import Forbidden
 from streams.http.auth import AuthPolicy, Principal, check_exposure, env_tokens
 from streams.http.redo import register_redo
-from streams.http.views import Forbidden, register_views, search_request
+from streams.http.views import register_views, search_request
 from streams.worker.components import Components
 from streams.worker.records import Record
 from tests.support.builders import T0

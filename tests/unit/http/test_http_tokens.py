@@ -33,7 +33,7 @@ from yarl import URL
 from core.domain.tenancy import ConversationRef
 from core.settings import ConfigError, ResolvedModel, Settings, parse_settings
 from streams.events import CompactionCommand, MessageEvent
-from streams.http.auth import AuthPolicy, Principal, remember_config_path
+from streams.http.auth import AuthPolicy, Principal
 from streams.http.forwarding import (
     PRINCIPAL_HEADER,
     SIGNATURE_HEADER,
@@ -41,7 +41,8 @@ from streams.http.forwarding import (
     internal_key,
 )
 from streams.http.limits import RateLimiter
-from streams.http.views import register_views, watch_sighup
+from streams.http.reload import watch_sighup
+from streams.http.views import register_views
 from streams.kafka.faust_app import create_app
 from streams.worker.components import Components
 from streams.worker.records import Record
@@ -108,7 +109,9 @@ class ViewRuntime:
 class Worker:
     """One worker's views over an in-memory store; ``reload`` is what SIGHUP calls."""
 
-    def __init__(self, config: Settings, app: faust.App | None = None) -> None:
+    def __init__(
+        self, config: Settings, app: faust.App | None = None, config_path: Path | None = None
+    ) -> None:
         self.store = InMemoryStore()
         self.publisher = RecordingPublisher()
         self.components: Components[int] = components_over(self.store, config, self.publisher)
@@ -124,7 +127,7 @@ class Worker:
             lambda *args: self.app.conf.canonical_url
         )
         self.reload: Callable[[], bool] = register_views(
-            self.app, config, self.components, ViewRuntime(self.store)
+            self.app, config, self.components, ViewRuntime(self.store), config_path
         )
         self.offset = 0
 
@@ -303,8 +306,7 @@ async def test_sighup_reloads_the_tokens_and_a_bad_reload_keeps_the_old_ones(
     monkeypatch.delenv("COMPACTOR_API_TOKENS", raising=False)
     config = tmp_path / "config.toml"
     _write(config, [ADMIN])
-    remember_config_path(str(config))
-    worker = Worker(settings(api_tokens=[ADMIN]))
+    worker = Worker(settings(api_tokens=[ADMIN]), config_path=config)
     await worker.message("c-1", 0, None)
     loop = asyncio.get_running_loop()
     watch_sighup(worker.reload)
@@ -343,7 +345,6 @@ async def test_sighup_reloads_the_tokens_and_a_bad_reload_keeps_the_old_ones(
             assert await status(ACME) == 200
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
-        remember_config_path(None)
 
 
 # -- rate limit --------------------------------------------------------------------------

@@ -15,10 +15,10 @@ from streams.kafka.admin import (
     DEAD_LETTER_HEADROOM_BYTES,
     PreparedTopics,
     Replication,
-    _differs,
     topic_configs,
     worker_kafka,
 )
+from streams.kafka.topic_drift import _differs
 from streams.topics import TopicNames
 
 pytestmark = pytest.mark.unit
