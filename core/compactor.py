@@ -33,6 +33,7 @@ from core.domain.circuit import CircuitBreaker
 from core.domain.clip_archive import (
     SHORTENED_NOTE,
     ClipArchiveFormatError,
+    batch_label,
     build_clip_archive,
     clip_archive_message,
     is_clip_archive,
@@ -46,7 +47,6 @@ from core.domain.compaction import (
     CompactionTuning,
     StoredBatch,
     SummaryBatch,
-    batch_label,
     longest_fitting_prefix,
     merged_batch,
     restored_by,

@@ -14,12 +14,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from core.domain.chunking import Chunk, halve, in_history_order
-from core.domain.clip_archive import covered_days
+from core.domain.clip_archive import batch_label, covered_days
 from core.domain.compaction import (
     CompactionConfig,
     StoredBatch,
     SummaryBatch,
-    batch_label,
     merged_batch,
 )
 from core.domain.messages import ConversationMessage

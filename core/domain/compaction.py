@@ -8,7 +8,7 @@ compaction behind.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import date, datetime
+from datetime import date
 from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
@@ -224,13 +224,6 @@ class CompactionResult(BaseModel):
             usage=self.usage,
             target_tokens=self.target_tokens,
         )
-
-
-def batch_label(conversation_id: str, end_time: datetime) -> str:
-    """``compaction-batch-{conversationId}-{timestamp}`` (context-compaction.AC4.2)."""
-    from core.domain.clip_archive import format_timestamp
-
-    return f"compaction-batch-{conversation_id}-{format_timestamp(end_time)}"
 
 
 def merged_batch(sources: Sequence[StoredBatch], content: str) -> SummaryBatch:
