@@ -33,7 +33,8 @@ from core.adapters.postgres.embedded import (
 )
 from core.adapters.postgres.store import PostgresStore
 from core.adapters.postgres.tls import dsn_with_tls
-from core.compactor import PipelineCompactor, create_compactor
+from core.compaction.compactor import PipelineCompactor
+from core.compaction.factory import create_compactor
 from core.domain.accounting import reconcile_due
 from core.ports.compactor import Compactor
 from core.ports.model import ModelProvider
@@ -203,6 +204,7 @@ async def open_all(settings: Settings) -> Opened:
         tenant_weights=settings.tenant_weights(),
         fallback=build_fallback_provider() if resolved.kind != "extractive" else None,
         prices=settings.usage.prices,
+        embedder=embedder,
     )
     return Opened(settings, store, model, resolved, dsn, embedded, compactor)
 
@@ -324,7 +326,7 @@ def build_components(
         max_request_bytes=settings.kafka.max_request_bytes,
         content=settings.kafka.dead_letter_content,
     )
-    relay = OutboxRelay(runtime, publisher, metrics)
+    relay = OutboxRelay(runtime, publisher, metrics, grace_seconds=service.command_timeout_seconds)
     tenant_budgets = TenantBudgets(
         {t.id: t.llm_tokens_per_day for t in settings.tenants}, runtime, metrics, clock
     )

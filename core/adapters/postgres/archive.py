@@ -58,7 +58,8 @@ async def expand_batch(
     ids = list(batch.batch.source_message_ids)
     turns = await pool.fetch(
         """
-        SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at
+        SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at,
+               token_estimate
           FROM archived_messages
          WHERE conversation_id = $1 AND id = ANY($2::text[])
            AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::text))
@@ -71,20 +72,24 @@ async def expand_batch(
         None if after is None else after.id,
         limit,
     )
-    if after is None and limit is None:
-        archived = len(turns)
-    else:
-        archived = await pool.fetchval(
-            "SELECT count(*) FROM archived_messages WHERE conversation_id = $1 "
-            "AND id = ANY($2::text[])",
-            conversation_id,
-            ids,
-        )
+    whole = after is None and limit is None
+    archived = len(turns) if whole else await _archived_count(pool, conversation_id, ids)
     return ExpandedBatch(
         batch=batch,
         turns=tuple(row_to_message(t) for t in turns),
-        turns_missing=len(set(ids)) - int(archived),
+        turns_missing=len(set(ids)) - archived,
+        turn_tokens={t["id"]: int(t["token_estimate"]) for t in turns},
     )
+
+
+async def _archived_count(pool: Queryable, conversation_id: str, ids: list[str]) -> int:
+    count = await pool.fetchval(
+        "SELECT count(*) FROM archived_messages WHERE conversation_id = $1 "
+        "AND id = ANY($2::text[])",
+        conversation_id,
+        ids,
+    )
+    return int(count)
 
 
 async def expire_raw_turns(pool: asyncpg.Pool, retention_days: int) -> int:

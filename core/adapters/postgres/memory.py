@@ -36,7 +36,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from core.adapters.postgres import term_stats
-from core.adapters.postgres.vectors import check_vectors
+from core.domain.vectors import check_vectors
 from core.ports.embedding import Embedder
 from core.ports.storage import (
     MatchList,
