@@ -5,7 +5,7 @@ worker is started against a local OpenAI-compatible test server
 (``tests.support.llm_server``, run inside this process so it can count the
 requests it is serving at once). For every ``--latency-ms`` value:
 
-* direct      the compaction alone, no Kafka: ``PipelineCompactor.compress``
+* direct      the compaction alone, no Kafka: ``PipelineCompactor.plan``
               in this process, same LLM server, same PostgreSQL (the baseline);
 * serial      one conversation at a time goes over budget (no queueing): the
               time from producing the over-budget message event to consuming
@@ -103,8 +103,10 @@ from bench.harness import (
 )
 from core.adapters.llm.factory import build_model_provider
 from core.adapters.postgres.store import PostgresStore
-from core.compactor import PipelineCompactor, create_compactor
+from core.compaction.compactor import PipelineCompactor
+from core.compaction.factory import create_compactor
 from core.domain.budget import BudgetConfig
+from core.domain.compaction import Planned
 from core.domain.tally import compaction_id_for
 from core.settings import SummarizationSettings, resolve_model
 from streams.events import ClipArchiveEvent, CompactionCommand, MessageEvent
@@ -360,7 +362,7 @@ async def bench_compactor(
 async def direct_baseline(
     infra: Infra, server: CountingLLMServer, args: argparse.Namespace, tag: str
 ) -> list[float]:
-    """``compress`` alone (plus loading the history), as the processor calls it."""
+    """``plan`` alone (plus loading the history), as the processor calls it."""
     model, store, compactor = await bench_compactor(infra, server.openai_base_url)
     times = []
     try:
@@ -374,10 +376,10 @@ async def direct_baseline(
                 await store.save_message(event.to_message(), event.token_count or 0)
             started = time.perf_counter()
             history = await store.load_history(conversation_id)
-            result = await compactor.compress(history, conversation_id)
+            outcome = await compactor.plan(history, conversation_id, compaction_id=f"{tag}-{i}")
             times.append(time.perf_counter() - started)
-            if result.failed or not result.messages_compressed:
-                raise RuntimeError(f"direct compaction failed: {result.reason}")
+            if not isinstance(outcome, Planned) or not outcome.plan.messages_compressed:
+                raise RuntimeError(f"direct compaction failed: {outcome}")
     finally:
         await store.close()
         await close_model(model)
@@ -754,7 +756,7 @@ async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, f
     """
     from streams.metrics import Metrics
     from streams.worker.outbox import OutboxRelay
-    from streams.worker.processor import Processor
+    from streams.worker.processor import Compacted, Processor
     from streams.worker.runtime import StaticRuntime
     from tests.support.memory_store import RecordingPublisher
 
@@ -764,7 +766,7 @@ async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, f
     model, store, compactor = await bench_compactor(infra, server.openai_base_url, budget)
     publisher, metrics = RecordingPublisher(), Metrics()
     resources = StaticRuntime(store, compactor)
-    relay = OutboxRelay(resources, publisher, metrics)
+    relay = OutboxRelay(resources, publisher, metrics, grace_seconds=30.0)
     processor = Processor(
         runtime=resources, publisher=publisher, relay=relay, metrics=metrics, budget=budget
     )
@@ -784,7 +786,7 @@ async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, f
                     issued_at=datetime.now(UTC),
                 )
                 outcome = await processor.compact(command)
-                if outcome.status != "compacted":
+                if not isinstance(outcome, Compacted):
                     raise RuntimeError(f"{conversation_id}: {outcome}")
 
         note(f"CPU: {len(conversations)} compactions in this process")
@@ -885,7 +887,7 @@ def report(phases: list[Phase], directs: list[Phase]) -> None:
         " topic (the accounting agent's part);"
         "\nworker mean: the worker's compactor_compaction_latency_seconds (command issued →"
         " events published) over the phase."
-        "\ndirect: load_history + compress in this process (no Kafka, no worker), median of"
+        "\ndirect: load_history + plan in this process (no Kafka, no worker), median of"
         " the direct runs; ideal/s: n compactions in ceil(n ÷ max_concurrent) rounds of one\n"
         " direct p50 each (burst only);\nworker CPU: % of one core over the phase;"
         " machine busy: % of all cores, whoever used them (other sessions too)."

@@ -40,7 +40,7 @@ import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from core.compactor import guard_limits
+from core.compaction.factory import guard_limits
 from core.domain.compaction import CompactionTuning
 from core.domain.tenancy import conversation_key, tenant_of
 from core.provider_guard import ProviderGuard

@@ -44,7 +44,7 @@ from bench.harness import Infra, print_header, quiet_clients
 from core.adapters.llm.extractive import ExtractiveProvider
 from core.adapters.llm.openai_compat import OpenAICompatProvider
 from core.adapters.postgres.store import PostgresStore
-from core.compactor import create_compactor
+from core.compaction.factory import create_compactor
 from core.ports.embedding import Embedder
 from core.ports.model import ModelProvider
 from core.settings import Settings, parse_settings

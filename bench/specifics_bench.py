@@ -5,7 +5,7 @@ a specific of every kind the ledger knows (amounts, dates and times, URLs,
 e-mail addresses, file paths, ticket/order/commit/version ids, code symbols,
 quoted strings, names) in one turn of three, mid-sentence among filler. Each
 conversation is compacted three times (a round of new turns before each), on
-the in-memory store, through the compactor and ``apply_plan`` the worker
+the in-memory store, through the compactor and ``write_plan`` the worker
 uses, with ``clip_first = clip_last = 1`` and ``resummarize_buffer = 0`` so
 that the batches of round 1 are re-summarised at rounds 2 and 3. Reported:
 the share of round 1's planted specifics the clip-archive states right after
@@ -42,14 +42,15 @@ from bench.harness import print_header, quiet_clients
 from core.adapters.llm.anthropic import AnthropicProvider
 from core.adapters.llm.extractive import ExtractiveProvider
 from core.adapters.llm.openai_compat import OpenAICompatProvider
-from core.compactor import create_compactor
+from core.compaction.factory import create_compactor
 from core.domain.budget import BudgetConfig
-from core.domain.compaction import CompactionConfig
+from core.domain.compaction import CompactionConfig, Planned, StoredTokens
 from core.domain.specifics import normalized
 from core.domain.tokens import DEFAULT_COUNTER
 from core.domain.usage import LlmUsage, billed_input_tokens
 from core.ports.model import ModelProvider
-from streams.worker.processor import apply_plan
+from core.ports.storage import Applied
+from streams.worker.processor import write_plan
 from tests.support.llm_server import LLMTestServer
 from tests.support.memory_store import InMemoryStore
 from tests.support.planted import Planted, planted_conversation
@@ -113,17 +114,20 @@ async def run_conversation(
         made = planted_conversation(seed, turns, start=round_number * turns)
         for message in made.messages:
             await store.save_message(message, DEFAULT_COUNTER.count(message.content))
-        history = await store.load_history("planted")
-        result = await compactor.plan(history, "planted", compaction_id=f"c{seed}-{round_number}")
-        applied = await apply_plan(store, result, history)
-        assert applied.plan is not None, applied.reason
-        over += applied.over_target
-        clip = applied.plan.clip_archive.content
-        compressed += applied.tokens_removed
-        if applied.usage is not None:
-            usage = _add(usage, applied.usage)
+        compaction_id = f"c{seed}-{round_number}"
+        inputs = await store.compaction_inputs(compaction_id, "planted", up_to_seq=None)
+        history = inputs.history
+        planned = await compactor.plan(history, "planted", compaction_id=compaction_id)
+        assert isinstance(planned, Planned), planned
+        plan = planned.plan
+        assert plan.clip_archive is not None
+        assert await write_plan(store, plan) == Applied()
+        over += planned.over_target is not None
+        clip = plan.clip_archive.content
+        compressed += StoredTokens.of(plan, inputs.stored_tokens).removed
+        usage = _add(usage, plan.usage)
         if round_number == 0:
-            ids = set(applied.compressed_message_ids)
+            ids = {m.id for m in history if m.id in plan.deleted_message_ids}
             first = [p for p in made.planted if p.message_id in ids]
             shares.append(_share(first, clip))
     shares.append(_share(first, clip))

@@ -98,7 +98,7 @@ class GuardObserver(Protocol):
 @dataclass(frozen=True)
 class GuardLimits:
     """The guard's settings; their defaults live in ``[summarization]``
-    (``core.compactor.guard_limits`` maps them)."""
+    (``core.compaction.factory.guard_limits`` maps them)."""
 
     max_concurrent: int
     failure_threshold: int

@@ -29,8 +29,10 @@ from core.adapters.embedding.factory import build_embedder
 from core.adapters.llm.factory import build_fallback_provider, build_model_provider
 from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, EmbeddedPostgres, resolve_dsn
 from core.adapters.postgres.store import PostgresStore
-from core.compactor import PipelineCompactor, create_compactor
+from core.compaction.compactor import PipelineCompactor
+from core.compaction.factory import create_compactor
 from core.domain.tally import reconcile_due
+from core.ports.embedding import Embedder
 from core.ports.model import ModelProvider
 from core.ports.publisher import Publisher
 from core.settings import ResolvedModel, Settings, resolve_model
@@ -102,7 +104,8 @@ async def open_all(settings: Settings) -> Opened:
     resolved = resolve_model(settings.summarization)
     dsn, embedded = await _database(settings)
     try:
-        store = await _open_store(settings, dsn)
+        embedder = await asyncio.to_thread(build_embedder, settings.embedding)
+        store = await _open_store(settings, dsn, embedder)
     except BaseException:
         await _release(None, embedded)
         raise
@@ -116,7 +119,7 @@ async def open_all(settings: Settings) -> Opened:
     except BaseException:
         await _release(store, embedded)
         raise
-    compactor = _compactor(settings, resolved, model, store)
+    compactor = _compactor(settings, resolved, model, store, embedder)
     return Opened(settings, store, model, resolved, dsn, embedded, compactor)
 
 
@@ -137,8 +140,7 @@ async def _database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
     return dsn, embedded
 
 
-async def _open_store(settings: Settings, dsn: str) -> PostgresStore:
-    embedder = await asyncio.to_thread(build_embedder, settings.embedding)
+async def _open_store(settings: Settings, dsn: str, embedder: Embedder | None) -> PostgresStore:
     return await PostgresStore.connect(
         dsn,
         embedder=embedder,
@@ -150,7 +152,11 @@ async def _open_store(settings: Settings, dsn: str) -> PostgresStore:
 
 
 def _compactor(
-    settings: Settings, resolved: ResolvedModel, model: ModelProvider, store: PostgresStore
+    settings: Settings,
+    resolved: ResolvedModel,
+    model: ModelProvider,
+    store: PostgresStore,
+    embedder: Embedder | None,
 ) -> PipelineCompactor:
     """One per runtime: its circuit breaker and provider guard span compactions."""
     return create_compactor(
@@ -162,6 +168,7 @@ def _compactor(
         tenant_weights=settings.tenant_weights(),
         fallback=build_fallback_provider() if resolved.kind != "extractive" else None,
         prices=settings.usage.prices,
+        embedder=embedder,
     )
 
 
@@ -249,7 +256,7 @@ def _compaction(
     """The processor, the scheduler in front of it and the relay behind it: how
     commands become compactions and their events."""
     service = settings.service
-    relay = OutboxRelay(runtime, publisher, metrics)
+    relay = OutboxRelay(runtime, publisher, metrics, grace_seconds=service.command_timeout_seconds)
     tenant_budgets = TenantBudgets(
         {t.id: t.llm_tokens_per_day for t in settings.tenants}, runtime, metrics, clock
     )

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
-from core.compactor import PipelineCompactor
+from core.compaction.compactor import PipelineCompactor
 from core.ports.compactor import Compactor
 from core.ports.storage import StoreUnavailable, WorkerStore
 from core.settings import ResolvedModel, Settings, resolve_model

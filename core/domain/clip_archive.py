@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
@@ -55,6 +56,11 @@ def is_clip_archive(message: ConversationMessage) -> bool:
 def format_timestamp(moment: datetime) -> str:
     """UTC, millisecond precision, ``Z`` suffix: what JavaScript's toISOString gives."""
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def batch_label(conversation_id: str, end_time: datetime) -> str:
+    """``compaction-batch-{conversationId}-{timestamp}`` (context-compaction.AC4.2)."""
+    return f"compaction-batch-{conversation_id}-{format_timestamp(end_time)}"
 
 
 MAX_DAYS_LISTED = 8
@@ -161,24 +167,57 @@ def parse_clip_archive(text: str) -> ParsedClipArchive:
     header = _HEADER_RE.match(lines[0]) if lines else None
     if header is None:
         raise ClipArchiveFormatError("not a clip-archive: the first line is not its header")
+    reader = _SectionReader()
+    for line in lines[1:]:
+        reader.read(line)
+    reader.close_batch()
+    return ParsedClipArchive(
+        messages_compressed=int(header.group(1)),
+        cycles=int(header.group(2)),
+        earliest=tuple(reader.earliest),
+        omitted=reader.omitted,
+        recent=tuple(reader.recent),
+    )
 
-    earliest: list[ShownBatch] = []
-    recent: list[ShownBatch] = []
-    omitted = 0
+
+@dataclass
+class _SectionReader:
+    """The lines after the header, one at a time: sections, batches and the omission."""
+
+    earliest: list[ShownBatch] = field(default_factory=list)
+    recent: list[ShownBatch] = field(default_factory=list)
+    omitted: int = 0
     section: list[ShownBatch] | None = None
     open_batch: tuple[re.Match[str], list[str]] | None = None
 
-    def close_batch() -> None:
-        nonlocal open_batch
-        if open_batch is None:
+    def read(self, line: str) -> None:
+        if line == EARLIEST_HEADING:
+            self.close_batch()
+            self.section = self.earliest
+        elif line == RECENT_HEADING:
+            self.close_batch()
+            self.section = self.recent
+        elif (omission := _OMISSION_RE.match(line)) is not None:
+            self.close_batch()
+            self.omitted = int(omission.group(1))
+        elif (batch := _BATCH_RE.match(line)) is not None:
+            self.close_batch()
+            self.open_batch = (batch, [])
+        elif self.open_batch is not None:
+            self.open_batch[1].append(line)
+        elif line.strip():
+            raise ClipArchiveFormatError(f"unexpected line outside a batch: {line[:80]!r}")
+
+    def close_batch(self) -> None:
+        if self.open_batch is None:
             return
-        match, body = open_batch
-        if section is None:
+        match, body = self.open_batch
+        if self.section is None:
             raise ClipArchiveFormatError(f"batch {match.group(1)} outside any section")
         while body and body[-1] == "":
             body.pop()  # the blank line that separates blocks
         covers = body.pop(0) if body and _COVERS_RE.match(body[0]) else None
-        section.append(
+        self.section.append(
             ShownBatch(
                 number=int(match.group(1)),
                 depth=int(match.group(2)),
@@ -188,34 +227,7 @@ def parse_clip_archive(text: str) -> ParsedClipArchive:
                 covers=covers,
             )
         )
-        open_batch = None
-
-    for line in lines[1:]:
-        if line == EARLIEST_HEADING:
-            close_batch()
-            section = earliest
-        elif line == RECENT_HEADING:
-            close_batch()
-            section = recent
-        elif (omission := _OMISSION_RE.match(line)) is not None:
-            close_batch()
-            omitted = int(omission.group(1))
-        elif (batch := _BATCH_RE.match(line)) is not None:
-            close_batch()
-            open_batch = (batch, [])
-        elif open_batch is not None:
-            open_batch[1].append(line)
-        elif line.strip():
-            raise ClipArchiveFormatError(f"unexpected line outside a batch: {line[:80]!r}")
-    close_batch()
-
-    return ParsedClipArchive(
-        messages_compressed=int(header.group(1)),
-        cycles=int(header.group(2)),
-        earliest=tuple(earliest),
-        omitted=omitted,
-        recent=tuple(recent),
-    )
+        self.open_batch = None
 
 
 def clip_archive_message(

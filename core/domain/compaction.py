@@ -7,8 +7,9 @@ compaction behind.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from datetime import date, datetime
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date
 from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
@@ -16,6 +17,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validato
 from core.domain.messages import ConversationMessage
 from core.domain.scoring import ImportanceScoringConfig
 from core.domain.specifics import Specific
+from core.domain.tokens import estimate_message_tokens
 from core.domain.usage import LlmUsage
 
 
@@ -106,6 +108,18 @@ class CompactionConfig(CompactionTuning):
     scoring: ImportanceScoringConfig = ImportanceScoringConfig()
 
 
+class PlanEmbeddings(BaseModel):
+    """Vectors of what a compaction archives, made before anything is written
+    (``core.compaction.embedding``): one per new batch, in order, and one per
+    compressed raw turn by its id, all of one embedding ``model``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    batches: tuple[list[float], ...]
+    turns: dict[str, list[float]] = Field(default_factory=dict)
+
+
 class CompactionPlan(BaseModel):
     """Everything one compaction writes, computed before any write happens.
 
@@ -133,6 +147,41 @@ class CompactionPlan(BaseModel):
     restored_message_ids: tuple[str, ...] = ()
     # Turns of a restored batch that did not fit the budget (they stay archived).
     not_restored_message_ids: tuple[str, ...] = ()
+    # The stored token counts of the restored turns, summed (read with the batch).
+    restored_tokens: int = 0
+    # None: no embedder, or it failed (the batches and turns are stored without).
+    embeddings: PlanEmbeddings | None = None
+
+    def check_consistent(self) -> None:
+        """Raise ``ValueError`` for a plan that would write across conversations or
+        collide with itself (a store checks before it writes anything)."""
+        conversation = self.conversation_id
+        foreign = [b.id for b in self.new_batches if b.conversation_id != conversation]
+        clip_in = conversation if self.clip_archive is None else self.clip_archive.conversation_id
+        if foreign or clip_in != conversation:
+            raise ValueError(
+                f"compaction {self.compaction_id} writes outside conversation {conversation}: "
+                f"batches {foreign}, clip-archive in {clip_in}"
+            )
+        ids = [b.id for b in self.new_batches]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"compaction {self.compaction_id} has duplicate batch ids")
+        existing = [old for old, _ in self.superseded]
+        if len(set(existing)) != len(existing):
+            raise ValueError(f"compaction {self.compaction_id} supersedes a batch twice")
+        embeddings = self.embeddings
+        if embeddings is not None and len(embeddings.batches) != len(self.new_batches):
+            raise ValueError(f"compaction {self.compaction_id}: a vector per new batch, or none")
+
+    @property
+    def changes_nothing(self) -> bool:
+        """Nothing compressed, archived or restored: only the clip-archive rebuilt."""
+        return (
+            self.messages_compressed == 0
+            and not self.new_batches
+            and not self.restored_message_ids
+            and self.clip_archive is not None
+        )
 
 
 def restored_by(compaction_id: str) -> str:
@@ -141,96 +190,80 @@ def restored_by(compaction_id: str) -> str:
     return f"restored:{compaction_id}"
 
 
-class AppliedStats(BaseModel):
-    """What a compaction changed, measured inside its transaction.
+FailureKind = Literal[
+    "circuit_open",
+    "provider_unavailable",
+    "rate_limited",
+    "model_auth",
+    "model_timeout",
+    "model_server",
+    "model_response",
+    "model_error",
+    "history_conflict",
+    "store_unavailable",
+    "error",
+]
+"""Why a compaction failed, in a word: the ``reason`` label of
+``compactor_compactions_failed_total`` (``core.compaction.attempt.failure_kind``)."""
 
-    ``tokens_removed`` sums the stored token counts of the deleted rows (which
-    may be provider-reported), so token accounting can subtract exactly that.
-    """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+@dataclass(frozen=True)
+class Planned:
+    """A compaction to write: ``plan``, and ``history`` as the model sees it once
+    the plan is applied. ``over_target`` says why that history stays over the
+    target, when it does."""
 
-    tokens_removed: int
-    tokens_added: int
-
-
-class CompactionResult(BaseModel):
-    """What a compaction planned, and, once a store applied it, what it changed.
-
-    ``plan`` is what to write (None when the history stays as it was: failed,
-    or nothing to compress); ``history`` is the history as the model sees it
-    once the plan is applied. ``tokens_removed`` / ``tokens_added`` are the
-    store's measurements, zero until ``applied`` fills them in.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+    plan: CompactionPlan
     history: tuple[ConversationMessage, ...]
-    batches_created: int = 0
-    messages_compressed: int = 0
-    tokens_estimate_before: int = 0
-    tokens_estimate_after: int = 0
-    failed: bool = False
-    reason: str | None = None
-    compaction_id: str | None = None
-    batches: tuple[StoredBatch, ...] = ()
-    compressed_message_ids: tuple[str, ...] = ()
-    already_applied: bool = False
-    tokens_removed: int = 0
-    tokens_added: int = 0
-    llm_input_tokens: int = 0
+    over_target: str | None = None
+    llm_input_tokens: int = 0  # what the provider reported (the extractive one too)
     llm_output_tokens: int = 0
-    usage: LlmUsage | None = None  # the LLM spend in full (None: no call was made)
-    # The history this compaction left (or, when it could not compact, found)
-    # is over the target; ``reason`` says why it could not do better.
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """Nothing to write, and why (nothing to compress, recompact or restore).
+    ``over_target``: the history is over the target all the same."""
+
+    reason: str
     over_target: bool = False
-    target_tokens: int | None = None
-    plan: CompactionPlan | None = None
-    # Failed because the provider was unavailable (refused by the guard, or failing
-    # for everyone): the guard's answer count then, to try again once it answers.
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The compaction failed and wrote nothing. ``provider_down_at``: failed because
+    the provider was down, the guard's answer count then, to go again once it
+    answers (``Compactor.provider_answers``)."""
+
+    kind: FailureKind
+    detail: str
     provider_down_at: int | None = None
-    messages_restored: int = 0  # a restore: raw turns back in the live history
 
-    @property
-    def provider_down(self) -> bool:
-        return self.provider_down_at is not None
 
-    def applied(self, stats: AppliedStats) -> CompactionResult:
-        """This result once a store has applied its plan and measured ``stats``."""
-        return self.model_copy(
-            update={"tokens_removed": stats.tokens_removed, "tokens_added": stats.tokens_added}
+PlanOutcome = Planned | Unchanged | Failed
+"""What a compactor answers for one compaction."""
+
+
+@dataclass(frozen=True)
+class StoredTokens:
+    """What a compaction changes in the conversation's stored token total: the
+    stored counts of the rows it removes and of those it adds. Its completion
+    announces them, and the store checks them against the rows it touches, so
+    the tally and the store move by the same amount."""
+
+    removed: int
+    added: int
+
+    @classmethod
+    def of(cls, plan: CompactionPlan, stored: Mapping[str, int]) -> StoredTokens:
+        """``stored``: the stored token count of each message of the history the
+        plan was made from (``CompactionInputs.stored_tokens``). The clip-archive
+        is stored with its estimate, the restored turns with their own counts."""
+        clip = 0 if plan.clip_archive is None else estimate_message_tokens(plan.clip_archive)
+        return cls(
+            removed=sum(stored[message_id] for message_id in plan.deleted_message_ids),
+            added=clip + plan.restored_tokens,
         )
-
-    def unchanged(
-        self,
-        history: tuple[ConversationMessage, ...],
-        reason: str,
-        *,
-        failed: bool,
-        already_applied: bool = False,
-    ) -> CompactionResult:
-        """The plan was not applied: ``history`` stays as it was (LLM spend is kept)."""
-        before = self.tokens_estimate_before
-        return CompactionResult(
-            history=history,
-            tokens_estimate_before=before,
-            tokens_estimate_after=before,
-            failed=failed,
-            reason=reason,
-            compaction_id=self.compaction_id,
-            already_applied=already_applied,
-            llm_input_tokens=self.llm_input_tokens,
-            llm_output_tokens=self.llm_output_tokens,
-            usage=self.usage,
-            target_tokens=self.target_tokens,
-        )
-
-
-def batch_label(conversation_id: str, end_time: datetime) -> str:
-    """``compaction-batch-{conversationId}-{timestamp}`` (context-compaction.AC4.2)."""
-    from core.domain.clip_archive import format_timestamp
-
-    return f"compaction-batch-{conversation_id}-{format_timestamp(end_time)}"
 
 
 def merged_batch(sources: Sequence[StoredBatch], content: str) -> SummaryBatch:

@@ -1,9 +1,10 @@
-"""The compactor as the worker sees it: history in, a plan out, nothing written.
+"""The compactor as the worker sees it: history in, an outcome out, nothing written.
 
-The processor (``streams.worker.processor``) applies the plan with the store's
-``apply_compaction`` in one transaction, together with the events it builds;
-keeping the write out of the compactor leaves one place that decides what a
-compaction publishes and one that asks whether it was applied.
+``Planned`` carries the plan, which the processor (``streams.worker.processor``)
+applies with the store's ``apply_compaction`` in one transaction, together
+with the events it builds; keeping the write out of the compactor leaves one
+place that decides what a compaction publishes and one that asks whether it
+was applied.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from core.domain.compaction import CompactionResult
+from core.domain.compaction import PlanOutcome
 from core.domain.messages import ConversationMessage
 
 
@@ -21,18 +22,18 @@ class Compactor(Protocol):
         history: Sequence[ConversationMessage],
         conversation_id: str,
         *,
-        compaction_id: str | None = None,
+        compaction_id: str,
         fallback: bool = False,
-    ) -> CompactionResult:
-        """The compaction of ``history`` as a plan (``CompactionResult.plan``), or
-        the history back unchanged with the reason (failed, nothing to compress).
+    ) -> PlanOutcome:
+        """The compaction of ``history``: ``Planned``, ``Unchanged`` (nothing to
+        compress) or ``Failed``, with why.
         ``fallback``: with the local fallback summariser instead of the LLM (the
         tenant's LLM budget for the day is spent)."""
         ...
 
     async def recompact(
         self, history: Sequence[ConversationMessage], conversation_id: str, *, compaction_id: str
-    ) -> CompactionResult:
+    ) -> PlanOutcome:
         """The live batches re-summarised from their archived raw turns with the
         current prompt, model and settings, as a plan (``compactor recompact``)."""
         ...
@@ -44,12 +45,12 @@ class Compactor(Protocol):
         *,
         compaction_id: str,
         batch_id: str | None = None,
-    ) -> CompactionResult:
+    ) -> PlanOutcome:
         """A batch's raw turns back in the live history as far as the budget allows,
         as a plan (``compactor restore``)."""
         ...
 
     async def provider_answers(self, since: int) -> None:
         """Return once the model's provider may be called again: a compaction that
-        failed with ``provider_down_at=since`` waits here, then goes again."""
+        ``Failed`` with ``provider_down_at=since`` waits here, then goes again."""
         ...

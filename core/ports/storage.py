@@ -13,14 +13,14 @@ maps every transport's exceptions to its own at the edge.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Literal, Protocol
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
+from core.domain.compaction import CompactionPlan, StoredBatch, StoredTokens
 from core.domain.messages import ConversationMessage
 from core.domain.usage import LlmUsage, UsageDay
 
@@ -56,14 +56,14 @@ class TenantConflictError(StoreConflict):
     has a conversation with that id). Nothing was written."""
 
 
-ApplyOutcome = Literal["applied", "already_applied"]
+@dataclass(frozen=True)
+class Applied:
+    """``apply_compaction`` wrote the compaction now."""
 
 
-class ApplyResult(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    outcome: ApplyOutcome
-    stats: AppliedStats | None = None  # None when already applied
+@dataclass(frozen=True)
+class AlreadyApplied:
+    """``apply_compaction`` found the compaction id recorded: a replay, nothing written."""
 
 
 class OutboxRecord(BaseModel):
@@ -80,9 +80,14 @@ class OutboxRecord(BaseModel):
     payload: str
 
 
-OutboxBuilder = Callable[[AppliedStats], Sequence[OutboxRecord]]
-"""The outbox records of one compaction, made from the stats its transaction
-measured (the completion carries the stored token counts it removed)."""
+@dataclass(frozen=True)
+class CompactionOutbox:
+    """What a compaction publishes once committed, written in its transaction: the
+    ``records`` in order, and the stored token counts its completion announces
+    (``tokens``), which the store checks against the rows it removes and adds."""
+
+    records: tuple[OutboxRecord, ...]
+    tokens: StoredTokens
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,9 @@ class CompactionInputs:
     applied: bool  # the compaction id is already recorded
     total: int  # the conversation's stored token total
     history: list[ConversationMessage]  # in model order, up to the command's cut
+    # message id → its stored token count, for each message of ``history``: what a
+    # compaction that removes it takes off the total (``StoredTokens.of``)
+    stored_tokens: dict[str, int] = field(default_factory=dict)
 
 
 class OutboxRow(BaseModel):
@@ -318,6 +326,7 @@ class ExpandedBatch(BaseModel):
     batch: StoredBatch
     turns: tuple[ConversationMessage, ...]
     turns_missing: int
+    turn_tokens: dict[str, int] = Field(default_factory=dict)  # stored count of each turn
 
 
 class CompactedBatch(BaseModel):
@@ -419,14 +428,15 @@ class MessageStore(Protocol):
         ...
 
     async def apply_compaction(
-        self, plan: CompactionPlan, outbox: OutboxBuilder | None = None
-    ) -> ApplyResult:
-        """Archive, supersede, delete, insert the clip-archive and write the
-        outbox rows ``outbox`` makes from the measured stats, in one transaction.
-        A compaction id already recorded writes nothing (``already_applied``).
+        self, plan: CompactionPlan, outbox: CompactionOutbox | None = None
+    ) -> Applied | AlreadyApplied:
+        """Archive (with the plan's vectors), supersede, delete, restore, insert the
+        clip-archive and write ``outbox.records``, in one transaction. A
+        compaction id already recorded writes nothing (``AlreadyApplied``).
 
         Raises ``HistoryConflictError`` (and writes nothing) when the plan's
-        messages are no longer all there.
+        messages are no longer all there, or when the stored token counts of
+        the rows it removes and adds are not ``outbox.tokens``.
         """
         ...
 
@@ -486,9 +496,10 @@ class OutboxStore(Protocol):
     """The transactional outbox: events written with a compaction, published after it."""
 
     async def pending_outbox(
-        self, *, compaction_id: str | None = None, limit: int = 100
+        self, *, older_than_seconds: float = 0.0, limit: int = 100
     ) -> list[OutboxRow]:
-        """Unpublished rows, oldest first (optionally of one compaction)."""
+        """Unpublished rows written at least ``older_than_seconds`` ago (by the
+        store's clock), oldest first."""
         ...
 
     async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:

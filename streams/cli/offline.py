@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from core.domain.compaction import Failed
 from core.ports.compactor import Compactor
 from core.ports.publisher import Headers
 from core.ports.storage import WorkerStore
@@ -20,7 +21,7 @@ from core.settings import Settings
 from streams.bootstrap import build_components
 from streams.events import MessageEvent
 from streams.worker.components import Components
-from streams.worker.processor import CompactionOutcome
+from streams.worker.processor import Compacted
 from streams.worker.records import Record, decode_command
 from streams.worker.runtime import StaticRuntime
 
@@ -53,7 +54,7 @@ class OfflineRun:
     settings: Settings
     store: WorkerStore
     compactor: Compactor
-    on_compaction: Callable[[str, CompactionOutcome], None] = lambda *_: None
+    on_compaction: Callable[[str, Compacted], None] = lambda *_: None
     publisher: LoopbackPublisher = field(default_factory=LoopbackPublisher)
     _offset: int = 0
 
@@ -84,13 +85,13 @@ class OfflineRun:
             role, key, value = self.publisher.queue.popleft()
             if role == "commands":
                 command = decode_command(Record(names.commands, 0, 0, key, value))
-                outcome = await self.components.processor.compact(command)
-                if outcome.status == "failed":
-                    raise OfflineCompactionError(
-                        f"compaction of {command.conversation_key} failed: {outcome.reason}"
-                    )
-                if outcome.status == "compacted":
-                    self.on_compaction(command.conversation_key, outcome)
+                match await self.components.processor.compact(command):
+                    case Failed(detail=detail):
+                        raise OfflineCompactionError(
+                            f"compaction of {command.conversation_key} failed: {detail}"
+                        )
+                    case Compacted() as compacted:
+                        self.on_compaction(command.conversation_key, compacted)
             elif role == "control":
                 await self._deliver(names.control, key, value or b"")
             elif role == "dead_letters":

@@ -23,7 +23,7 @@ from streams.bootstrap import open_runtime
 from streams.cli.errors import CommandError
 from streams.cli.offline import OfflineCompactionError, OfflineRun, conversations_in
 from streams.cli.replay import read_events
-from streams.worker.processor import CompactionOutcome
+from streams.worker.processor import Compacted
 
 
 def render_history(history: list[ConversationMessage]) -> str:
@@ -64,12 +64,13 @@ async def cmd_compact(settings: Settings, args: argparse.Namespace) -> int:
         )
         counts: dict[str, int] = defaultdict(int)
 
-        def report(conversation_id: str, outcome: CompactionOutcome) -> None:
+        def report(conversation_id: str, compacted: Compacted) -> None:
             counts[conversation_id] += 1
+            plan = compacted.plan
             print(
                 f"compaction {counts[conversation_id]} of {conversation_id}: "
-                f"{outcome.messages_compressed} messages → {outcome.batches_created} batches, "
-                f"{outcome.tokens_before} → {outcome.tokens_after} tokens"
+                f"{plan.messages_compressed} messages → {len(plan.new_batches)} batches, "
+                f"{plan.tokens_estimate_before} → {plan.tokens_estimate_after} tokens"
             )
 
         run = OfflineRun(settings, runtime.store, runtime.compactor, on_compaction=report)

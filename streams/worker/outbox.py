@@ -1,24 +1,30 @@
 """The events a compaction publishes, and the relay that publishes them.
 
-They are written to the outbox in the compaction's own transaction, then
-relayed to Kafka: a crash between commit and publish loses nothing, because
-the relay timer publishes whatever is left unpublished.
+They are built before the compaction is written (``compaction_outbox``, a
+pure function), written to the outbox in its own transaction, then relayed
+to Kafka: a crash between commit and publish loses nothing, because a
+replayed command republishes them and the relay timer publishes whatever is
+left unpublished.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Iterator, Sequence, Set
-from contextlib import contextmanager
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import datetime
 
 from core.domain.clip_archive import is_clip_archive
-from core.domain.compaction import AppliedStats, CompactionPlan
+from core.domain.compaction import CompactionPlan, StoredTokens
 from core.domain.messages import ConversationMessage
 from core.ports.publisher import Publisher
-from core.ports.storage import OutboxRecord, OutboxRow, OutboxStore
+from core.ports.storage import (
+    CompactionInputs,
+    CompactionOutbox,
+    OutboxRecord,
+    OutboxRow,
+    OutboxStore,
+)
 from streams.events import (
     BatchInfo,
     ClipArchiveEvent,
@@ -81,11 +87,11 @@ def completion(
     command: CompactionCommand,
     completed_at: datetime,
     plan: CompactionPlan | None = None,
-    stats: AppliedStats | None = None,
+    tokens: StoredTokens | None = None,
 ) -> CompactionCompleted:
-    """The ``CompactionCompleted`` for ``command``: ``compacted`` with the counts a
-    store measured applying ``plan``, or ``noop`` (no plan) with zeros."""
-    if plan is None or stats is None:
+    """The ``CompactionCompleted`` for ``command``: ``compacted`` with the stored
+    token counts ``plan`` removes and adds, or ``noop`` (no plan) with zeros."""
+    if plan is None or tokens is None:
         return CompactionCompleted(
             compaction_id=command.compaction_id,
             conversation_id=command.conversation_id,
@@ -108,58 +114,39 @@ def completion(
         messages_compressed=plan.messages_compressed,
         rows_removed=len(plan.deleted_message_ids),
         rows_added=(plan.clip_archive is not None) + len(plan.restored_message_ids),
-        tokens_removed=stats.tokens_removed,
-        tokens_added=stats.tokens_added,
+        tokens_removed=tokens.removed,
+        tokens_added=tokens.added,
         completed_at=completed_at,
     )
 
 
-class OutboxEvents:
-    """What a committed compaction publishes: its clip-archive and its completion.
-
-    ``build`` is the ``OutboxBuilder`` handed to ``apply_compaction``: the
-    completion carries the token counts measured inside the transaction, so
-    the accounting agent's tally moves by exactly what was written. The
-    records it built stay in ``records``, so the relay sends them without
-    reading them back.
-    """
-
-    def __init__(
-        self,
-        command: CompactionCommand,
-        history: Sequence[ConversationMessage],
-        plan: CompactionPlan,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._command = command
-        self._history = history
-        self._plan = plan
-        self._clock = clock
-        self.records: list[OutboxRecord] = []
-
-    def build(self, stats: AppliedStats) -> list[OutboxRecord]:
-        created = datetime.fromtimestamp(self._clock(), UTC)
-        plan, command = self._plan, self._command
-        completed = completion(command, created, plan, stats)
-        clip_event = clip_archive_event(command, self._history, plan, created)
-        # The clip-archives topic is log-compacted by conversation key (one latest
-        # event per (tenant, id)); the control topic is co-partitioned with the
-        # messages topic, so its key is the producer's id.
-        self.records = [
-            OutboxRecord(
-                topic="clip_archives",
-                key=plan.conversation_id,
-                payload=clip_event.to_json(),
-            ),
-            OutboxRecord(
-                topic="control", key=command.conversation_id, payload=completed.model_dump_json()
-            ),
-        ]
-        return self.records
+def compaction_outbox(
+    command: CompactionCommand,
+    inputs: CompactionInputs,
+    plan: CompactionPlan,
+    created_at: datetime,
+) -> CompactionOutbox:
+    """What a compaction publishes once committed: its clip-archive event and its
+    completion, built before the write. The completion carries the stored token
+    counts the plan removes and adds (the store checks them as it writes), so
+    the accounting agent's tally moves by exactly what was written."""
+    tokens = StoredTokens.of(plan, inputs.stored_tokens)
+    completed = completion(command, created_at, plan, tokens)
+    clip_event = clip_archive_event(command, inputs.history, plan, created_at)
+    # The clip-archives topic is log-compacted by conversation key (one latest
+    # event per (tenant, id)); the control topic is co-partitioned with the
+    # messages topic, so its key is the producer's id.
+    records = (
+        OutboxRecord(topic="clip_archives", key=plan.conversation_id, payload=clip_event.to_json()),
+        OutboxRecord(
+            topic="control", key=command.conversation_id, payload=completed.model_dump_json()
+        ),
+    )
+    return CompactionOutbox(records, tokens)
 
 
 class OutboxRelay:
-    """Publishes committed outbox rows and marks them published.
+    """Publishes committed outbox rows and marks them published, one job per method.
 
     Each compaction's rows are relayed on their own: sent together, their acks
     awaited together, then marked in one statement that touches that
@@ -167,74 +154,73 @@ class OutboxRelay:
     compactions, so a burst of compactions finishing together relays in
     parallel rather than queueing behind one lock; only timer passes are
     serialised, among themselves.
+
+    ``grace_seconds``: how old an unpublished row must be before the timer
+    sends it (``drain``). The processor sends a compaction's rows itself right
+    after the commit and marks them; the grace keeps the timer off those
+    rows while that send may still be under way, so it does not send them a
+    second time. The worker sets it to ``[service].command_timeout_seconds``:
+    the service's own bound on how long a compaction may take before it
+    counts as lost (reconciliation re-sends its command then, and the replay
+    republishes). A send still waiting that long after its commit is one the
+    producer is holding through a broker outage (Faust lets it wait up to its
+    ``producer_request_timeout``, 20 minutes, far too long to leave a crash's
+    rows behind); a copy sent meanwhile is a duplicate, which consumers drop
+    by ``compaction_id`` (delivery is at least once).
     """
 
-    def __init__(self, runtime: Runtime, publisher: Publisher, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        publisher: Publisher,
+        metrics: Metrics,
+        *,
+        grace_seconds: float,
+    ) -> None:
         self._runtime = runtime
         self._publisher = publisher
         self._metrics = metrics
+        self._grace_seconds = grace_seconds
         self._timer = asyncio.Lock()
-        self._claimed: set[str] = set()
 
-    @contextmanager
-    def claim(self, compaction_id: str) -> Iterator[None]:
-        """The caller relays this compaction's rows itself: timer passes leave them.
+    async def send(self, compaction_id: str, records: Sequence[OutboxRecord]) -> None:
+        """Publish the records a compaction just committed (its processor kept
+        them, so nothing is read back: one round trip fewer before the
+        clip-archive is out), then mark its rows published."""
+        await self._send(records)
+        await self._runtime.store.mark_compaction_published(compaction_id)
 
-        Without it a timer pass that runs between a compaction's commit and
-        its own relay would publish the same records a second time.
-        """
-        self._claimed.add(compaction_id)
-        try:
-            yield
-        finally:
-            self._claimed.discard(compaction_id)
+    async def republish(self, compaction_id: str) -> int:
+        """A command came back for an applied compaction (redelivered after a
+        crash, or re-sent by reconciliation because no completion was applied).
 
-    async def relay(
-        self,
-        compaction_id: str | None = None,
-        *,
-        again: bool = False,
-        records: Sequence[OutboxRecord] = (),
-    ) -> int:
-        """Publish unpublished outbox rows, then mark them (at least once).
-
-        ``records``: what the compaction just committed wrote to the outbox (its
-        processor kept them); they are sent without reading the rows back
-        first, one round trip fewer before the clip-archive is out, then marked
-        by compaction id.
-
-        ``again``: a command came back for an applied compaction (redelivered
-        after a crash, or re-sent by reconciliation because no completion was
-        applied). Its completion is sent again whether or not it was published:
-        it may not have been applied (a rebalance, an entry rebuilt meanwhile),
-        and without it the table would wait for it forever, re-sending the
-        command every ``command_timeout_seconds``; the accounting agent applies
-        a completion once. Its clip-archive is sent only if it was never
+        Its completion is sent again whether or not it was published: it may
+        not have been applied (a rebalance, an entry rebuilt meanwhile), and
+        without it the table would wait for it forever, re-sending the command
+        every ``command_timeout_seconds``; the accounting agent applies a
+        completion once. Its clip-archive is sent only if it was never
         published: once the broker has acknowledged it, consumers have it, and
         every copy is work and noise for each of them (a kill soak published
         54 % more clip-archives than compactions when they were all re-sent).
         """
         store = self._runtime.store
-        if compaction_id is None:
-            async with self._timer:
-                rows = await store.pending_outbox(limit=500)
-                published = 0
-                for group in _by_compaction(rows, skip=self._claimed):
-                    published += await self._publish(store, group)
-                return published
-        if records and not again:
-            await self._send(records)
-            await store.mark_compaction_published(compaction_id)
-            return len(records)
-        if again:
-            rows = [
-                row
-                for row in await store.outbox_rows(compaction_id)
-                if not row.published or row.topic == "control"
-            ]
-        else:
-            rows = await store.pending_outbox(compaction_id=compaction_id, limit=500)
+        rows = [
+            row
+            for row in await store.outbox_rows(compaction_id)
+            if not row.published or row.topic == "control"
+        ]
         return await self._publish(store, rows)
+
+    async def drain(self) -> int:
+        """The timer's pass: rows older than the grace, left unpublished by a crash
+        or a failed send between commit and publish."""
+        store = self._runtime.store
+        async with self._timer:
+            rows = await store.pending_outbox(older_than_seconds=self._grace_seconds, limit=500)
+            published = 0
+            for group in _by_compaction(rows):
+                published += await self._publish(store, group)
+            return published
 
     async def _publish(self, store: OutboxStore, rows: Sequence[OutboxRow]) -> int:
         """One compaction's rows: every send in flight at once, then one mark."""
@@ -253,9 +239,9 @@ class OutboxRelay:
             self._metrics.outbox_published.labels(r.topic).inc()
 
     async def tick(self) -> None:
-        """The timer's pass: rows a crash left unpublished between commit and publish."""
+        """The timer: ``drain``, a failure logged and left for the next tick."""
         try:
-            published = await self.relay()
+            published = await self.drain()
         except Exception as error:  # the database may be briefly away; try next tick
             log.warning("outbox relay failed: %s", error)
             return
@@ -263,10 +249,9 @@ class OutboxRelay:
             log.info("relayed %d outbox rows", published)
 
 
-def _by_compaction(rows: Sequence[OutboxRow], *, skip: Set[str]) -> list[list[OutboxRow]]:
-    """``rows`` grouped by compaction, in order, leaving out those in ``skip``."""
+def _by_compaction(rows: Sequence[OutboxRow]) -> list[list[OutboxRow]]:
+    """``rows`` grouped by compaction, in order."""
     groups: dict[str, list[OutboxRow]] = {}
     for row in rows:
-        if row.compaction_id not in skip:
-            groups.setdefault(row.compaction_id, []).append(row)
+        groups.setdefault(row.compaction_id, []).append(row)
     return list(groups.values())

@@ -5,8 +5,9 @@ them concurrently across conversations (one at a time per conversation) and
 acks each in offset order once it and every earlier command have finished.
 ``Processor.compact`` is idempotent by compaction id: a replayed command
 republishes its compaction's events instead of compacting again. The
-compactor only plans; the processor applies the plan and the events it
-builds (``streams.worker.outbox``) in one ``apply_compaction`` call.
+compactor only plans; the processor builds the plan's events before the write
+(``streams.worker.outbox.compaction_outbox``, from what the store read), writes
+both in one ``apply_compaction`` call and publishes them.
 """
 
 from __future__ import annotations
@@ -17,17 +18,25 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
+from core.compaction.attempt import failure_kind
 from core.domain.budget import BudgetConfig, compaction_due
-from core.domain.compaction import CompactionResult
+from core.domain.compaction import CompactionPlan, Failed, Planned, PlanOutcome, Unchanged
 from core.domain.messages import ConversationMessage
 from core.ports.publisher import Publisher
-from core.ports.storage import HistoryConflictError, MessageStore, OutboxBuilder, OutboxRecord
+from core.ports.storage import (
+    AlreadyApplied,
+    Applied,
+    CompactionInputs,
+    CompactionOutbox,
+    HistoryConflictError,
+    MessageStore,
+)
 from streams.events import CompactionCommand
 from streams.metrics import Metrics
 from streams.worker.dead_letters import DeadLetters
-from streams.worker.outbox import OutboxEvents, OutboxRelay, completion
+from streams.worker.outbox import OutboxRelay, compaction_outbox, completion
 from streams.worker.records import InvalidRecord, Record, decode_command
 from streams.worker.runtime import Runtime
 from streams.worker.scheduler import CompactionScheduler
@@ -36,29 +45,50 @@ from streams.worker.tenant_budget import TenantBudgets
 log = logging.getLogger("compactor.worker")
 
 
+@dataclass(frozen=True)
+class Compacted:
+    """The command's compaction was written and its events published."""
+
+    plan: CompactionPlan
+
+
+@dataclass(frozen=True)
+class Noop:
+    """Nothing to do (``under_budget``, ``nothing_to_compress``, or an operator
+    request's reason); a ``noop`` completion was published."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The compaction id was applied before: its events were published again."""
+
+
+CommandOutcome = Compacted | Noop | Replayed | Failed
+"""What one command came to (``Failed`` as the compactor or the store said)."""
+
+
+@dataclass(frozen=True)
+class _Written:
+    """A plan applied now, with the outbox written beside it."""
+
+    planned: Planned
+    outbox: CompactionOutbox
+
+
+_Finished = _Written | AlreadyApplied | Unchanged | Failed
+"""A command planned and, when there was a plan, written: what ``_settle`` settles."""
+
+
 def _fields(command: CompactionCommand) -> dict[str, str]:
     """The structured log fields of a command (JSON logs, streams.logs)."""
     return {"conversation_id": command.conversation_key, "compaction_id": command.compaction_id}
 
 
-def _not_restored(result: CompactionResult) -> str:
-    left = result.plan.not_restored_message_ids if result.plan is not None else ()
+def _not_restored(plan: CompactionPlan) -> str:
+    left = plan.not_restored_message_ids
     return f", {len(left)} did not fit the budget and stay summarised" if left else ""
-
-
-OutcomeStatus = Literal["compacted", "noop", "replayed", "failed"]
-
-
-@dataclass(frozen=True)
-class CompactionOutcome:
-    status: OutcomeStatus
-    reason: str = ""
-    messages_compressed: int = 0
-    batches_created: int = 0
-    tokens_before: int = 0
-    tokens_after: int = 0
-    # Failed in a provider outage (the guard's answer count then): goes again once it answers.
-    provider_down_at: int | None = None
 
 
 class Processor:
@@ -89,13 +119,13 @@ class Processor:
         self._budget = budget
         self._clock = clock
 
-    async def compact(self, command: CompactionCommand) -> CompactionOutcome:
+    async def compact(self, command: CompactionCommand) -> CommandOutcome:
         """Run the command; one that failed because the provider was down waits for
         it to answer (``Compactor.provider_answers``) and goes again, for as long
         as the command is not yet due to be re-sent: back the moment the provider
         is, instead of after ``command_timeout_seconds`` and reconciliation."""
         outcome = await self._compact_once(command)
-        while outcome.provider_down_at is not None:
+        while isinstance(outcome, Failed) and outcome.provider_down_at is not None:
             left = self._hold_seconds - self._age(command)
             if left <= 0:
                 break
@@ -112,7 +142,10 @@ class Processor:
         issued = command.issued_at.timestamp()
         return self._clock() - issued
 
-    async def _compact_once(self, command: CompactionCommand) -> CompactionOutcome:
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self._clock(), UTC)
+
+    async def _compact_once(self, command: CompactionCommand) -> CommandOutcome:
         inputs = await self._runtime.store.compaction_inputs(
             command.compaction_id, command.conversation_key, up_to_seq=command.up_to_seq
         )
@@ -124,17 +157,28 @@ class Processor:
         metrics = self._metrics
         metrics.compactions_started.inc()
         metrics.in_flight.inc()
-        with self._relay.claim(command.compaction_id):
-            try:
-                planned = await self._plan(command, inputs.history)
-                result, records = await self._apply(command, inputs.history, planned)
-            finally:
-                metrics.in_flight.dec()
-            return await self._settle(command, result, records)
+        try:
+            finished = await self._plan_and_write(command, inputs)
+        finally:
+            metrics.in_flight.dec()
+        return await self._settle(command, finished)
 
-    async def _plan(
+    async def _plan_and_write(
+        self, command: CompactionCommand, inputs: CompactionInputs
+    ) -> _Finished:
+        """The command planned and, when there is a plan, written with its outbox."""
+        planned = await self._ask_compactor(command, inputs.history)
+        if not isinstance(planned, Planned):
+            return planned
+        self._metrics.llm_tokens.labels("input").inc(planned.llm_input_tokens)
+        self._metrics.llm_tokens.labels("output").inc(planned.llm_output_tokens)
+        outbox = compaction_outbox(command, inputs, planned.plan, self._now())
+        written = await write_plan(self._runtime.store, planned.plan, outbox)
+        return _Written(planned, outbox) if isinstance(written, Applied) else written
+
+    async def _ask_compactor(
         self, command: CompactionCommand, history: Sequence[ConversationMessage]
-    ) -> CompactionResult:
+    ) -> PlanOutcome:
         """The command's plan: an ordinary compaction, or an operator's recompact or
         restore (``CompactionCommand.action``), planned by the compactor alike."""
         compactor = self._runtime.compactor
@@ -153,71 +197,49 @@ class Processor:
         budgets = self._tenant_budgets
         return budgets is not None and await budgets.spent(command.conversation_key)
 
-    async def _apply(
-        self,
-        command: CompactionCommand,
-        history: Sequence[ConversationMessage],
-        planned: CompactionResult,
-    ) -> tuple[CompactionResult, list[OutboxRecord]]:
-        if planned.plan is None:
-            return planned, []
-        events = OutboxEvents(command, history, planned.plan, self._clock)
-        result = await apply_plan(self._runtime.store, planned, history, events.build)
-        return result, events.records if result.plan is not None else []
+    async def _settle(self, command: CompactionCommand, finished: _Finished) -> CommandOutcome:
+        """What a finished compaction means: publish its events, or say why not."""
+        match finished:
+            case Failed() as failed:
+                return self._failed(command, failed)
+            case AlreadyApplied():
+                return await self._replayed(command)
+            case Unchanged(reason=reason, over_target=over_target):
+                if over_target:
+                    self._metrics.compactions_over_target.inc()
+                detail = reason if command.action != "compact" else None
+                return await self._complete_without_compaction(
+                    command, "nothing_to_compress", detail
+                )
+            case _Written(planned=planned, outbox=outbox):
+                if planned.over_target is not None:
+                    self._metrics.compactions_over_target.inc()
+                if planned.plan.changes_nothing:
+                    # Its events stay in the outbox for the relay timer.
+                    return await self._complete_without_compaction(command, "nothing_to_compress")
+                await self._relay.send(command.compaction_id, outbox.records)
+                return self._compacted(command, planned.plan)
 
-    async def _settle(
-        self, command: CompactionCommand, result: CompactionResult, records: list[OutboxRecord]
-    ) -> CompactionOutcome:
-        """What a finished ``compress`` means: publish its events, or say why not."""
+    def _compacted(self, command: CompactionCommand, plan: CompactionPlan) -> Compacted:
         metrics = self._metrics
-        metrics.llm_tokens.labels("input").inc(result.llm_input_tokens)
-        metrics.llm_tokens.labels("output").inc(result.llm_output_tokens)
-        if result.over_target:
-            metrics.compactions_over_target.inc()
-        if result.failed:
-            return self._failed(command, result.reason or "unknown", result.provider_down_at)
-        if result.already_applied:
-            return await self._replayed(command)
-        if (
-            result.messages_compressed == 0
-            and result.batches_created == 0
-            and result.messages_restored == 0
-            and (result.plan is None or result.plan.clip_archive is not None)
-        ):
-            # (No message compressed but a new batch: the clip-archive was re-fitted
-            # under the target, a compaction like any other.)
-            detail = result.reason if command.action != "compact" else None
-            return await self._complete_without_compaction(command, "nothing_to_compress", detail)
-        await self._relay.relay(command.compaction_id, records=records)
         metrics.compactions_succeeded.inc()
-        if result.usage is not None:
-            metrics.count_usage(result.usage)
-        issued = (datetime.fromtimestamp(self._clock(), UTC) - command.issued_at).total_seconds()
+        metrics.count_usage(plan.usage)
+        issued = (self._now() - command.issued_at).total_seconds()
         metrics.compaction_latency.observe(max(0.0, issued))
         if command.action != "compact":
-            self._metrics.operator_requests.labels(command.action, "applied").inc()
+            metrics.operator_requests.labels(command.action, "applied").inc()
             log.info(
                 "%s %s of %s (request %s) applied: %d batches, %d turns restored%s",
                 command.action, command.compaction_id, command.conversation_key,
-                command.request_id, result.batches_created, result.messages_restored,
-                _not_restored(result), extra=_fields(command),
+                command.request_id, len(plan.new_batches), len(plan.restored_message_ids),
+                _not_restored(plan), extra=_fields(command),
             )  # fmt: skip
-        return CompactionOutcome(
-            "compacted",
-            reason=_not_restored(result).lstrip(", "),
-            messages_compressed=result.messages_compressed,
-            batches_created=result.batches_created,
-            tokens_before=result.tokens_estimate_before,
-            tokens_after=result.tokens_estimate_after,
-        )
+        return Compacted(plan)
 
-    def _failed(
-        self, command: CompactionCommand, reason: str, provider_down_at: int | None
-    ) -> CompactionOutcome:
-        kind = reason.split(":", 1)[0]
-        self._metrics.compactions_failed.labels(kind).inc()
+    def _failed(self, command: CompactionCommand, failed: Failed) -> Failed:
+        self._metrics.compactions_failed.labels(failed.kind).inc()
         # A provider outage fails every compaction at once; the guard has said so.
-        provider_down = provider_down_at is not None
+        provider_down = failed.provider_down_at is not None
         level = logging.INFO if provider_down else logging.WARNING
         then = "again once the provider answers" if provider_down else "reconciliation retries it"
         log.log(
@@ -226,27 +248,25 @@ class Processor:
             command.compaction_id,
             command.conversation_key,
             then,
-            reason,
+            failed.detail,
             extra=_fields(command),
         )
         if command.action != "compact":
             self._metrics.operator_requests.labels(command.action, "failed").inc()
-        return CompactionOutcome("failed", reason, provider_down_at=provider_down_at)
+        return failed
 
-    async def _replayed(self, command: CompactionCommand) -> CompactionOutcome:
+    async def _replayed(self, command: CompactionCommand) -> Replayed:
         self._metrics.compactions_noop.labels("replayed").inc()
-        # Claimed, so the relay timer does not publish the same unpublished rows meanwhile.
-        with self._relay.claim(command.compaction_id):
-            await self._relay.relay(command.compaction_id, again=True)
-        return CompactionOutcome("replayed", "compaction already applied")
+        await self._relay.republish(command.compaction_id)
+        return Replayed()
 
     async def _complete_without_compaction(
         self, command: CompactionCommand, reason: str, detail: str | None = None
-    ) -> CompactionOutcome:
+    ) -> Noop:
         self._metrics.compactions_noop.labels(reason).inc()
         if command.action != "compact":
             self._metrics.operator_requests.labels(command.action, "noop").inc()
-        noop = completion(command, datetime.fromtimestamp(self._clock(), UTC))
+        noop = completion(command, self._now())
         await self._publisher.publish(
             "control", command.conversation_id.encode(), noop.model_dump_json().encode()
         )
@@ -257,43 +277,27 @@ class Processor:
             detail or reason,
             extra=_fields(command),
         )
-        return CompactionOutcome("noop", detail or reason)
+        return Noop(detail or reason)
 
 
-async def apply_plan(
-    store: MessageStore,
-    planned: CompactionResult,
-    history: Sequence[ConversationMessage],
-    outbox: OutboxBuilder | None = None,
-) -> CompactionResult:
-    """Write ``planned.plan`` (and the events ``outbox`` builds) in one transaction.
-
-    On any failure the history stays exactly as it was and the result says
-    why, with no plan; a compaction id already recorded is ``already_applied``.
-    """
-    if planned.plan is None:
-        return planned
-    before = tuple(history)
+async def write_plan(
+    store: MessageStore, plan: CompactionPlan, outbox: CompactionOutbox | None = None
+) -> Applied | AlreadyApplied | Failed:
+    """Write ``plan`` (and ``outbox``) in one transaction. On any failure the
+    history stays exactly as it was and ``Failed`` says why."""
     try:
-        applied = await store.apply_compaction(planned.plan, outbox)
+        return await store.apply_compaction(plan, outbox)
     except HistoryConflictError as error:
         log.warning(
             "compaction %s of %s conflicted: %s",
-            planned.plan.compaction_id,
-            planned.plan.conversation_id,
+            plan.compaction_id,
+            plan.conversation_id,
             error,
-            extra={
-                "conversation_id": planned.plan.conversation_id,
-                "compaction_id": planned.plan.compaction_id,
-            },
+            extra={"conversation_id": plan.conversation_id, "compaction_id": plan.compaction_id},
         )
-        return planned.unchanged(before, f"history changed during compaction: {error}", failed=True)
+        return Failed("history_conflict", f"history changed during compaction: {error}")
     except Exception as error:
-        return planned.unchanged(before, f"{type(error).__name__}: {error}", failed=True)
-    if applied.outcome == "already_applied" or applied.stats is None:
-        reason = "compaction already applied"
-        return planned.unchanged(before, reason, failed=False, already_applied=True)
-    return planned.applied(applied.stats)
+        return Failed(failure_kind(error), f"{type(error).__name__}: {error}")
 
 
 Token = TypeVar("Token")

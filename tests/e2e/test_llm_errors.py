@@ -76,7 +76,7 @@ async def test_llm_failures_leave_history_untouched_then_reconciliation_compacts
         assert entry["compaction_outstanding"] is not None, "still waiting for a completion"
         assert entry["message_count"] == sent_total
 
-    assert reasons == {"ModelServerError": 1, "ModelTimeoutError": 1}
+    assert reasons == {"model_server": 1, "model_timeout": 1}
     assert stack.llm.pending == 0
 
     # Reconciliation sends the same command again, and this time it works.

@@ -372,9 +372,16 @@ async def test_retried_compaction_is_a_no_op(pg_store: PostgresStore, llm: LLMTe
     assert first.batches_created == after_first[1]
 
 
+def jitter_at_its_top(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backoff is drawn at random up to its window (full jitter): drawn at the
+    top, the window is what a test sees."""
+    monkeypatch.setattr("tenacity.wait.random.uniform", lambda low, high: high)
+
+
 async def test_timeout_halves_the_chunk_and_backs_off(
-    pg_store: PostgresStore, llm: LLMTestServer
+    pg_store: PostgresStore, llm: LLMTestServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    jitter_at_its_top(monkeypatch)
     msgs = conversation(10)
     await seed(pg_store, msgs)
     sleeps = Sleeps()
@@ -393,15 +400,16 @@ async def test_timeout_halves_the_chunk_and_backs_off(
 
 
 async def test_rate_limit_waits_for_retry_after(
-    pg_store: PostgresStore, llm: LLMTestServer
+    pg_store: PostgresStore, llm: LLMTestServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    jitter_at_its_top(monkeypatch)
     msgs = conversation(6)
     await seed(pg_store, msgs)
     sleeps = Sleeps()
     llm.enqueue(RateLimited(retry_after=7), ServerError(503))
     result = await make(pg_store, llm, sleeps, chunk_size=10).compress(msgs, "conv-1")
     assert not result.failed
-    assert sleeps.calls == [7, 1.0]  # max(backoff, retry-after), then 0.5 * 2^1
+    assert sleeps.calls == [7, 1.0]  # max(backoff, retry-after), then up to 0.5 * 2^1
 
 
 async def test_circuit_opens_after_consecutive_failures(

@@ -15,7 +15,7 @@ import pytest
 from core.adapters.postgres.store import PostgresStore
 from core.domain.messages import ConversationMessage
 from core.domain.tokens import estimate_message_tokens
-from core.ports.storage import MessageKey
+from core.ports.storage import Applied, MessageKey
 from tests.integration.test_postgres_store import (
     CONV,
     T0,
@@ -64,14 +64,14 @@ async def test_pages_walk_the_history_exactly_once_in_order(pg_store: PostgresSt
     )
     # dated last, it still comes first
     plan = plan.model_copy(update={"clip_archive": clip("cmp-1", seconds=99_999)})
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
     everything = [m.id for m in await pg_store.load_history(CONV)]
     assert everything[0] == plan.clip_archive.id and len(everything) == 25
 
     memory = InMemoryStore()
     for m in messages:
         assert await memory.save_message(m, estimate_message_tokens(m))
-    assert (await memory.apply_compaction(plan)).outcome == "applied"
+    assert await memory.apply_compaction(plan) == Applied()
     assert [m.id for m in await memory.load_history(CONV)] == everything
 
     for limit in (1, 2, 3, 7, 24, 25, 26):
@@ -102,7 +102,7 @@ async def test_batch_turns_page_by_keyset(pg_store: PostgresStore) -> None:
     await save_all(pg_store, messages)
     batch = stored("cmp-1", 0, "all nine", messages)
     plan = make_plan("cmp-1", [batch], [m.id for m in messages])
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
     full = await pg_store.expand_batch(CONV, batch.id)
     assert full is not None and len(full.turns) == 9 and full.turns_missing == 0
     seen: list[str] = []

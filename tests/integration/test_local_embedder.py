@@ -27,8 +27,10 @@ from core.adapters.embedding.local import (
 )
 from core.adapters.embedding.minilm import MiniLMEmbedder, MiniLMUnavailableError, load_tokenizer
 from core.adapters.postgres.store import PostgresStore
+from core.compaction.embedding import with_embeddings
 from core.domain.compaction import CompactionPlan, StoredBatch, SummaryBatch
 from core.domain.messages import ConversationMessage
+from core.ports.storage import Applied
 from core.settings import EmbeddingSettings
 
 TOKEN_IDS = {
@@ -157,7 +159,8 @@ async def test_memory_read_finds_a_paraphrase_with_the_local_embedder(
         tokens_estimate_before=0,
         tokens_estimate_after=0,
     )
-    assert (await store.apply_compaction(plan)).outcome == "applied"
+    plan = await with_embeddings(store.embedder, plan, ())  # as the compactor embeds
+    assert await store.apply_compaction(plan) == Applied()
 
     result = await store.memory_read("vehicle repair", limit=1)
 

@@ -15,6 +15,7 @@ import pytest
 from core.adapters.postgres import memory as pg_memory
 from core.adapters.postgres.store import PostgresStore
 from core.domain.messages import ConversationMessage
+from core.ports.storage import Applied
 from tests.integration.test_postgres_store import make_plan, msg, save_all, stored
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,7 @@ async def compact(
     )
     deleted = [m.id for m in messages] + ([previous] if previous else [])
     plan = make_plan(compaction, batches, deleted, conversation_id=conversation)
-    assert (await store.apply_compaction(plan)).outcome == "applied"
+    assert await store.apply_compaction(plan) == Applied()
     return messages
 
 
@@ -241,7 +242,7 @@ async def test_the_best_turn_comes_first_even_when_its_batch_summary_ranks_low(
         ],
         [m.id for m in messages],
     )
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
 
     result = await pg_store.memory_read("when does the ferry to Porto leave", limit=1)
 
@@ -256,7 +257,7 @@ async def test_each_hit_and_turn_says_why_it_matched(pg_store: PostgresStore) ->
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "Overdue invoices, harbour.", messages)], ["conv-a-m000"]
     )
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
 
     result = await pg_store.memory_read("Which invoice is overdue?")
 

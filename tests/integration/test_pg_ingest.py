@@ -14,7 +14,7 @@ import pytest
 
 from core.adapters.postgres.store import PostgresStore
 from core.domain.messages import ToolCall
-from core.ports.storage import IncomingMessage
+from core.ports.storage import Applied, IncomingMessage
 from tests.integration.test_postgres_store import CONV, make_plan, msg, save_all, stored
 
 pytestmark = pytest.mark.integration
@@ -87,7 +87,7 @@ async def test_a_compacted_message_does_not_come_back_in_a_group(pg_store: Postg
     history = [msg(i) for i in range(3)]
     await save_all(pg_store, history)
     plan = make_plan("cmp-1", [stored("cmp-1", 0, "s", history[:2])], [m.id for m in history[:2]])
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
     outcomes = await pg_store.save_messages([incoming(m) for m in history] + [incoming(msg(3))])
     assert [o.status for o in outcomes] == ["duplicate", "duplicate", "duplicate", "inserted"]
     assert [m.id for m in await pg_store.load_history(CONV)] == [
@@ -139,7 +139,7 @@ async def test_conversations_may_reuse_a_message_id(pg_store: PostgresStore, gro
         ["m0", "m1"],
         conversation_id="conv-a",
     )
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
     assert [m.id for m in await pg_store.load_history("conv-a")] == [plan.clip_archive.id, "m2"]
     assert [m.id for m in await pg_store.load_history("conv-b")] == ["m0", "m1", "m2"]
     # A redelivery of conv-a's compacted m0 stays compacted; conv-b's m0 is untouched.

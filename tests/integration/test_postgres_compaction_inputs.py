@@ -1,5 +1,5 @@
 """``PostgresStore.compaction_inputs`` answers exactly what the three reads it
-replaces answer.
+replaces answer, with each message's stored token count.
 
 Why: the processor asks it before every compaction instead of
 ``compaction_applied``, ``conversation_token_total`` and ``load_history``
@@ -23,10 +23,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 async def separately(
     store: PostgresStore, compaction_id: str, conversation_id: str, up_to_seq: int | None
 ) -> CompactionInputs:
+    found = list(await store.load_history(conversation_id, up_to_seq=up_to_seq))
+    counts = await store.pool.fetch(
+        "SELECT id, token_estimate FROM messages WHERE conversation_id = $1",
+        conversation_id,
+    )
+    stored = {r["id"]: r["token_estimate"] for r in counts}
     return CompactionInputs(
         applied=await store.compaction_applied(compaction_id),
         total=await store.conversation_token_total(conversation_id),
-        history=list(await store.load_history(conversation_id, up_to_seq=up_to_seq)),
+        history=found,
+        stored_tokens={m.id: stored[m.id] for m in found},
     )
 
 
@@ -51,6 +58,7 @@ async def test_the_same_answers_as_the_three_reads(pg_store: PostgresStore) -> N
     inputs = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=cut)
     assert (inputs.applied, inputs.total) == (False, sum(range(10, 16)))  # every stored row counts
     assert [m.id for m in inputs.history] == [m.id for m in messages[:4]]  # only up to the cut
+    assert inputs.stored_tokens == {m.id: 10 + i for i, m in enumerate(messages[:4])}
 
 
 async def test_after_a_compaction_the_clip_archive_leads_and_it_is_applied(

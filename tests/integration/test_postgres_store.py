@@ -17,12 +17,19 @@ import pytest
 
 from core.adapters.postgres.migrate import applied_versions, load_migrations, migrate
 from core.adapters.postgres.store import PostgresStore
-from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch, SummaryBatch
+from core.compaction.embedding import with_embeddings
+from core.domain.compaction import CompactionPlan, StoredBatch, StoredTokens, SummaryBatch
 from core.domain.messages import ConversationMessage, ToolCall
 from core.domain.ranking import RRF_K
 from core.domain.tokens import estimate_message_tokens
 from core.ports.embedding import EmbeddingError
-from core.ports.storage import HistoryConflictError, OutboxRecord
+from core.ports.storage import (
+    AlreadyApplied,
+    Applied,
+    CompactionOutbox,
+    HistoryConflictError,
+    OutboxRecord,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -130,7 +137,8 @@ async def archive(
     *,
     conversation_id: str = CONV,
 ) -> list[StoredBatch]:
-    """Apply a compaction that only archives ``contents`` (one batch each)."""
+    """Apply a compaction that only archives ``contents`` (one batch each), embedded
+    with the store's embedder as the compactor embeds what it archives."""
     batches = [
         stored(compaction_id, i, text, conversation_id=conversation_id)
         for i, text in enumerate(contents)
@@ -159,7 +167,8 @@ async def archive(
     )
     if previous is not None:
         plan = plan.model_copy(update={"deleted_message_ids": (previous,)})
-    assert (await store.apply_compaction(plan)).outcome == "applied"
+    plan = await with_embeddings(store.embedder, plan, ())
+    assert await store.apply_compaction(plan) == Applied()
     return batches
 
 
@@ -317,7 +326,7 @@ async def test_load_history_orders_by_time_then_id_with_clip_archive_first(
     plan = plan.model_copy(
         update={"clip_archive": clip("cmp-1", seconds=3600)},
     )
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
 
     assert await pg_store.load_history(CONV) == [plan.clip_archive, tie_a, tie_b, late]
     cutoff = T0 + timedelta(seconds=20)
@@ -345,7 +354,7 @@ async def test_apply_compaction_archives_deletes_and_inserts_clip_archive(
     plan = make_plan("cmp-1", batches, [m.id for m in history[:4]])
 
     assert await pg_store.compaction_applied("cmp-1") is False
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
     assert await pg_store.compaction_applied("cmp-1") is True
 
     assert await pg_store.load_history(CONV) == [plan.clip_archive, *history[4:]]
@@ -377,10 +386,10 @@ async def test_reapplying_a_plan_is_already_applied_and_writes_nothing(
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
     before = await counts(pg_store)
 
-    assert (await pg_store.apply_compaction(plan)).outcome == "already_applied"
+    assert await pg_store.apply_compaction(plan) == AlreadyApplied()
     assert await counts(pg_store) == before
     assert len(await pg_store.live_batches(CONV)) == 1
 
@@ -394,7 +403,11 @@ async def test_concurrent_applies_of_one_plan_apply_it_once(pg_store: PostgresSt
 
     outcomes = await asyncio.gather(*(pg_store.apply_compaction(plan) for _ in range(3)))
 
-    assert sorted(o.outcome for o in outcomes) == ["already_applied", "already_applied", "applied"]
+    assert sorted(type(o).__name__ for o in outcomes) == [
+        "AlreadyApplied",
+        "AlreadyApplied",
+        "Applied",
+    ]
     assert await counts(pg_store) == {"messages": 2, "archival_memory": 1, "compactions": 1}
 
 
@@ -406,7 +419,7 @@ async def test_plan_over_a_deleted_message_conflicts_and_writes_nothing(
     first = make_plan(
         "cmp-1", [stored("cmp-1", 0, "first", history[:4])], [m.id for m in history[:4]]
     )
-    assert (await pg_store.apply_compaction(first)).outcome == "applied"
+    assert await pg_store.apply_compaction(first) == Applied()
     before = await counts(pg_store)
     history_before = await pg_store.load_history(CONV)
 
@@ -430,9 +443,7 @@ async def test_second_clip_archive_the_plan_did_not_replace_conflicts(
 ) -> None:
     history = [msg(i) for i in range(6)]
     await save_all(pg_store, history)
-    assert (
-        await pg_store.apply_compaction(make_plan("cmp-1", [], [history[0].id]))
-    ).outcome == "applied"
+    assert await pg_store.apply_compaction(make_plan("cmp-1", [], [history[0].id])) == Applied()
     before = await counts(pg_store)
 
     # Omits clip-archive-cmp-1 from deleted_message_ids.
@@ -458,7 +469,7 @@ async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
     b1 = stored("cmp-1", 1, "beta summary", history[2:4], start=2, end=3)
     b2 = stored("cmp-1", 2, "gamma summary", history[4:6], start=4, end=5)
     first = make_plan("cmp-1", [b0, b1, b2], [m.id for m in history[:6]])
-    assert (await pg_store.apply_compaction(first)).outcome == "applied"
+    assert await pg_store.apply_compaction(first) == Applied()
 
     # As the compactor plans it: fresh batches first (one of them folded in
     # straight away), the merged batch last, although it covers the oldest time.
@@ -480,7 +491,7 @@ async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
         [*(m.id for m in history[6:10]), first.clip_archive.id],
         superseded=[(b0.id, merged_id), (b1.id, merged_id)],
     )
-    assert (await pg_store.apply_compaction(second)).outcome == "applied"
+    assert await pg_store.apply_compaction(second) == Applied()
 
     live = await pg_store.live_batches(CONV)
     assert [b.id for b in live] == [merged_id, b2.id, f1.id]
@@ -505,7 +516,7 @@ async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
         [stored("cmp-3", 0, "zeta summary", history[10:12], start=10, end=11)],
         [history[10].id, history[11].id, second.clip_archive.id],
     )
-    assert (await pg_store.apply_compaction(third)).outcome == "applied"
+    assert await pg_store.apply_compaction(third) == Applied()
     assert [b.id for b in await pg_store.live_batches(CONV)] == [
         merged_id,
         b2.id,
@@ -520,7 +531,7 @@ async def test_superseding_an_already_superseded_batch_conflicts(pg_store: Postg
     merged = stored("cmp-3", "m", "merged", depth=1)
     clip_id = "clip-archive-cmp-2"
     ok = make_plan("cmp-3", [merged], [clip_id], superseded=[("cmp-1:0", merged.id)])
-    assert (await pg_store.apply_compaction(ok)).outcome == "applied"
+    assert await pg_store.apply_compaction(ok) == Applied()
     before = await counts(pg_store)
 
     again = make_plan(
@@ -539,12 +550,10 @@ async def test_live_batches_keep_plan_order_not_time_order(pg_store: PostgresSto
     # order; the clip-archive shows them in the order the compactor wrote them.
     later = stored("cmp-1", 0, "later", start=50, end=60)
     earlier = stored("cmp-1", 1, "earlier", start=0, end=10)
-    assert (
-        await pg_store.apply_compaction(make_plan("cmp-1", [later, earlier], []))
-    ).outcome == "applied"
+    assert await pg_store.apply_compaction(make_plan("cmp-1", [later, earlier], [])) == Applied()
     next_one = stored("cmp-2", 0, "next", start=70, end=80)
     plan = make_plan("cmp-2", [next_one], ["clip-archive-cmp-1"])
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
     await archive(pg_store, "cmp-x", ["other conversation"], conversation_id="conv-b")
 
     assert [b.id for b in await pg_store.live_batches(CONV)] == ["cmp-1:0", "cmp-1:1", "cmp-2:0"]
@@ -726,8 +735,10 @@ async def test_embedder_failure_still_applies_the_compaction_without_vectors(
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, _GARAGE, history[:2])], [history[0].id, history[1].id]
     )
+    plan = await with_embeddings(store.embedder, plan, history)
+    assert plan.embeddings is None
 
-    assert (await store.apply_compaction(plan)).outcome == "applied"
+    assert await store.apply_compaction(plan) == Applied()
 
     row = await pg_store.pool.fetchrow("SELECT embedding, embedding_model FROM archival_memory")
     assert (row["embedding"], row["embedding_model"]) == (None, None)
@@ -760,10 +771,10 @@ async def test_an_embedded_replay_is_already_applied_and_writes_nothing(
     still stops it before anything is written."""
     embedder = ConceptEmbedder()
     store = PostgresStore(pg_store.pool, embedder)
-    plan = make_plan("cmp-1", [stored("cmp-1", 0, _CAR)], [])
-    assert (await store.apply_compaction(plan)).outcome == "applied"
+    plan = await with_embeddings(embedder, make_plan("cmp-1", [stored("cmp-1", 0, _CAR)], []), ())
+    assert await store.apply_compaction(plan) == Applied()
     before = await pg_store.pool.fetch("SELECT id, embedding_model FROM archival_memory")
-    assert (await store.apply_compaction(plan)).outcome == "already_applied"
+    assert await store.apply_compaction(plan) == AlreadyApplied()
     assert await pg_store.pool.fetch("SELECT id, embedding_model FROM archival_memory") == before
     assert await pg_store.pool.fetchval("SELECT count(*) FROM compactions") == 1
 
@@ -802,7 +813,16 @@ async def test_load_history_up_to_seq_excludes_later_arrivals(pg_store: Postgres
     assert await pg_store.last_seq("nobody") is None
 
 
-async def test_apply_measures_stored_tokens_and_writes_outbox_atomically(
+async def outbox_of(
+    store: PostgresStore, plan: CompactionPlan, *records: OutboxRecord
+) -> CompactionOutbox:
+    """``records`` with the stored token counts ``plan`` removes and adds, as the
+    processor announces them (from ``compaction_inputs``)."""
+    inputs = await store.compaction_inputs(plan.compaction_id, CONV, up_to_seq=None)
+    return CompactionOutbox(records, StoredTokens.of(plan, inputs.stored_tokens))
+
+
+async def test_apply_writes_the_outbox_and_its_announced_stored_tokens_atomically(
     pg_store: PostgresStore,
 ) -> None:
     history = [msg(i) for i in range(3)]
@@ -811,45 +831,38 @@ async def test_apply_measures_stored_tokens_and_writes_outbox_atomically(
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
-    seen: list[AppliedStats] = []
-
-    def outbox(stats: AppliedStats) -> list[OutboxRecord]:
-        seen.append(stats)
-        return [
-            OutboxRecord(
-                topic="clip_archives",
-                key=CONV,
-                payload=f"{plan.compaction_id}:{stats.tokens_removed}",
-            )
-        ]
-
-    result = await pg_store.apply_compaction(plan, outbox)
-    assert result.stats is not None and result.stats.tokens_removed == 201
-    assert result.stats.tokens_added == estimate_message_tokens(plan.clip_archive)
+    record = OutboxRecord(topic="clip_archives", key=CONV, payload="cmp-1")
+    outbox = await outbox_of(pg_store, plan, record)
+    assert outbox.tokens == StoredTokens(201, estimate_message_tokens(plan.clip_archive))
+    assert await pg_store.apply_compaction(plan, outbox) == Applied()
     rows = await pg_store.pending_outbox()
-    assert [(r.topic, r.key, r.payload) for r in rows] == [("clip_archives", CONV, "cmp-1:201")]
-    assert await pg_store.pending_outbox(compaction_id="other") == []
+    assert [(r.topic, r.key, r.payload) for r in rows] == [("clip_archives", CONV, "cmp-1")]
+    # The relay timer's view: a row younger than its grace is the processor's to send.
+    assert await pg_store.pending_outbox(older_than_seconds=3600) == []
     await pg_store.mark_published([r.id for r in rows])
     assert await pg_store.pending_outbox() == []
     # a replay writes no second outbox row
-    assert (await pg_store.apply_compaction(plan, outbox)).outcome == "already_applied"
+    assert await pg_store.apply_compaction(plan, outbox) == AlreadyApplied()
     assert await pg_store.pool.fetchval("SELECT count(*) FROM outbox") == 1
-    assert len(seen) == 1
 
 
-async def test_outbox_failure_rolls_back_the_whole_compaction(pg_store: PostgresStore) -> None:
+async def test_stored_tokens_other_than_announced_roll_back_the_whole_compaction(
+    pg_store: PostgresStore,
+) -> None:
     history = [msg(i) for i in range(3)]
     await save_all(pg_store, history)
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
-
-    def broken(stats: AppliedStats) -> list[OutboxRecord]:
-        raise RuntimeError("event could not be built")
-
-    with pytest.raises(RuntimeError):
-        await pg_store.apply_compaction(plan, broken)
-    assert await counts(pg_store) == {"messages": 3, "archival_memory": 0, "compactions": 0}
+    outbox = await outbox_of(pg_store, plan, OutboxRecord(topic="control", key=CONV, payload="x"))
+    for tokens in (
+        StoredTokens(outbox.tokens.removed - 1, outbox.tokens.added),
+        StoredTokens(outbox.tokens.removed, outbox.tokens.added + 1),
+    ):
+        with pytest.raises(HistoryConflictError, match="stored tokens"):
+            await pg_store.apply_compaction(plan, CompactionOutbox(outbox.records, tokens))
+        assert await counts(pg_store) == {"messages": 3, "archival_memory": 0, "compactions": 0}
+        assert await pg_store.pool.fetchval("SELECT count(*) FROM outbox") == 0
 
 
 async def test_a_compacted_message_does_not_come_back_when_redelivered(
@@ -860,7 +873,7 @@ async def test_a_compacted_message_does_not_come_back_when_redelivered(
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
     # Kafka redelivers the first message after a crash: it is covered by a batch.
     assert not await pg_store.save_message(history[0], estimate_message_tokens(history[0]))
     assert [m.id for m in await pg_store.load_history(CONV)] == [
@@ -881,12 +894,12 @@ async def test_outbox_rows_returns_published_rows_too_and_first_publication_time
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
 
-    def outbox(stats: AppliedStats) -> list[OutboxRecord]:
-        return [
-            OutboxRecord(topic="clip_archives", key=CONV, payload="a"),
-            OutboxRecord(topic="control", key=CONV, payload="b"),
-        ]
-
+    outbox = await outbox_of(
+        pg_store,
+        plan,
+        OutboxRecord(topic="clip_archives", key=CONV, payload="a"),
+        OutboxRecord(topic="control", key=CONV, payload="b"),
+    )
     await pg_store.apply_compaction(plan, outbox)
     rows = await pg_store.outbox_rows("cmp-1")
     assert [(r.payload, r.published) for r in rows] == [("a", False), ("b", False)]

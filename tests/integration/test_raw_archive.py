@@ -9,8 +9,15 @@ import asyncpg
 import pytest
 
 from core.adapters.postgres.store import PostgresStore
-from core.domain.compaction import AppliedStats, CompactionPlan
-from core.ports.storage import HistoryConflictError, OutboxRecord
+from core.compaction.embedding import with_embeddings
+from core.domain.compaction import CompactionPlan, StoredTokens
+from core.ports.storage import (
+    AlreadyApplied,
+    Applied,
+    CompactionOutbox,
+    HistoryConflictError,
+    OutboxRecord,
+)
 from tests.integration.test_postgres_store import (
     CONV,
     ConceptEmbedder,
@@ -43,7 +50,7 @@ async def _compact_all(store: PostgresStore) -> CompactionPlan:
         ],
         [m.id for m in messages],
     )
-    assert (await store.apply_compaction(plan)).outcome == "applied"
+    assert await store.apply_compaction(plan) == Applied()
     return plan
 
 
@@ -79,7 +86,7 @@ async def test_a_replaced_clip_archive_is_not_archived_as_a_raw_turn(
         [stored("cmp-2", 0, "Hotel confirmed.", later, start=10, end=10)],
         [later[0].id, "clip-archive-cmp-1"],
     )
-    assert (await pg_store.apply_compaction(plan)).outcome == "applied"
+    assert await pg_store.apply_compaction(plan) == Applied()
     ids = [r["id"] for r in await _archived(pg_store)]
     assert "clip-archive-cmp-1" not in ids
     assert later[0].id in ids
@@ -88,7 +95,7 @@ async def test_a_replaced_clip_archive_is_not_archived_as_a_raw_turn(
 async def test_replaying_a_compaction_archives_nothing_twice(pg_store: PostgresStore) -> None:
     plan = await _compact_all(pg_store)
     before = await _archived(pg_store)
-    assert (await pg_store.apply_compaction(plan)).outcome == "already_applied"
+    assert await pg_store.apply_compaction(plan) == AlreadyApplied()
     assert await _archived(pg_store) == before
 
 
@@ -106,16 +113,15 @@ async def test_a_conflicting_compaction_moves_nothing(pg_store: PostgresStore) -
     assert await pg_store.pool.fetchval("SELECT count(*) FROM messages") == len(TURNS)
 
 
-async def test_a_failed_outbox_write_rolls_the_archive_back_too(pg_store: PostgresStore) -> None:
+async def test_a_refused_outbox_write_rolls_the_archive_back_too(pg_store: PostgresStore) -> None:
     messages = [msg(i, text) for i, text in enumerate(TURNS)]
     await save_all(pg_store, messages)
     plan = make_plan("cmp-1", [stored("cmp-1", 0, "summary", messages)], [m.id for m in messages])
+    record = OutboxRecord(topic="control", key=CONV, payload="done")
+    announced = StoredTokens(removed=0, added=0)  # not what the rows carry
 
-    def broken(stats: AppliedStats) -> list[OutboxRecord]:
-        raise RuntimeError("outbox builder failed")
-
-    with pytest.raises(RuntimeError):
-        await pg_store.apply_compaction(plan, broken)
+    with pytest.raises(HistoryConflictError):
+        await pg_store.apply_compaction(plan, CompactionOutbox((record,), announced))
     assert await _archived(pg_store) == []
     assert await pg_store.pool.fetchval("SELECT count(*) FROM messages") == len(TURNS)
 
@@ -202,7 +208,7 @@ async def test_raw_turns_are_embedded_and_found_by_meaning(pg_store: PostgresSto
     messages = [msg(0, "The mechanic fixed my car."), msg(1, "Invoice paid.")]
     await save_all(store, messages)
     plan = make_plan("cmp-1", [stored("cmp-1", 0, "errands", messages)], [m.id for m in messages])
-    await store.apply_compaction(plan)
+    await store.apply_compaction(await with_embeddings(store.embedder, plan, messages))
     models = await store.pool.fetch("SELECT embedding_model FROM archived_messages")
     assert {r["embedding_model"] for r in models} == {"test-concepts-v1"}
     result = await store.memory_read("truck", sources="raw")

@@ -7,10 +7,17 @@ import pytest
 
 from core.adapters.llm.extractive import ExtractiveProvider
 from core.adapters.postgres.store import PostgresStore
-from core.compactor import PipelineCompactor, create_compactor
+from core.compaction.compactor import PipelineCompactor
+from core.compaction.factory import create_compactor
 from core.domain.budget import BudgetConfig
-from core.domain.compaction import CompactionConfig, CompactionPlan
-from core.ports.storage import HistoryConflictError
+from core.domain.compaction import (
+    CompactionConfig,
+    CompactionPlan,
+    Planned,
+    PlanOutcome,
+    StoredTokens,
+)
+from core.ports.storage import AlreadyApplied, Applied, CompactionOutbox, HistoryConflictError
 from tests.integration.test_postgres_store import CONV, msg, save_all
 
 pytestmark = pytest.mark.integration
@@ -32,15 +39,22 @@ async def _compacted(store: PostgresStore) -> PipelineCompactor:
     ]
     await save_all(store, turns)
     pipeline = compactor(store)
-    result = await pipeline.plan(await store.load_history(CONV), CONV, compaction_id="c-1")
-    assert result.plan is not None
-    assert (await store.apply_compaction(result.plan)).outcome == "applied"
+    outcome = await pipeline.plan(await store.load_history(CONV), CONV, compaction_id="c-1")
+    await _apply(store, _plan_of(outcome))
     return pipeline
 
 
-async def _apply(store: PostgresStore, plan: CompactionPlan | None) -> None:
-    assert plan is not None
-    assert (await store.apply_compaction(plan)).outcome == "applied"
+def _plan_of(outcome: PlanOutcome) -> CompactionPlan:
+    assert isinstance(outcome, Planned), outcome
+    return outcome.plan
+
+
+async def _apply(store: PostgresStore, plan: CompactionPlan) -> None:
+    """As the processor applies it: with the stored token counts its completion
+    announces, which the store checks (a restore's turns with their own)."""
+    inputs = await store.compaction_inputs(plan.compaction_id, CONV, up_to_seq=None)
+    outbox = CompactionOutbox((), StoredTokens.of(plan, inputs.stored_tokens))
+    assert await store.apply_compaction(plan, outbox) == Applied()
 
 
 async def test_recompact_supersedes_the_live_batches_and_relinks_their_raw_turns(
@@ -49,8 +63,8 @@ async def test_recompact_supersedes_the_live_batches_and_relinks_their_raw_turns
     pipeline = await _compacted(pg_store)
     before = await pg_store.live_batches(CONV)
     history = await pg_store.load_history(CONV)
-    result = await pipeline.recompact(history, CONV, compaction_id="r-1")
-    await _apply(pg_store, result.plan)
+    plan = _plan_of(await pipeline.recompact(history, CONV, compaction_id="r-1"))
+    await _apply(pg_store, plan)
     after = await pg_store.live_batches(CONV)
     assert after and all(b.compaction_id == "r-1" for b in after)
     rows = await pg_store.pool.fetch(
@@ -66,7 +80,7 @@ async def test_recompact_supersedes_the_live_batches_and_relinks_their_raw_turns
     assert [m.id for m in live][1:] == [m.id for m in history][1:]  # the kept messages stay
     tokens, _ = await pg_store.conversation_totals(CONV)
     assert tokens <= BUDGET.budget_tokens
-    assert (await pg_store.apply_compaction(result.plan)).outcome == "already_applied"  # type: ignore[arg-type]
+    assert await pg_store.apply_compaction(plan) == AlreadyApplied()
 
 
 async def test_restore_moves_the_newest_turns_back_with_their_arrival_numbers(
@@ -78,12 +92,17 @@ async def test_restore_moves_the_newest_turns_back_with_their_arrival_numbers(
         r["id"]: r["seq"]
         for r in await pg_store.pool.fetch("SELECT id, seq FROM archived_messages")
     }
-    result = await pipeline.restore(
+    outcome = await pipeline.restore(
         await pg_store.load_history(CONV), CONV, compaction_id="u-1", batch_id=newest.id
     )
-    plan = result.plan
+    plan = _plan_of(outcome)
+    assert plan.restored_message_ids
+    stored_counts = await pg_store.pool.fetch(
+        "SELECT token_estimate FROM archived_messages WHERE id = ANY($1::text[])",
+        list(plan.restored_message_ids),
+    )
+    assert plan.restored_tokens == sum(r["token_estimate"] for r in stored_counts) > 0
     await _apply(pg_store, plan)
-    assert plan is not None and plan.restored_message_ids
     back = await pg_store.pool.fetch(
         "SELECT id, seq, kind FROM messages WHERE id = ANY($1::text[])",
         list(plan.restored_message_ids),

@@ -26,8 +26,8 @@ from core.adapters.postgres.connection import (
     reading,
 )
 from core.adapters.postgres.store import PostgresStore
-from core.domain.compaction import AppliedStats
-from core.ports.storage import IncomingMessage, OutboxRecord, ReadScope
+from core.domain.compaction import StoredTokens
+from core.ports.storage import Applied, CompactionOutbox, IncomingMessage, OutboxRecord, ReadScope
 from tests.integration.test_postgres_store import make_plan, msg, stored
 
 pytestmark = pytest.mark.integration
@@ -90,10 +90,10 @@ async def _conversation(
         }
     )
 
-    def outbox(stats: AppliedStats) -> list[OutboxRecord]:
-        return [OutboxRecord(topic="clip_archives", key=cid, payload="{}")]
-
-    assert (await store.apply_compaction(plan, outbox)).outcome == "applied"
+    record = OutboxRecord(topic="clip_archives", key=cid, payload="{}")
+    inputs = await store.compaction_inputs(plan.compaction_id, cid, up_to_seq=None)
+    outbox = CompactionOutbox((record,), StoredTokens.of(plan, inputs.stored_tokens))
+    assert await store.apply_compaction(plan, outbox) == Applied()
 
 
 async def _two_tenants(store: PostgresStore) -> None:

@@ -9,9 +9,9 @@ import pytest
 
 from core.adapters.postgres.privacy import ERASED_TABLES, KEPT_TABLES
 from core.adapters.postgres.store import PostgresStore
-from core.domain.compaction import AppliedStats
+from core.domain.compaction import StoredTokens
 from core.domain.tenancy import conversation_key
-from core.ports.storage import Erasure, IncomingMessage, OutboxRecord
+from core.ports.storage import Applied, CompactionOutbox, Erasure, IncomingMessage, OutboxRecord
 from tests.integration.test_postgres_store import T0, make_plan, msg, stored
 
 pytestmark = pytest.mark.integration
@@ -61,10 +61,10 @@ async def _conversation(store: PostgresStore, bare: str, tenant: str | None, wor
         }
     )
 
-    def outbox(stats: AppliedStats) -> list[OutboxRecord]:
-        return [OutboxRecord(topic="clip_archives", key=cid, payload="{}")]
-
-    assert (await store.apply_compaction(plan, outbox)).outcome == "applied"
+    record = OutboxRecord(topic="clip_archives", key=cid, payload="{}")
+    inputs = await store.compaction_inputs(plan.compaction_id, cid, up_to_seq=None)
+    outbox = CompactionOutbox((record,), StoredTokens.of(plan, inputs.stored_tokens))
+    assert await store.apply_compaction(plan, outbox) == Applied()
     return cid
 
 

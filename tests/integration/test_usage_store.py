@@ -11,7 +11,7 @@ import pytest
 from core.adapters.postgres.store import PostgresStore
 from core.domain.specifics import Specific
 from core.domain.usage import LlmUsage
-from core.ports.storage import ReadScope
+from core.ports.storage import Applied, ReadScope
 from tests.integration.test_postgres_store import make_plan, msg, save_all, stored
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,7 @@ async def _compact(
     plan = make_plan(
         compaction_id, [batch], [m.id for m in messages], conversation_id=conversation
     ).model_copy(update={"usage": usage})
-    assert (await store.apply_compaction(plan)).outcome == "applied"
+    assert await store.apply_compaction(plan) == Applied()
 
 
 async def test_a_compaction_records_its_usage_and_tenant(pg_store: PostgresStore) -> None:

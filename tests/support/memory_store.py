@@ -3,9 +3,9 @@
 ``InMemoryStore`` follows ``PostgresStore``'s contract (the adapter tests in
 ``tests/integration/test_postgres_store.py`` pin that contract on the real
 database): idempotent writes by message id and compaction id, a compaction
-applied all-or-nothing, ``HistoryConflictError`` when its messages are gone,
-exact token deltas handed to the outbox builder, and a compacted message that
-never comes back on redelivery. Search is a plain term-overlap ranking: good
+applied all-or-nothing, ``HistoryConflictError`` when its messages are gone or
+its stored token counts are not what its outbox announces, and a compacted
+message that never comes back on redelivery. Search is a plain term-overlap ranking: good
 enough for components, not a model of PostgreSQL's full-text search.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
+from core.domain.compaction import CompactionPlan, StoredBatch, StoredTokens
 from core.domain.erasure import EraseMark, merged_offsets
 from core.domain.messages import ConversationMessage
 from core.domain.tenancy import conversation_key, tenant_of
@@ -25,10 +25,12 @@ from core.domain.tokens import estimate_message_tokens
 from core.domain.usage import LlmUsage, UsageDay
 from core.ports.publisher import RecordPosition
 from core.ports.storage import (
-    ApplyResult,
+    AlreadyApplied,
+    Applied,
     AuditEntry,
     CompactedBatch,
     CompactionInputs,
+    CompactionOutbox,
     CompactionRecord,
     EraseOutcome,
     Erasure,
@@ -38,7 +40,6 @@ from core.ports.storage import (
     MemoryHit,
     MemorySearchResult,
     MessageKey,
-    OutboxBuilder,
     OutboxRow,
     QueryMode,
     ReadScope,
@@ -65,6 +66,7 @@ class _Archived:
     message: ConversationMessage
     batch_id: str | None
     archived_at: datetime
+    tokens: int  # its stored token count, kept as archived_messages keeps it
 
 
 def _terms(text: str) -> set[str]:
@@ -75,6 +77,7 @@ def _terms(text: str) -> set[str]:
 class _Outbox:
     row: OutboxRow
     conversation_id: str
+    created_at: datetime
     published: bool = False
 
 
@@ -227,18 +230,55 @@ class InMemoryStore:
     ) -> CompactionInputs:
         self._call("compaction_inputs")
         rows = [r for r in self.messages.values() if r.message.conversation_id == conversation_id]
+        history = self._history(conversation_id, None, up_to_seq)
         return CompactionInputs(
             applied=compaction_id in self.compactions,
             total=sum(r.tokens for r in rows),
-            history=self._history(conversation_id, None, up_to_seq),
+            history=history,
+            stored_tokens={m.id: self.messages[conversation_id, m.id].tokens for m in history},
         )
 
     async def apply_compaction(
-        self, plan: CompactionPlan, outbox: OutboxBuilder | None = None
-    ) -> ApplyResult:
+        self, plan: CompactionPlan, outbox: CompactionOutbox | None = None
+    ) -> Applied | AlreadyApplied:
         self._call("apply_compaction")
         if plan.compaction_id in self.compactions:
-            return ApplyResult(outcome="already_applied")
+            return AlreadyApplied()
+        self._check_applicable(plan)
+        cid = plan.conversation_id
+        clip = plan.clip_archive
+        found = StoredTokens(
+            removed=sum(self.messages[cid, i].tokens for i in plan.deleted_message_ids),
+            added=sum(self.archived[cid, i].tokens for i in plan.restored_message_ids)
+            + (0 if clip is None else estimate_message_tokens(clip)),
+        )
+        if outbox is not None and found != outbox.tokens:
+            raise HistoryConflictError(
+                f"compaction {plan.compaction_id}: {found} stored, {outbox.tokens} announced"
+            )
+        self._archive(plan)
+        for message_id in plan.restored_message_ids:  # a restore: back in the history
+            back = self.archived.pop((cid, message_id))
+            self.messages[cid, message_id] = _Row(back.message, back.tokens, next(self._seq))
+        if clip is not None:
+            tokens = estimate_message_tokens(clip)
+            self.messages[cid, clip.id] = _Row(clip, tokens, next(self._seq), "clip_archive")
+        self.compactions.add(plan.compaction_id)
+        self.compaction_owner[plan.compaction_id] = plan.conversation_id
+        self.compaction_plans[plan.compaction_id] = (self.now(), plan)
+        self.compaction_usage[plan.compaction_id] = (tenant_of(cid), self.now(), plan.usage)
+        for record in outbox.records if outbox is not None else ():
+            row = OutboxRow(
+                id=len(self.outbox) + 1,
+                compaction_id=plan.compaction_id,
+                topic=record.topic,
+                key=record.key,
+                payload=record.payload,
+            )
+            self.outbox.append(_Outbox(row, plan.conversation_id, self.now()))
+        return Applied()
+
+    def _check_applicable(self, plan: CompactionPlan) -> None:
         cid = plan.conversation_id
         missing = [i for i in plan.deleted_message_ids if (cid, i) not in self.messages]
         stale = [old for old, _ in plan.superseded if self._live_batch(old) is None]
@@ -249,6 +289,10 @@ class InMemoryStore:
                 f"compaction {plan.compaction_id}: gone {missing}, superseded {stale}, "
                 f"not archived {unarchived}"
             )
+
+    def _archive(self, plan: CompactionPlan) -> None:
+        """The compressed messages into the archive, the batches written and linked."""
+        cid = plan.conversation_id
         owner: dict[str, str] = {}
         for stored in sorted(plan.new_batches, key=lambda b: b.batch.depth):
             for message_id in stored.batch.source_message_ids:
@@ -257,9 +301,8 @@ class InMemoryStore:
         for old_row in gone:
             if old_row.kind != "clip_archive":
                 self.archived[cid, old_row.message.id] = _Archived(
-                    old_row.message, owner.get(old_row.message.id), self.now()
+                    old_row.message, owner.get(old_row.message.id), self.now(), old_row.tokens
                 )
-        removed = sum(old_row.tokens for old_row in gone)
         for old, new in plan.superseded:
             self.batches[old] = self.batches[old].model_copy(update={"superseded_by": new})
         for stored in plan.new_batches:
@@ -268,31 +311,6 @@ class InMemoryStore:
             entry = self.archived.get((cid, message_id))
             if entry is not None and message_id not in plan.deleted_message_ids:
                 self.archived[cid, message_id] = replace(entry, batch_id=batch_id)
-        added = 0
-        for message_id in plan.restored_message_ids:  # a restore: back in the history
-            back = self.archived.pop((cid, message_id)).message
-            tokens = estimate_message_tokens(back)
-            self.messages[cid, message_id] = _Row(back, tokens, next(self._seq))
-            added += tokens
-        if clip is not None:
-            tokens = estimate_message_tokens(clip)
-            self.messages[cid, clip.id] = _Row(clip, tokens, next(self._seq), "clip_archive")
-            added += tokens
-        self.compactions.add(plan.compaction_id)
-        self.compaction_owner[plan.compaction_id] = plan.conversation_id
-        self.compaction_plans[plan.compaction_id] = (self.now(), plan)
-        self.compaction_usage[plan.compaction_id] = (tenant_of(cid), self.now(), plan.usage)
-        stats = AppliedStats(tokens_removed=removed, tokens_added=added)
-        for record in outbox(stats) if outbox is not None else ():
-            row = OutboxRow(
-                id=len(self.outbox) + 1,
-                compaction_id=plan.compaction_id,
-                topic=record.topic,
-                key=record.key,
-                payload=record.payload,
-            )
-            self.outbox.append(_Outbox(row, plan.conversation_id))
-        return ApplyResult(outcome="applied", stats=stats)
 
     def _live_batch(self, batch_id: str) -> StoredBatch | None:
         batch = self.batches.get(batch_id)
@@ -408,10 +426,12 @@ class InMemoryStore:
             ),
             key=lambda m: (m.created_at, m.id),
         )
+        page = tuple(_page(turns, after, limit))
         return ExpandedBatch(
             batch=stored,
-            turns=tuple(_page(turns, after, limit)),
+            turns=page,
             turns_missing=len(covered) - len(turns),
+            turn_tokens={m.id: self.archived[conversation_id, m.id].tokens for m in page},
         )
 
     async def compaction_log(
@@ -576,14 +596,11 @@ class InMemoryStore:
     # -- OutboxStore ------------------------------------------------------------
 
     async def pending_outbox(
-        self, *, compaction_id: str | None = None, limit: int = 100
+        self, *, older_than_seconds: float = 0.0, limit: int = 100
     ) -> list[OutboxRow]:
         self._call("pending_outbox")
-        rows = [
-            o.row
-            for o in self.outbox
-            if not o.published and compaction_id in (None, o.row.compaction_id)
-        ]
+        written_by = self.now() - timedelta(seconds=older_than_seconds)
+        rows = [o.row for o in self.outbox if not o.published and o.created_at <= written_by]
         return rows[:limit]
 
     async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:

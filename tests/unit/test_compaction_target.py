@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 
 from core.domain.budget import BudgetConfig
 from core.domain.clip_archive import SHORTENED_NOTE, is_clip_archive, parse_clip_archive
-from core.domain.compaction import CompactionConfig, CompactionResult
+from core.domain.compaction import CompactionConfig
 from core.domain.messages import ConversationMessage
 from core.domain.tokens import estimate_history_tokens, estimate_message_tokens
 from core.ports.model import ModelRequest, ModelResponse
 from tests.support.builders import T0
-from tests.support.compaction import PlanAndApply, applying_compactor
+from tests.support.compaction import Compressed, PlanAndApply, applying_compactor
 from tests.support.memory_store import InMemoryStore
 
 pytestmark = pytest.mark.unit
@@ -95,7 +95,7 @@ def compactor(
     )
 
 
-def kept_of(result: CompactionResult) -> tuple[ConversationMessage, ...]:
+def kept_of(result: Compressed) -> tuple[ConversationMessage, ...]:
     history = result.history
     return history[1:] if history and is_clip_archive(history[0]) else history
 

@@ -158,7 +158,7 @@ def test_every_setting_is_in_the_configuration_reference() -> None:
 
 
 def test_provider_guard_and_target_keys_reach_the_compactor() -> None:
-    from core.compactor import guard_limits
+    from core.compaction.factory import guard_limits
 
     settings = parse_settings(
         {

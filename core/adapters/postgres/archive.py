@@ -38,7 +38,8 @@ async def live_batches(pool: asyncpg.Pool, conversation_id: str) -> list[StoredB
 
 
 _BATCH_TURNS_SQL = """
-SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at
+SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at,
+       token_estimate
   FROM archived_messages
  WHERE conversation_id = $1 AND id = ANY($2::text[])
    AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::text))
@@ -74,8 +75,8 @@ async def expand_batch(
         None if after is None else after.id,
         limit,
     )
-    paged = after is not None or limit is not None
-    archived = await _archived_count(pool, conversation_id, ids) if paged else len(turns)
+    whole = after is None and limit is None
+    archived = len(turns) if whole else await _archived_count(pool, conversation_id, ids)
     return ExpandedBatch(
         batch=batch,
         turns=tuple(row_to_message(t) for t in turns),

@@ -2,15 +2,14 @@
 
 Keyed by ``compaction_id`` so a redelivered command is a no-op, and
 serialised per conversation by an advisory lock so two compactions of one
-conversation cannot interleave. Embeddings are computed before that
-transaction opens: a slow or failing embedding service must neither hold
-locks nor fail a compaction, it only costs the vector half of search for
-those batches.
+conversation cannot interleave. It writes what it is given: the plan (with
+the vectors the core made, ``CompactionPlan.embeddings``) and the outbox
+records the processor built before the write, and it checks that the rows it
+removes and adds carry the stored token counts those records announce.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -19,104 +18,60 @@ import asyncpg
 from core.adapters.postgres import ingest as pg_ingest
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.rows import specifics_json
-from core.adapters.postgres.vectors import check_vectors
-from core.domain.compaction import AppliedStats, CompactionPlan, StoredBatch
+from core.domain.compaction import CompactionPlan, StoredTokens
 from core.domain.tenancy import tenant_of
 from core.domain.tokens import estimate_message_tokens
-from core.ports.embedding import Embedder
-from core.ports.storage import ApplyResult, HistoryConflictError, OutboxBuilder, OutboxRecord
+from core.ports.storage import (
+    AlreadyApplied,
+    Applied,
+    CompactionOutbox,
+    HistoryConflictError,
+    OutboxRecord,
+)
 
 if TYPE_CHECKING:
     from core.adapters.postgres.migrate import AnyConnection
 
-log = logging.getLogger(__name__)
-
 
 async def apply(
-    pool: asyncpg.Pool,
-    embedder: Embedder | None,
-    plan: CompactionPlan,
-    outbox: OutboxBuilder | None = None,
-) -> ApplyResult:
+    pool: asyncpg.Pool, plan: CompactionPlan, outbox: CompactionOutbox | None = None
+) -> Applied | AlreadyApplied:
     """``PostgresStore.apply_compaction``.
 
     The insert into ``compactions`` decides whether this is a replay: callers
     ask ``compaction_inputs`` before planning (it saves the LLM calls).
     """
-    _check_plan(plan)
-    vectors, model = await embed_batches(embedder, plan.new_batches)
-    turn_vectors = await embed_turns(pool, embedder, plan) if embedder is not None else {}
-
+    plan.check_consistent()
     # Every round trip here is paid by every compaction: steps that can share
     # a statement do (the lock and the record; the clip-archive and the
     # outbox), and a step with nothing to do sends nothing.
     async with pool.acquire() as conn, conn.transaction():
         if not await _lock_and_record(conn, plan):
-            return ApplyResult(outcome="already_applied")
+            return AlreadyApplied()
         await _supersede(conn, plan)
-        await _insert_batches(conn, plan.new_batches, vectors, model)
+        await _insert_batches(conn, plan)
         await _place_resummarised(conn, plan)
         removed = await _archive_compacted(conn, plan)
         restored = await _restore_turns(conn, plan)
         await _relink_archived_turns(conn, plan)
-        await _store_turn_vectors(conn, plan.conversation_id, turn_vectors, model)
-        clip_tokens = 0 if plan.clip_archive is None else estimate_message_tokens(plan.clip_archive)
-        stats = AppliedStats(tokens_removed=removed, tokens_added=clip_tokens + restored)
-        records = list(outbox(stats)) if outbox is not None else []
-        await _insert_clip_archive(conn, plan, records)
-    return ApplyResult(outcome="applied", stats=stats)
+        await _store_turn_vectors(conn, plan)
+        if outbox is not None:
+            _check_tokens(plan, outbox.tokens, removed, restored)
+        await _insert_clip_archive(conn, plan, outbox.records if outbox is not None else ())
+    return Applied()
 
 
-# -- embeddings (before the transaction) ---------------------------------------
-
-
-async def embed_batches(
-    embedder: Embedder | None, batches: Sequence[StoredBatch]
-) -> tuple[list[list[float]] | None, str | None]:
-    if embedder is None or not batches:
-        return None, None
-    texts = [b.batch.content for b in batches]
-    try:
-        vectors = await embedder.embed(texts)
-        check_vectors(vectors, len(texts))
-    except Exception as error:
-        # Archiving matters more than the vector index: these rows stay
-        # findable by full text.
-        log.warning(
-            "embedding %d batches with %s failed, storing them without embeddings: %s",
-            len(texts),
-            embedder.model,
-            error,
+def _check_tokens(
+    plan: CompactionPlan, announced: StoredTokens, removed: int, restored: int
+) -> None:
+    """The completion announces what the store's total moves by; it must be so."""
+    clip = 0 if plan.clip_archive is None else estimate_message_tokens(plan.clip_archive)
+    found = StoredTokens(removed=removed, added=clip + restored)
+    if found != announced:
+        raise HistoryConflictError(
+            f"compaction {plan.compaction_id}: its rows carry {found} stored tokens, "
+            f"its completion announces {announced}"
         )
-        return None, None
-    return vectors, embedder.model
-
-
-async def embed_turns(
-    pool: asyncpg.Pool, embedder: Embedder, plan: CompactionPlan
-) -> dict[str, list[float]]:
-    """Vectors of the raw turns the plan archives (read before its transaction).
-
-    A failure only costs those turns the vector half of search.
-    """
-    rows = await pool.fetch(
-        "SELECT id, content FROM messages "
-        "WHERE conversation_id = $1 AND id = ANY($2::text[]) AND kind = 'message' "
-        "ORDER BY id",
-        plan.conversation_id,
-        list(plan.deleted_message_ids),
-    )
-    if not rows:
-        return {}
-    try:
-        vectors = await embedder.embed([row["content"] for row in rows])
-        check_vectors(vectors, len(rows))
-    except Exception as error:
-        log.warning(
-            "embedding %d archived turns failed, storing them without: %s", len(rows), error
-        )
-        return {}
-    return {row["id"]: vector for row, vector in zip(rows, vectors, strict=True)}
 
 
 # -- apply steps (inside the transaction) ----------------------------------------
@@ -193,14 +148,13 @@ async def _supersede(conn: AnyConnection, plan: CompactionPlan) -> None:
         )
 
 
-async def _insert_batches(
-    conn: AnyConnection,
-    batches: Sequence[StoredBatch],
-    vectors: list[list[float]] | None,
-    model: str | None,
-) -> None:
+async def _insert_batches(conn: AnyConnection, plan: CompactionPlan) -> None:
+    batches = plan.new_batches
     if not batches:
         return
+    embeddings = plan.embeddings
+    vectors = None if embeddings is None else embeddings.batches
+    model = None if embeddings is None else embeddings.model
     await conn.executemany(
         """
         INSERT INTO archival_memory (id, label, conversation_id, content, depth, start_time,
@@ -367,19 +321,27 @@ async def _relink_archived_turns(conn: AnyConnection, plan: CompactionPlan) -> N
     )
 
 
-async def _store_turn_vectors(
-    conn: AnyConnection,
-    conversation_id: str,
-    vectors: dict[str, list[float]],
-    model: str | None,
-) -> None:
-    if not vectors or model is None:
+async def _store_turn_vectors(conn: AnyConnection, plan: CompactionPlan) -> None:
+    embeddings = plan.embeddings
+    if embeddings is None or not embeddings.turns:
         return
     await conn.executemany(
         "UPDATE archived_messages SET embedding = $3, embedding_model = $4 "
         "WHERE conversation_id = $1 AND id = $2",
-        [(conversation_id, message_id, v, model) for message_id, v in vectors.items()],
+        [
+            (plan.conversation_id, message_id, vector, embeddings.model)
+            for message_id, vector in embeddings.turns.items()
+        ],
     )
+
+
+_OUTBOX_ROWS = """
+    INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id)
+    SELECT {compaction}, o.topic, o.key, o.payload, {conversation}
+      FROM unnest({topics}::text[], {keys}::text[], {payloads}::text[])
+           WITH ORDINALITY AS o(topic, key, payload, n)
+     ORDER BY o.n
+"""
 
 
 async def _insert_clip_archive(
@@ -387,50 +349,31 @@ async def _insert_clip_archive(
 ) -> None:
     """Insert the clip-archive and, in the same statement, the outbox rows (in order)."""
     clip = plan.clip_archive
+    columns = ([r.topic for r in outbox], [r.key for r in outbox], [r.payload for r in outbox])
     if clip is None:  # a restore that left no batch live
-        await conn.execute(
-            """
-            INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id)
-            SELECT $1, o.topic, o.key, o.payload, $2
-              FROM unnest($3::text[], $4::text[], $5::text[])
-                   WITH ORDINALITY AS o(topic, key, payload, n)
-             ORDER BY o.n
-            """,
-            plan.compaction_id,
-            plan.conversation_id,
-            [r.topic for r in outbox],
-            [r.key for r in outbox],
-            [r.payload for r in outbox],
+        rows = _OUTBOX_ROWS.format(
+            compaction="$1", conversation="$2", topics="$3", keys="$4", payloads="$5"
         )
+        await conn.execute(rows, plan.compaction_id, plan.conversation_id, *columns)
         return
+    rows = _OUTBOX_ROWS.format(
+        compaction="$9", conversation="$2", topics="$10", keys="$11", payloads="$12"
+    )
     try:
         await conn.execute(
-            """
+            f"""
             WITH clip AS (
                 INSERT INTO messages (id, conversation_id, role, content, tool_calls,
                                       tool_call_id, created_at, token_estimate, kind,
                                       compaction_id)
                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'clip_archive', $9)
             )
-            INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id)
-            SELECT $9, o.topic, o.key, o.payload, $2
-              FROM unnest($10::text[], $11::text[], $12::text[])
-                   WITH ORDINALITY AS o(topic, key, payload, n)
-             ORDER BY o.n
+            {rows}
             """,
-            clip.id,
-            clip.conversation_id,
-            clip.role,
-            clip.content,
-            pg_ingest.tool_calls_json(clip.tool_calls),
-            clip.tool_call_id,
-            clip.created_at,
-            estimate_message_tokens(clip),
-            plan.compaction_id,
-            [r.topic for r in outbox],
-            [r.key for r in outbox],
-            [r.payload for r in outbox],
-        )
+            clip.id, clip.conversation_id, clip.role, clip.content,
+            pg_ingest.tool_calls_json(clip.tool_calls), clip.tool_call_id, clip.created_at,
+            estimate_message_tokens(clip), plan.compaction_id, *columns,
+        )  # fmt: skip
     except asyncpg.UniqueViolationError as error:
         # Either another clip-archive exists that the plan did not know to
         # replace, or the id is taken: the plan was computed from stale history.
@@ -441,24 +384,6 @@ async def _insert_clip_archive(
 
 
 # -- helpers -------------------------------------------------------------------
-
-
-def _check_plan(plan: CompactionPlan) -> None:
-    """Reject plans that would write across conversations or collide with themselves."""
-    conversation = plan.conversation_id
-    foreign = [b.id for b in plan.new_batches if b.conversation_id != conversation]
-    clip_in = conversation if plan.clip_archive is None else plan.clip_archive.conversation_id
-    if foreign or clip_in != conversation:
-        raise ValueError(
-            f"compaction {plan.compaction_id} writes outside conversation {conversation}: "
-            f"batches {foreign}, clip-archive in {clip_in}"
-        )
-    ids = [b.id for b in plan.new_batches]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"compaction {plan.compaction_id} has duplicate batch ids")
-    existing = [old for old, _ in plan.superseded]
-    if len(set(existing)) != len(existing):
-        raise ValueError(f"compaction {plan.compaction_id} supersedes a batch twice")
 
 
 def _preview(ids: Sequence[str], shown: int = 5) -> str:

@@ -46,7 +46,6 @@ from core.adapters.postgres.memory_statements import (
     terms_sql,
     tsquery_any,
 )
-from core.adapters.postgres.vectors import check_vectors
 from core.domain.ranking import (
     Candidates,
     Found,
@@ -63,6 +62,7 @@ from core.domain.ranking import (
     turn_hit,
     usable,
 )
+from core.domain.vectors import check_vectors
 from core.ports.embedding import Embedder
 from core.ports.storage import MemorySearchResult, QueryMode, SearchSources
 

@@ -119,7 +119,8 @@ async def compaction_inputs(
     pool: asyncpg.Pool, compaction_id: str, conversation_id: str, up_to_seq: int | None
 ) -> CompactionInputs:
     """``compaction_applied``, ``conversation_token_total`` and ``load_history``
-    (up to ``up_to_seq``) in one round trip, from one snapshot.
+    (up to ``up_to_seq``, with each message's stored token count) in one round
+    trip, from one snapshot.
 
     What the processor asks before every compaction; as three queries they
     were three round trips, each paid in CPU by the worker and PostgreSQL.
@@ -127,7 +128,7 @@ async def compaction_inputs(
     rows = await pool.fetch(
         """
         SELECT f.applied, f.total, m.id, m.conversation_id, m.role, m.content,
-               m.tool_calls, m.tool_call_id, m.created_at, m.kind
+               m.tool_calls, m.tool_call_id, m.created_at, m.kind, m.token_estimate
           FROM (SELECT EXISTS (SELECT 1 FROM compactions
                                 WHERE conversation_id = $2 AND compaction_id = $1)
                            AS applied,
@@ -145,7 +146,10 @@ async def compaction_inputs(
         up_to_seq,
     )
     first = rows[0]
-    history = [row_to_message(row) for row in rows if row["id"] is not None]
+    found = [row for row in rows if row["id"] is not None]
     return CompactionInputs(
-        applied=bool(first["applied"]), total=int(first["total"]), history=history
+        applied=bool(first["applied"]),
+        total=int(first["total"]),
+        history=[row_to_message(row) for row in found],
+        stored_tokens={row["id"]: int(row["token_estimate"]) for row in found},
     )

@@ -10,16 +10,19 @@ from core.ports.storage import OutboxRow
 
 
 async def pending(
-    pool: asyncpg.Pool, *, compaction_id: str | None = None, limit: int = 100
+    pool: asyncpg.Pool, *, older_than_seconds: float = 0.0, limit: int = 100
 ) -> list[OutboxRow]:
-    """Unpublished outbox rows, oldest first (optionally of one compaction)."""
+    """Unpublished outbox rows written at least ``older_than_seconds`` ago, oldest
+    first. Aged by the database's clock, the one ``created_at`` was set by (the
+    compaction's transaction start)."""
     rows = await pool.fetch(
         """
         SELECT id, compaction_id, topic, key, payload FROM outbox
-         WHERE published_at IS NULL AND ($1::text IS NULL OR compaction_id = $1)
+         WHERE published_at IS NULL
+           AND created_at <= now() - make_interval(secs => $1::double precision)
          ORDER BY id LIMIT $2
         """,
-        compaction_id,
+        older_than_seconds,
         limit,
     )
     return [OutboxRow(**dict(row)) for row in rows]

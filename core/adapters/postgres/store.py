@@ -57,9 +57,11 @@ from core.domain.messages import ConversationMessage
 from core.domain.usage import UsageDay
 from core.ports.embedding import Embedder
 from core.ports.storage import (
-    ApplyResult,
+    AlreadyApplied,
+    Applied,
     AuditEntry,
     CompactionInputs,
+    CompactionOutbox,
     CompactionRecord,
     EraseOutcome,
     Erasure,
@@ -67,7 +69,6 @@ from core.ports.storage import (
     IncomingMessage,
     MemorySearchResult,
     MessageKey,
-    OutboxBuilder,
     OutboxRow,
     QueryMode,
     ReadScope,
@@ -82,8 +83,9 @@ from core.ports.storage import (
 class PostgresStore:
     """Every storage port over one asyncpg pool.
 
-    With an ``embedder``, batches are embedded on archive and ``memory_read``
-    fuses vector and full-text ranks; without one, search is full-text only.
+    With an ``embedder``, ``memory_read`` embeds its query and fuses vector and
+    full-text ranks; without one, search is full-text only. (What a compaction
+    archives comes with its vectors on the plan, ``CompactionPlan.embeddings``.)
     """
 
     def __init__(
@@ -224,17 +226,19 @@ class PostgresStore:
         )
 
     async def apply_compaction(
-        self, plan: CompactionPlan, outbox: OutboxBuilder | None = None
-    ) -> ApplyResult:
+        self, plan: CompactionPlan, outbox: CompactionOutbox | None = None
+    ) -> Applied | AlreadyApplied:
         """One transaction (``core.adapters.postgres.compaction``)."""
-        return await pg_compaction.apply(self._pool, self._embedder, plan, outbox)
+        return await pg_compaction.apply(self._pool, plan, outbox)
 
     # -- OutboxStore ---------------------------------------------------------
 
     async def pending_outbox(
-        self, *, compaction_id: str | None = None, limit: int = 100
+        self, *, older_than_seconds: float = 0.0, limit: int = 100
     ) -> list[OutboxRow]:
-        return await pg_outbox.pending(self._pool, compaction_id=compaction_id, limit=limit)
+        return await pg_outbox.pending(
+            self._pool, older_than_seconds=older_than_seconds, limit=limit
+        )
 
     async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
         return await pg_outbox.rows_of(self._pool, compaction_id)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import core
-from core.compactor import create_compactor
+from core.compaction.factory import create_compactor
 from core.domain.messages import ToolCall
 from core.domain.prompts import (
     DEFAULT_DIRECTIVE,

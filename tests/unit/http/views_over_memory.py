@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from core.adapters.llm.extractive import ExtractiveProvider
-from core.compactor import create_compactor
+from core.compaction.factory import create_compactor
 from core.settings import Settings
 from streams.bootstrap import build_components
 from streams.worker.components import Components

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from core.adapters.llm.extractive import ExtractiveProvider
-from core.compactor import create_compactor
+from core.compaction.factory import create_compactor
 from core.domain.tally import ConversationTally
 from core.ports.model import ModelAuthError, ModelRequest, ModelResponse
 from core.settings import Settings, parse_settings

@@ -30,21 +30,25 @@ DEADLINE = 10.0
 
 
 class OutboxOnly:
-    """The outbox methods of the store port, recording every read and mark."""
+    """The outbox methods of the store port, recording every read and mark;
+    ``young`` rows were written less than the grace ago."""
 
     def __init__(self, rows: Sequence[OutboxRow]) -> None:
         self.rows = list(rows)
         self.published: set[int] = set()
+        self.young: set[int] = set()
         self.marks: list[list[int]] = []
         self.reads = 0
         self.compaction_marks: list[str] = []
+        self.asked_age: list[float] = []
 
     async def pending_outbox(
-        self, *, compaction_id: str | None = None, limit: int = 100
+        self, *, older_than_seconds: float = 0.0, limit: int = 100
     ) -> list[OutboxRow]:
         self.reads += 1
-        rows = [r for r in self.rows if r.id not in self.published]
-        return [r for r in rows if compaction_id in (None, r.compaction_id)][:limit]
+        self.asked_age.append(older_than_seconds)
+        rows = [r for r in self.rows if r.id not in self.published | self.young]
+        return rows[:limit]
 
     async def outbox_rows(self, compaction_id: str) -> list[OutboxRow]:
         return [
@@ -89,42 +93,57 @@ def rows(compaction_id: str, first_id: int) -> list[OutboxRow]:
     ]  # fmt: skip
 
 
+GRACE = 30.0
+
+
 def relay_over(store: OutboxOnly, publisher: GatePublisher) -> OutboxRelay:
-    return OutboxRelay(StaticRuntime(cast(Any, store), cast(Any, None)), publisher, Metrics())
+    runtime = StaticRuntime(cast(Any, store), cast(Any, None))
+    return OutboxRelay(runtime, publisher, Metrics(), grace_seconds=GRACE)
+
+
+def records_of(committed: Sequence[OutboxRow]) -> list[OutboxRecord]:
+    return [OutboxRecord(topic=r.topic, key=r.key, payload=r.payload) for r in committed]
 
 
 async def test_a_compactions_records_are_in_flight_together() -> None:
     store = OutboxOnly(rows("a", 1))
     publisher = GatePublisher(together=2)
     relay = relay_over(store, publisher)
-    assert await asyncio.wait_for(relay.relay("a"), DEADLINE) == 2
+    await asyncio.wait_for(relay.send("a", records_of(store.rows)), DEADLINE)
     assert [topic for topic, _ in publisher.started] == ["clip_archives", "control"]
-    assert store.marks == [[1, 2]]
+    assert store.compaction_marks == ["a"]
 
 
 async def test_compactions_relay_side_by_side_not_behind_one_lock() -> None:
     store = OutboxOnly([*rows("a", 1), *rows("b", 3)])
     publisher = GatePublisher(together=4)
     relay = relay_over(store, publisher)
-    published = await asyncio.wait_for(asyncio.gather(relay.relay("a"), relay.relay("b")), DEADLINE)
-    assert published == [2, 2]
-    assert sorted(store.marks) == [[1, 2], [3, 4]]  # one mark per compaction
+    await asyncio.wait_for(
+        asyncio.gather(
+            relay.send("a", records_of(store.rows[:2])), relay.send("b", records_of(store.rows[2:]))
+        ),
+        DEADLINE,
+    )
+    assert sorted(store.compaction_marks) == ["a", "b"]  # one mark per compaction
+    assert store.published == {1, 2, 3, 4}
 
 
-async def test_a_timer_pass_marks_each_compaction_on_its_own_and_leaves_claimed_ones() -> None:
+async def test_a_timer_pass_marks_each_compaction_on_its_own_and_leaves_young_rows() -> None:
     store = OutboxOnly([*rows("a", 1), *rows("b", 3), *rows("c", 5)])
+    store.young = {3, 4}  # committed within the grace: its processor is sending them
     publisher = GatePublisher(together=1)
     relay = relay_over(store, publisher)
-    with relay.claim("b"):  # its processor is about to relay it
-        await asyncio.wait_for(relay.tick(), DEADLINE)
-        assert store.marks == [[1, 2], [5, 6]]
-        assert [value for _, value in publisher.started] == [
-            b"a-clip",
-            b"a-done",
-            b"c-clip",
-            b"c-done",
-        ]
-    await asyncio.wait_for(relay.tick(), DEADLINE)  # the processor crashed before relaying
+    await asyncio.wait_for(relay.tick(), DEADLINE)
+    assert store.asked_age == [GRACE]
+    assert store.marks == [[1, 2], [5, 6]]
+    assert [value for _, value in publisher.started] == [
+        b"a-clip",
+        b"a-done",
+        b"c-clip",
+        b"c-done",
+    ]
+    store.young = set()  # the grace is over: the processor crashed before relaying
+    await asyncio.wait_for(relay.tick(), DEADLINE)
     assert store.marks[-1] == [3, 4]
     assert store.published == {1, 2, 3, 4, 5, 6}
 
@@ -136,13 +155,13 @@ async def test_relaying_again_sends_the_completion_and_only_an_unpublished_clip_
     store.published = {1, 2}
     publisher = GatePublisher(together=1)
     relay = relay_over(store, publisher)
-    assert await asyncio.wait_for(relay.relay("a", again=True), DEADLINE) == 1
+    assert await asyncio.wait_for(relay.republish("a"), DEADLINE) == 1
     assert publisher.started == [("control", b"a-done")]
-    assert await asyncio.wait_for(relay.relay("a"), DEADLINE) == 0
+    assert await asyncio.wait_for(relay.drain(), DEADLINE) == 0
     store.published = set()  # a crash between commit and publish: both go out
     publisher = GatePublisher(together=2)
     relay = relay_over(store, publisher)
-    assert await asyncio.wait_for(relay.relay("a", again=True), DEADLINE) == 2
+    assert await asyncio.wait_for(relay.republish("a"), DEADLINE) == 2
     assert [topic for topic, _ in publisher.started] == ["clip_archives", "control"]
 
 
@@ -151,7 +170,6 @@ async def test_the_records_a_compaction_built_are_sent_without_reading_them_back
     store = OutboxOnly(committed)
     publisher = GatePublisher(together=2)
     relay = relay_over(store, publisher)
-    records = [OutboxRecord(topic=r.topic, key=r.key, payload=r.payload) for r in committed]
-    assert await asyncio.wait_for(relay.relay("a", records=records), DEADLINE) == 2
+    await asyncio.wait_for(relay.send("a", records_of(committed)), DEADLINE)
     assert [value for _, value in publisher.started] == [b"a-clip", b"a-done"]
     assert (store.reads, store.compaction_marks, store.published) == (0, ["a"], {1, 2})

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from core.domain.compaction import CompactionResult
+from core.domain.compaction import CompactionPlan, Failed, Planned, PlanOutcome
 from core.ports.publisher import PublisherUnavailable
 from streams.events import DeadLetterHeaders, ReconcileRequest
+from streams.worker.processor import Compacted, Noop, Replayed
 from streams.worker.runtime import StaticRuntime
 from tests.support.builders import T0
 from tests.unit.worker.harness import NAMES, FailingModel, harness, over_budget, words
@@ -21,10 +23,10 @@ async def test_a_command_compacts_and_publishes_its_events_asking_applied_once()
     h = harness()
     command = await over_budget(h)
     outcome = await h.components.processor.compact(command)
-    assert outcome.status == "compacted"
+    assert isinstance(outcome, Compacted)
     # The messages up to the command's cut, less keep_recent=2; later ones are untouched.
     assert command.up_to_seq == 4
-    assert outcome.messages_compressed == 2
+    assert outcome.plan.messages_compressed == 2
     # Asked once, with the total and the history; the relay sends what the
     # transaction wrote and marks it by compaction, reading nothing back.
     assert h.store.calls.count("compaction_inputs") == 1
@@ -51,7 +53,7 @@ async def test_a_replayed_compaction_id_republishes_its_completion_not_its_clip_
     await h.components.processor.compact(command)
     first = list(h.publisher.sent)
     outcome = await h.components.processor.compact(command)
-    assert outcome.status == "replayed"
+    assert outcome == Replayed()
     republished = h.publisher.sent[len(first) :]
     assert [p.topic for p in republished] == ["control"]
     assert [p.value for p in republished] == [p.value for p in first if p.topic == "control"]
@@ -69,7 +71,7 @@ async def test_a_replayed_compaction_never_published_publishes_both() -> None:
     assert h.store.outbox and not any(o.published for o in h.store.outbox)
     sent = len(h.publisher.sent)
     outcome = await h.components.processor.compact(command)
-    assert outcome.status == "replayed"
+    assert outcome == Replayed()
     assert [p.topic for p in h.publisher.sent[sent:]] == ["clip_archives", "control"]
     assert all(o.published for o in h.store.outbox)
 
@@ -79,12 +81,34 @@ async def test_a_failed_compaction_writes_nothing_and_is_counted() -> None:
     command = await over_budget(h)
     before = dict(h.store.messages)
     outcome = await h.components.processor.compact(command)
-    assert outcome.status == "failed"
-    assert "ModelAuthError" in outcome.reason
+    assert isinstance(outcome, Failed) and outcome.kind == "model_auth"
+    assert "ModelAuthError" in outcome.detail
     assert h.store.messages == before
     assert h.store.batches == {} and h.store.compactions == set() and h.store.outbox == []
     assert h.publisher.on("clip_archives") == [] and h.completions() == []
-    failed = h.components.metrics.compactions_failed.labels("ModelAuthError")._value.get()
+    failed = h.components.metrics.compactions_failed.labels("model_auth")._value.get()
+    assert failed == 1
+
+
+async def test_stored_tokens_other_than_its_completion_announces_fail_the_compaction() -> None:
+    """The outbox is built before the write from the stored counts the inputs
+    read; the store checks them, so the tally cannot move by other numbers."""
+    h = harness()
+    command = await over_budget(h)
+    read = h.store.compaction_inputs
+
+    async def stale(*args: Any, **kwargs: Any) -> Any:
+        inputs = await read(*args, **kwargs)
+        counts = {i: n + 1 for i, n in inputs.stored_tokens.items()}
+        return replace(inputs, stored_tokens=counts)
+
+    h.store.compaction_inputs = stale  # type: ignore[method-assign]
+    before = dict(h.store.messages)
+    outcome = await h.components.processor.compact(command)
+    assert isinstance(outcome, Failed) and outcome.kind == "history_conflict"
+    assert h.store.messages == before and h.store.compactions == set() and h.store.outbox == []
+    assert h.completions() == [] and h.publisher.on("clip_archives") == []
+    failed = h.components.metrics.compactions_failed.labels("history_conflict")._value.get()
     assert failed == 1
 
 
@@ -94,7 +118,7 @@ async def test_nothing_to_compress_completes_as_a_noop() -> None:
     await h.message(1, "x" * 500)  # over budget, but both are within keep_recent
     (command,) = h.commands()
     outcome = await h.components.processor.compact(command)
-    assert (outcome.status, outcome.reason) == ("noop", "nothing_to_compress")
+    assert outcome == Noop("nothing_to_compress")
     (noop,) = h.completions()
     assert noop.status == "noop" and noop.compaction_id == command.compaction_id
     assert noop.tokens_removed == 0 and noop.messages_compressed == 0
@@ -109,7 +133,7 @@ async def test_a_command_for_a_conversation_back_under_budget_is_a_noop() -> Non
     for key in list(h.store.messages)[:5]:
         del h.store.messages[key]
     outcome = await h.components.processor.compact(command)
-    assert (outcome.status, outcome.reason) == ("noop", "under_budget")
+    assert outcome == Noop("under_budget")
 
 
 async def test_the_completion_brings_the_tally_to_the_store_s_total() -> None:
@@ -174,6 +198,9 @@ async def test_the_outbox_timer_publishes_rows_a_crash_left_behind() -> None:
     with pytest.raises(ConnectionError):
         await h.components.processor.compact(command)  # committed, not published
     assert [o.published for o in h.store.outbox] == [False, False]
+    await h.components.relay.tick()  # within the grace: the processor's to send
+    assert [o.published for o in h.store.outbox] == [False, False]
+    h.clock.now += 60  # command_timeout_seconds: the relay's grace is over
     await h.components.relay.tick()
     assert all(o.published for o in h.store.outbox)
     # A compaction's records are sent together: the one whose send did not fail
@@ -183,25 +210,31 @@ async def test_the_outbox_timer_publishes_rows_a_crash_left_behind() -> None:
 
 
 async def test_a_refitted_clip_archive_counts_as_a_compaction_not_a_noop() -> None:
-    from core.domain.compaction import CompactionResult
-
     class Refitting:
-        async def plan(self, history: Any, conversation_id: str, **_: Any) -> CompactionResult:
-            return CompactionResult(
-                history=tuple(history),
-                batches_created=1,
-                messages_compressed=0,
-                over_target=True,
-                compaction_id=_["compaction_id"],
-            )
+        """Compresses no message, but archives one new batch: a re-fitted clip-archive."""
+
+        def __init__(self, real: Any) -> None:
+            self.real = real
+
+        async def plan(self, history: Any, conversation_id: str, **kw: Any) -> PlanOutcome:
+            outcome = await self.real.plan(history, conversation_id, **kw)
+            assert isinstance(outcome, Planned)
+            plan: CompactionPlan = outcome.plan
+            refit = plan.model_copy(
+                update={"deleted_message_ids": (), "messages_compressed": 0,
+                        "new_batches": plan.new_batches[:1]}
+            )  # fmt: skip
+            return Planned(refit, outcome.history, over_target="over target: a test")
 
     h = harness()
     command = await over_budget(h)
-    h.components.processor._runtime = StaticRuntime(h.store, Refitting())
+    real = h.components.processor._runtime.compactor
+    h.components.processor._runtime = StaticRuntime(h.store, Refitting(real))
     outcome = await h.components.processor.compact(command)
-    assert outcome.status == "compacted"
+    assert isinstance(outcome, Compacted)
     assert h.components.metrics.compactions_over_target._value.get() == 1
-    assert h.completions() == []  # its events come from its own outbox, not a noop
+    (completed,) = h.completions()  # its own, from its outbox: not a noop
+    assert completed.status == "compacted" and completed.messages_compressed == 0
 
 
 class _DownThenUp:
@@ -214,15 +247,16 @@ class _DownThenUp:
         self.plans = 0
         self.waits = 0
 
-    async def plan(self, history: Any, conversation_id: str, **kw: Any) -> CompactionResult:
+    async def plan(self, history: Any, conversation_id: str, **kw: Any) -> PlanOutcome:
         self.plans += 1
         if not self.back.is_set():
-            return CompactionResult(
-                history=tuple(history), failed=True, provider_down_at=0,
-                reason="ProviderUnavailableError: LLM provider open: retry in 5s",
-            )  # fmt: skip
-        result: CompactionResult = await self.real.plan(history, conversation_id, **kw)
-        return result
+            return Failed(
+                "provider_unavailable",
+                "ProviderUnavailableError: LLM provider open: retry in 5s",
+                provider_down_at=0,
+            )
+        outcome: PlanOutcome = await self.real.plan(history, conversation_id, **kw)
+        return outcome
 
     async def provider_answers(self, since: int) -> None:
         self.waits += 1
@@ -242,7 +276,7 @@ async def test_a_compaction_failed_in_an_outage_goes_again_when_the_provider_ans
     assert not running.done() and h.completions() == []  # held, not acked
     down.back.set()
     outcome = await running
-    assert outcome.status == "compacted" and down.plans == 2
+    assert isinstance(outcome, Compacted) and down.plans == 2
     assert h.components.metrics.compactions_retried_after_outage._value.get() == 1
     assert len(h.publisher.on("clip_archives")) == 1
 
@@ -254,7 +288,7 @@ async def test_a_command_held_past_its_timeout_is_left_to_reconciliation() -> No
     h.components.processor._runtime = StaticRuntime(h.store, down)
     h.clock.now += 61  # command_timeout_seconds is 60: reconciliation re-sends it now
     outcome = await h.components.processor.compact(command)
-    assert outcome.status == "failed" and outcome.provider_down_at == 0
+    assert isinstance(outcome, Failed) and outcome.provider_down_at == 0
     assert down.plans == 1 and down.waits == 0
 
 
@@ -264,5 +298,5 @@ async def test_an_outage_without_an_answer_is_held_until_the_command_times_out()
     h = harness(model=FailingModel(), command_timeout_seconds=0.2)
     command = await over_budget(h)
     outcome = await h.components.processor.compact(command)
-    assert outcome.status == "failed" and outcome.provider_down_at == 0
+    assert isinstance(outcome, Failed) and outcome.provider_down_at == 0
     assert h.components.metrics.compactions_retried_after_outage._value.get() == 0

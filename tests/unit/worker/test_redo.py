@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from core.adapters.llm.extractive import ExtractiveProvider
-from core.compactor import create_compactor
+from core.compaction.factory import create_compactor
 from core.domain.tally import request_compaction_id
 from core.domain.tokens import estimate_history_tokens
 from streams.events import ClipArchiveEvent, CompactionCommand, RecompactRequest, RestoreRequest
+from streams.worker.processor import Noop
 from streams.worker.runtime import StaticRuntime
 from tests.unit.worker.harness import (
     BUDGET_TOKENS,
@@ -29,14 +30,18 @@ pytestmark = pytest.mark.unit
 TARGET = int(0.8 * BUDGET_TOKENS)
 
 
-def budgeted(h: Harness | None = None, model_max_tokens: int = 400) -> Harness:
+def budgeted(
+    h: Harness | None = None, model_max_tokens: int = 400, max_summary_tokens: int = 1024
+) -> Harness:
     """The component harness with a compactor that meets the budget's target
     (``model_max_tokens`` × 0.5)."""
     h = h or harness()
     config = settings()
     budget = config.budget.model_copy(update={"model_max_tokens": model_max_tokens})
     # No specifics ledger: at this tiny budget its sections alone overflow the target.
-    tuning = config.summarization.compaction().model_copy(update={"specifics_ratio": 0})
+    tuning = config.summarization.compaction().model_copy(
+        update={"specifics_ratio": 0, "max_summary_tokens": max_summary_tokens}
+    )
     compactor = create_compactor(
         model=ExtractiveProvider(), memory_store=h.store,
         config=tuning, model_name="test", budget=budget,
@@ -146,7 +151,9 @@ async def test_restore_brings_the_newest_turns_back_within_the_target_and_names_
     h = budgeted()
     await _compacted(h)
     *_, batch = await h.store.live_batches("c1")
-    budgeted(h, model_max_tokens=800)  # room for some of its turns: target 320
+    # Room for some of its turns (target 320) beside a summary of the others of at
+    # most 20 tokens: a summary as long as the turns it stands for leaves none.
+    budgeted(h, model_max_tokens=800, max_summary_tokens=20)
     await _request(h, restore())
     await _run_last_command(h)
     event = clip_events(h)[-1]
@@ -165,7 +172,7 @@ async def test_restore_of_a_batch_that_is_not_live_is_a_noop_that_says_so() -> N
     await _compacted(h)
     await _request(h, restore(batch_id="no-such-batch"))
     outcome = await h.components.processor.compact(h.commands()[-1])
-    assert outcome.status == "noop" and "no live batch no-such-batch" in outcome.reason
+    assert isinstance(outcome, Noop) and "no live batch no-such-batch" in outcome.reason
 
 
 async def test_an_ordinary_command_and_clip_archive_leave_the_request_fields_out() -> None:

@@ -29,6 +29,7 @@ from core.domain.tally import (
     reconcile_due,
 )
 from core.settings import ConfigError, parse_settings
+from streams.worker.processor import Compacted
 from tests.unit.worker import harness as components
 
 pytestmark = pytest.mark.unit
@@ -203,7 +204,7 @@ async def test_a_command_issued_at_the_trigger_compacts_rather_than_noops(
     assert 170 < total <= 200  # due, not over the budget
     (command,) = h.commands()
     outcome = await h.components.processor.compact(command)
-    assert outcome.status == "compacted" and outcome.messages_compressed > 0
+    assert isinstance(outcome, Compacted) and outcome.plan.messages_compressed > 0
     (completed,) = h.completions()
     await h.control(completed)
     assert not h.tally().stalled and h.tally().outstanding is None

@@ -13,15 +13,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_random_exponential
+
 from core.domain.chunking import Chunk, halve, in_history_order
-from core.domain.clip_archive import covered_days
-from core.domain.compaction import (
-    CompactionConfig,
-    StoredBatch,
-    SummaryBatch,
-    batch_label,
-    merged_batch,
-)
+from core.domain.clip_archive import batch_label, covered_days
+from core.domain.compaction import CompactionConfig, StoredBatch, SummaryBatch, merged_batch
 from core.domain.messages import ConversationMessage
 from core.domain.prompts import build_resummarization_request, build_summarization_request
 from core.domain.scoring import score_message
@@ -83,8 +80,16 @@ class LlmSpend:
         )
 
 
+class _Halve(Exception):
+    """A timed-out chunk goes again as two halves, after ``used`` attempts."""
+
+    def __init__(self, used: int) -> None:
+        super().__init__(f"halve after {used} attempts")
+        self.used = used
+
+
 class Summarizer:
-    """Summaries from the model, retried by one policy (``_retry_or_raise``), each
+    """Summaries from the model, retried by one policy (``_retrying``), each
     with its specifics ledger (``core.domain.specifics``), whichever model wrote it.
 
     ``guard`` None: the model is local (the extractive fallback), its calls
@@ -139,7 +144,7 @@ class Summarizer:
         """Fold-in: each chunk's request carries the summary so far (context-compaction.AC1.3).
 
         A timed-out chunk is split in halves that go to the front of the queue,
-        so fold-in order is preserved.
+        so fold-in order is preserved; they go on counting its attempts.
         """
         out: list[SummaryBatch] = []
         running = prior
@@ -147,7 +152,7 @@ class Summarizer:
         max_tokens, allowance = self._allowances(self._config.max_summary_tokens, within=False)
         importance = self._importance(position, chunks)
         while pending:
-            chunk, attempt = pending.popleft()
+            chunk, used = pending.popleft()
             ordered = in_history_order(chunk, position)
             request = build_summarization_request(
                 system_prompt=self._config.prompt,
@@ -157,28 +162,12 @@ class Summarizer:
                 max_tokens=max_tokens,
             )
             try:
-                text = await self._complete(request, calls)
-            except ModelError as error:
-                await self._retry_or_raise(error, attempt)
-                if isinstance(error, ModelTimeoutError):
-                    pending.extendleft(reversed([(half, attempt + 1) for half in halve(ordered)]))
-                else:
-                    pending.appendleft((ordered, attempt + 1))
+                text = await self._ask(request, calls, used, halvable=len(halve(ordered)) > 1)
+            except _Halve as halved:
+                pending.extendleft(reversed([(half, halved.used) for half in halve(ordered)]))
                 continue
             ledger = self._ledger(text, rank_specifics(ordered, importance), allowance)
-            out.append(
-                SummaryBatch(
-                    content=ledger.content,
-                    depth=0,
-                    start_time=min(m.created_at for m in ordered),
-                    end_time=max(m.created_at for m in ordered),
-                    message_count=len(ordered),
-                    source_message_ids=tuple(m.id for m in ordered),
-                    days=covered_days(m.created_at for m in ordered),
-                    specifics=ledger.remembered,
-                    ledger=ledger.shown,
-                )
-            )
+            out.append(_summary_batch(ordered, ledger))
             running = text  # the summary alone: the next chunk's model needs no ledger
         return out
 
@@ -213,14 +202,7 @@ class Summarizer:
             model_name=self._model_name,
             max_tokens=limit,
         )
-        attempt = 0
-        while True:
-            try:
-                text = await self._complete(request, calls)
-                break
-            except ModelError as error:
-                await self._retry_or_raise(error, attempt)
-                attempt += 1
+        text = await self._ask(request, calls)
         ranked = merge_ranked(s.batch.specifics for s in sources)
         ledger = self._ledger(text, ranked, allowance)
         merged = merged_batch(sources, ledger.content).model_copy(
@@ -270,25 +252,81 @@ class Summarizer:
                 f"no answer within {self._config.timeout_seconds}s", provider=self._model.name
             ) from error
 
-    async def _retry_or_raise(self, error: ModelError, attempt: int) -> None:
-        """The retry policy for every LLM call, so the two loops cannot drift:
-        re-raise ``error`` when trying again cannot help or ``attempt`` (0 for
-        the first call) has used up ``max_retries``, otherwise wait before the
-        caller retries. What to retry with stays with the caller, since only
-        the chunk loop can answer a timeout with a smaller request.
+    async def _ask(
+        self, request: ModelRequest, calls: LlmSpend, used: int = 0, *, halvable: bool = False
+    ) -> str:
+        """The model's answer to ``request``, retried by ``_retrying``. ``halvable``: a
+        timeout is answered with a smaller request, which only the chunk loop can
+        make: after the wait, ``_Halve`` hands it the attempts used so far."""
+        timed_out = False
+        async for attempt in self._retrying(used):
+            with attempt:
+                if timed_out:
+                    raise _Halve(used + attempt.retry_state.attempt_number - 1)
+                try:
+                    return await self._complete(request, calls)
+                except ModelTimeoutError:
+                    timed_out = halvable
+                    raise
+        raise AssertionError("unreachable: the retrying loop returns or raises")
 
-        The wait doubles per attempt, but never undercuts a rate limit's
-        ``retry_after``: asking again sooner than the server said would only
-        earn another 429. A ``retry_after`` longer than the provider guard
-        would let any call wait gives up at once instead: the guard refuses
-        every call until then anyway, and reconciliation retries later.
+    def _retrying(self, used: int) -> AsyncRetrying:
+        """The retry policy for every LLM call, so the two loops cannot drift: give
+        up when trying again cannot help or ``max_retries`` are used up (``used``
+        of them before this request: a halved chunk's), else wait and try again.
+
+        The wait is drawn at random up to ``retry_backoff_seconds × 2^attempt``
+        (full jitter: the compactions that failed together do not come back
+        together), but never undercuts a rate limit's ``retry_after``: asking
+        again sooner than the server said would only earn another 429. A
+        ``retry_after`` longer than the provider guard lets any call wait gives up
+        at once instead: the guard refuses every call until then anyway, and
+        reconciliation retries later.
         """
-        if not error.retryable or attempt >= self._config.max_retries:
-            raise error
-        delay = self._config.retry_backoff_seconds * 2**attempt
+        backoff = wait_random_exponential(
+            multiplier=self._config.retry_backoff_seconds * 2**used, min=0
+        )
+
+        def wait(state: RetryCallState) -> float:
+            error = state.outcome.exception() if state.outcome is not None else None
+            delay = backoff(state)
+            if isinstance(error, ModelRateLimitError) and error.retry_after is not None:
+                delay = max(delay, error.retry_after)
+            return delay
+
+        return AsyncRetrying(
+            sleep=self._sleep,
+            stop=stop_after_attempt(self._config.max_retries + 1 - used),
+            retry=retry_if_exception(self._may_retry),
+            wait=wait,
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+
+    def _may_retry(self, error: BaseException) -> bool:
+        if not isinstance(error, ModelError) or not error.retryable:
+            return False
         if isinstance(error, ModelRateLimitError) and error.retry_after is not None:
-            if self._guard is not None and error.retry_after > self._guard.limits.max_wait_seconds:
-                raise error
-            delay = max(delay, error.retry_after)
-        log.info("retrying LLM call in %.2fs after %s", delay, type(error).__name__)
-        await self._sleep(delay)
+            guard = self._guard
+            return guard is None or error.retry_after <= guard.limits.max_wait_seconds
+        return True
+
+
+def _log_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome is not None else None
+    delay = state.next_action.sleep if state.next_action is not None else 0.0
+    log.info("retrying LLM call in %.2fs after %s", delay, type(error).__name__)
+
+
+def _summary_batch(ordered: Sequence[ConversationMessage], ledger: Ledger) -> SummaryBatch:
+    return SummaryBatch(
+        content=ledger.content,
+        depth=0,
+        start_time=min(m.created_at for m in ordered),
+        end_time=max(m.created_at for m in ordered),
+        message_count=len(ordered),
+        source_message_ids=tuple(m.id for m in ordered),
+        days=covered_days(m.created_at for m in ordered),
+        specifics=ledger.remembered,
+        ledger=ledger.shown,
+    )

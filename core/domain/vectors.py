@@ -1,4 +1,5 @@
-"""What an embedder's answer must be before the store writes or searches with it."""
+"""What an embedder's answer must be before it is stored or searched with: one
+finite vector per text, all of one size, within what pgvector holds."""
 
 from __future__ import annotations
 

@@ -1,0 +1,163 @@
+"""One planning attempt under the conversation's circuit breaker, and whom a
+failure is blamed on.
+
+If any LLM call fails there is no plan: the caller gets ``Failed`` and its
+history stays as it was (context-compaction.AC1.7). A failure counts against
+the conversation's breaker only when it is the conversation's; a provider
+outage is the provider guard's business (``core.provider_guard``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+
+from core.compaction.batches import CompactionIds
+from core.compaction.summarizer import LlmSpend, Summarizer
+from core.domain.circuit import CircuitBreaker
+from core.domain.compaction import Failed, FailureKind, Planned, PlanOutcome, Unchanged
+from core.domain.tenancy import tenant_of
+from core.domain.usage import ModelPrice
+from core.ports.model import (
+    ModelAuthError,
+    ModelError,
+    ModelRateLimitError,
+    ModelResponseError,
+    ModelServerError,
+    ModelTimeoutError,
+)
+from core.ports.storage import HistoryConflictError, StoreUnavailable
+from core.provider_guard import ProviderGuard, ProviderUnavailableError
+
+log = logging.getLogger("compactor")
+
+Step = Callable[[LlmSpend], Awaitable[Planned | Unchanged]]
+"""What one attempt runs: the planning, with the spend its LLM calls add up to."""
+
+_KINDS: tuple[tuple[type[Exception], FailureKind], ...] = (
+    (ProviderUnavailableError, "provider_unavailable"),  # a ModelError: first
+    (ModelRateLimitError, "rate_limited"),
+    (ModelAuthError, "model_auth"),
+    (ModelTimeoutError, "model_timeout"),
+    (ModelServerError, "model_server"),
+    (ModelResponseError, "model_response"),
+    (ModelError, "model_error"),
+    (HistoryConflictError, "history_conflict"),
+    (StoreUnavailable, "store_unavailable"),
+)
+
+
+def failure_kind(error: Exception) -> FailureKind:
+    """The word for what failed: a stable metric label, whatever the message says."""
+    return next((kind for cls, kind in _KINDS if isinstance(error, cls)), "error")
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """Runs planning steps under the per-conversation ``breaker``; ``guard`` is
+    the worker's one provider guard, whose answer count tells an outage from a
+    request the provider chokes on."""
+
+    breaker: CircuitBreaker
+    guard: ProviderGuard
+    prices: Mapping[str, ModelPrice]
+
+    async def run(
+        self, ids: CompactionIds, step: Step, summarizer: Summarizer, *, fallback: bool = False
+    ) -> PlanOutcome:
+        """``step`` once: a failure is ``Failed`` (``provider_down_at`` when the
+        provider was down), ``Unchanged`` is returned as is, ``Planned`` gets the
+        spend of its LLM calls (``fallback``: they were the fallback summariser's)."""
+        conversation_id = ids.conversation_id
+        if not self.breaker.try_acquire(conversation_id):
+            retry_in = self.breaker.retry_in(conversation_id)
+            return Failed("circuit_open", f"circuit open: retry in {retry_in:.0f}s")
+        started = time.perf_counter()
+        calls = LlmSpend(tenant=tenant_of(conversation_id))
+        try:
+            outcome = await step(calls)
+        except asyncio.CancelledError:
+            self.breaker.release(conversation_id)
+            raise
+        except Exception as error:
+            return self._failed(error, ids, calls)
+        if isinstance(outcome, Unchanged):
+            self.breaker.release(conversation_id)
+            return outcome
+        self.breaker.record_success(conversation_id)
+        planned = self._spent(outcome, calls, summarizer, fallback)
+        _log_planned(planned, time.perf_counter() - started)
+        return planned
+
+    def _failed(self, error: Exception, ids: CompactionIds, calls: LlmSpend) -> Failed:
+        answers = self.guard.successes
+        provider_down = answers if self._blame(error, ids.conversation_id, calls) else None
+        # Refusals come by the thousand in an outage; the guard logs the outage once.
+        log.log(
+            logging.INFO if isinstance(error, ProviderUnavailableError) else logging.WARNING,
+            "compaction %s of %s failed, history left unchanged: %s: %s",
+            ids.compaction_id,
+            ids.conversation_id,
+            type(error).__name__,
+            error,
+        )
+        detail = f"{type(error).__name__}: {error}"
+        return Failed(failure_kind(error), detail, provider_down_at=provider_down)
+
+    def _blame(self, error: Exception, conversation_id: str, calls: LlmSpend) -> bool:
+        """Count a failure against the conversation's breaker only when it is the
+        conversation's: a provider outage is the provider guard's business, and
+        counting it against every conversation would shut them all out for a
+        cool-down after the provider is back. ``True`` for a provider outage.
+
+        Rate limits, refusals by the guard and a rejected key are never the
+        conversation's. A 5xx or a timeout is, when other calls got answers
+        while this compaction's kept failing (its request is the trouble:
+        too large, or one the provider chokes on); otherwise it is an outage.
+        """
+        if isinstance(error, ProviderUnavailableError | ModelRateLimitError | ModelAuthError):
+            provider_wide = True
+        elif isinstance(error, ModelServerError | ModelTimeoutError):
+            first = calls.answers_at_first_failure
+            provider_wide = first is None or self.guard.successes <= first
+        else:
+            provider_wide = False
+        if provider_wide:
+            self.breaker.release(conversation_id)
+        else:
+            self.breaker.record_failure(conversation_id)
+        return provider_wide
+
+    def _spent(
+        self, planned: Planned, calls: LlmSpend, summarizer: Summarizer, fallback: bool
+    ) -> Planned:
+        """``planned`` with its LLM spend: priced on the plan, counted as reported."""
+        if calls.summarizer is None:
+            calls.summarizer, calls.model = summarizer.provider, summarizer.model_name
+        usage = calls.usage().priced(self.prices)
+        if fallback:
+            usage = usage.model_copy(update={"fallback": True})
+        return replace(
+            planned,
+            plan=planned.plan.model_copy(update={"usage": usage}),
+            llm_input_tokens=calls.input_tokens,
+            llm_output_tokens=calls.output_tokens,
+        )
+
+
+def _log_planned(planned: Planned, elapsed: float) -> None:
+    plan = planned.plan
+    log.info(
+        "planned %s: %d messages into %d batches, %d → %d tokens in %.2fs",
+        plan.conversation_id,
+        plan.messages_compressed,
+        len(plan.new_batches),
+        plan.tokens_estimate_before,
+        plan.tokens_estimate_after,
+        elapsed,
+    )
+    if planned.over_target is not None:
+        log.warning("compaction of %s: %s", plan.conversation_id, planned.over_target)

@@ -1,0 +1,82 @@
+"""``create_compactor``: the pipeline over the given ports, and the guard's limits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+
+from core.compaction.attempt import Attempts
+from core.compaction.compactor import PipelineCompactor
+from core.compaction.fitting import ClipFitter
+from core.compaction.pipeline import Pipeline
+from core.compaction.summarizer import Summarizer
+from core.domain.budget import BudgetConfig
+from core.domain.circuit import CircuitBreaker
+from core.domain.compaction import CompactionConfig, CompactionTuning
+from core.domain.tokens import DEFAULT_COUNTER, TokenCounter
+from core.domain.usage import DEFAULT_PRICES, ModelPrice
+from core.ports.embedding import Embedder
+from core.ports.model import ModelProvider
+from core.ports.storage import MemoryStore
+from core.provider_guard import GuardLimits, ProviderGuard
+
+
+def guard_limits(
+    config: CompactionTuning, tenant_weights: Mapping[str, float] | None = None
+) -> GuardLimits:
+    return GuardLimits(
+        fair_share=config.fair_share,
+        tenant_weights=dict(tenant_weights or {}),
+        max_concurrent=config.max_concurrent_llm_calls,
+        failure_threshold=config.provider_failure_threshold,
+        cooldown_seconds=config.provider_cooldown_seconds,
+        max_cooldown_seconds=config.provider_max_cooldown_seconds,
+        max_wait_seconds=config.provider_max_wait_seconds,
+    )
+
+
+def create_compactor(
+    *,
+    model: ModelProvider,
+    memory_store: MemoryStore,
+    config: CompactionConfig,
+    model_name: str,
+    counter: TokenCounter = DEFAULT_COUNTER,
+    budget: BudgetConfig | None = None,
+    breaker: CircuitBreaker | None = None,
+    guard: ProviderGuard | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    tenant_weights: Mapping[str, float] | None = None,
+    fallback: ModelProvider | None = None,
+    prices: Mapping[str, ModelPrice] | None = None,
+    embedder: Embedder | None = None,
+) -> PipelineCompactor:
+    """The pipeline over the given ports.
+
+    ``budget``: the target every compaction must reach (none without it). ``sleep``
+    and ``clock`` drive every wait and cool-down (a test replaces both; a sleep
+    advances the clock). ``tenant_weights``: the tenants' shares of the guard's
+    slots (``[[tenants]]`` ``weight``, 1 by default). ``fallback``: the model
+    ``plan(..., fallback=True)`` summarises with (extractive, for a tenant whose
+    LLM budget is spent; local, so unguarded). ``prices``: what a compaction's
+    cost is estimated with (``[usage].prices``). ``embedder``: what archived
+    batches and turns are embedded with (none: no vectors).
+    """
+    guard = guard or ProviderGuard(guard_limits(config, tenant_weights), clock=clock, sleep=sleep)
+    breaker = breaker or CircuitBreaker(
+        config.max_consecutive_failures, config.circuit_cooldown_seconds, clock=clock
+    )
+    target = budget.target_tokens if budget is not None else None
+    summarizer = partial(Summarizer, config=config, sleep=sleep, counter=counter)
+    return PipelineCompactor(
+        pipeline=Pipeline(memory_store, config, counter, ClipFitter(config, counter, target)),
+        attempts=Attempts(breaker, guard, dict(DEFAULT_PRICES if prices is None else prices)),
+        summarizer=summarizer(model=model, model_name=model_name, guard=guard),
+        fallback=None
+        if fallback is None
+        else summarizer(model=fallback, model_name=fallback.name, guard=None),
+        embedder=embedder,
+    )
