@@ -81,6 +81,7 @@ async def expand_batch(
         batch=batch,
         turns=tuple(row_to_message(t) for t in turns),
         turns_missing=len(set(ids)) - archived,
+        turn_tokens={t["id"]: int(t["token_estimate"]) for t in turns},
     )
 
 
