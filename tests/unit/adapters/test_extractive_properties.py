@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.adapters.llm.extractive import extract_summary
+from core.domain.extractive import extract_summary
 from core.domain.prompts import build_resummarization_request, build_summarization_request
 from core.domain.tokens import DEFAULT_COUNTER
 from tests.support.builders import message
@@ -71,7 +71,7 @@ def test_resummarising_never_stacks_prefixes(texts: list[tuple[str, str]], depth
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(_ROLES, _TEXT), min_size=1, max_size=25))
 def test_no_two_lines_are_near_duplicates(texts: list[tuple[str, str]]) -> None:
-    from core.adapters.llm.extractive import _STOP_WORDS, _WORD
+    from core.domain.extractive import _STOP_WORDS, _WORD
 
     summary, _ = extract_summary(_request(texts, 1000))
     bags = [
