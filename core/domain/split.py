@@ -60,6 +60,17 @@ def tool_safe_boundary(body: Sequence[ConversationMessage], boundary: int) -> in
         boundary = min(straddling)
 
 
+def tool_safe_boundary_after(body: Sequence[ConversationMessage], boundary: int) -> int:
+    """Move ``boundary`` later until no tool call is cut from its results: what is
+    kept after it may only shrink (a read that must fit a limit)."""
+    spans = _tool_pair_spans(body)
+    while True:
+        straddling = [last for first, last in spans if first < boundary <= last]
+        if not straddling:
+            return boundary
+        boundary = max(straddling) + 1
+
+
 def split_history(
     history: Sequence[ConversationMessage],
     keep_recent: int,

@@ -1,0 +1,105 @@
+"""The read-time fit: never over the limit, the newest turn always there, every
+other turn either verbatim or stood for by the provisional clip-archive, tool
+exchanges never cut, and bounded work whatever the turns' size."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.domain.context_fit import (
+    MIN_LIMIT,
+    AsStored,
+    Provisional,
+    Sized,
+    fit_context,
+)
+from core.domain.messages import ConversationMessage
+from core.domain.tokens import estimate_message_tokens
+from tests.unit.domain.conversations import START, conversations
+
+pytestmark = pytest.mark.unit
+
+
+def sized(history: list[ConversationMessage]) -> list[Sized]:
+    return [Sized(m, estimate_message_tokens(m)) for m in history]
+
+
+def turn(n: int, content: str, role: str = "user") -> ConversationMessage:
+    return ConversationMessage(
+        id=f"m{n:04d}",
+        conversation_id="c",
+        role=role,  # type: ignore[arg-type]
+        content=content,
+        created_at=START + timedelta(seconds=n),
+    )
+
+
+def test_a_history_that_fits_is_handed_out_as_stored() -> None:
+    history = sized([turn(n, "short turn") for n in range(5)])
+    assert fit_context(history, 1000) == AsStored(tuple(history), sum(s.tokens for s in history))
+
+
+def test_an_over_limit_history_keeps_the_newest_turns_and_stands_for_the_rest() -> None:
+    history = sized(
+        [
+            turn(n, f"turn {n}: the invoice #{n} failed, Alice agreed to fix it. " * 8)
+            for n in range(300)
+        ]
+    )
+    fitted = fit_context(history, 4000)
+    assert isinstance(fitted, Provisional)
+    assert fitted.tokens <= 4000 < fitted.stored_tokens
+    digest = fitted.messages[0].message
+    assert digest.role == "system" and digest.content.startswith("[Provisional summary of")
+    kept = [s.message.id for s in fitted.messages[1:]]
+    assert kept[-1] == "m0299" and kept == sorted(kept)
+    assert set(fitted.folded) | set(kept) == {s.message.id for s in history}
+
+
+def test_a_turn_larger_than_the_limit_is_shortened_head_and_tail() -> None:
+    paste = "HEAD " + "x" * 400_000 + " TAIL"
+    history = sized([turn(0, "hi"), turn(1, paste)])
+    fitted = fit_context(history, 2000)
+    assert isinstance(fitted, Provisional) and fitted.shortened
+    last = fitted.messages[-1].message.content
+    assert last.startswith("HEAD") and last.endswith("TAIL") and fitted.tokens <= 2000
+
+
+def test_the_fit_reads_a_bounded_amount_however_large_the_turns() -> None:
+    small = sized([turn(n, "the payments deploy failed again. " * 30) for n in range(60)])
+    huge = sized([turn(n, "the payments deploy failed again. " * 30_000) for n in range(60)])
+    cpu = []
+    for history in (small, huge):
+        started = time.process_time()  # this process's CPU: other processes' load adds nothing
+        fit_context(history, 4000)
+        cpu.append(time.process_time() - started)
+    # Work linear in the text would make the huge one about 1,000 times dearer.
+    assert cpu[1] < 5 * cpu[0] + 0.05
+
+
+@settings(max_examples=200, deadline=None)
+@given(conversations(max_units=40), st.integers(MIN_LIMIT, 3000))
+def test_never_over_the_limit_and_nothing_silently_dropped(
+    history: list[ConversationMessage], limit: int
+) -> None:
+    stored = sized(history)
+    fitted = fit_context(stored, limit)
+    assert fitted.tokens <= limit
+    assert fitted.tokens == sum(s.tokens for s in fitted.messages)
+    if isinstance(fitted, AsStored):
+        return
+    shown = [s.message.id for s in fitted.messages]
+    if history:
+        assert history[-1].id in shown
+    body = [m.id for m in history if not m.stored_clip_archive]
+    kept = [i for i in shown if i in body]
+    assert fitted.folded + tuple(kept) == tuple(body)
+    calls = {c.id: m.id for m in history for c in m.tool_calls or ()}
+    for message in history:
+        if message.id in kept and message.tool_call_id in calls:
+            assert calls[message.tool_call_id] in kept, "a kept result lost its call"
