@@ -4,6 +4,7 @@ the APIs refuse a request for."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -137,7 +138,7 @@ def test_anthropic_shape_alternates_opens_with_the_user_and_pairs_every_tool_use
     if not shaped:
         return
     assert shaped[0]["role"] == "user"
-    for before, after in zip(shaped, shaped[1:], strict=False):
+    for before, after in pairwise(shaped):
         assert before["role"] != after["role"]
     for index, item in enumerate(shaped):
         blocks = item["content"]
