@@ -158,20 +158,6 @@ class EraseOutcome:
 
 
 @dataclass(frozen=True)
-class AuditEntry:
-    """One row of ``erase_audit``: it survives the erase it records."""
-
-    request_id: str
-    conversation_id: str
-    requester: str
-    reason: str
-    requested_at: datetime
-    erased_at: datetime
-    epoch: int
-    counts: dict[str, int]
-
-
-@dataclass(frozen=True)
 class SaveOutcome:
     status: SaveStatus
     seq: int | None = None  # the arrival number, when inserted
@@ -371,27 +357,17 @@ class MemorySearchResult(BaseModel):
 
 
 class MessageStore(Protocol):
-    async def save_message(
-        self,
-        message: ConversationMessage,
-        token_estimate: int,
-        *,
-        partition: int | None = None,
-        offset: int | None = None,
-    ) -> bool:
-        """Insert once; ``False`` when that message id was already stored, or when an
-        erase of the conversation covers it (see ``SaveStatus`` ``erased``).
+    async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
+        """Insert each message once, in the group's order, in as few round trips as
+        the store can: the accounting agent's hot path. A repeated id is a
+        ``duplicate``, and so is a message a compaction already archived (it must
+        not come back on redelivery); a message an erase covers is ``erased``
+        (not written).
 
-        ``message.conversation_id`` is the conversation key: its tenant (the
+        A message's ``conversation_id`` is the conversation key: its tenant (the
         key's, ``core.domain.tenancy``) is recorded with the conversation's
         first message, for the row-level security of reads.
         """
-        ...
-
-    async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
-        """``save_message`` for a group, in the group's order, in as few round trips
-        as the store can: the accounting agent's hot path. A repeated id is a
-        ``duplicate``; a message an erase covers is ``erased`` (not written)."""
         ...
 
     async def load_history(
@@ -520,16 +496,10 @@ class OutboxStore(Protocol):
 class TallySource(Protocol):
     """The store's own counts, which the token table caches."""
 
-    async def conversation_totals(self, conversation_id: str) -> tuple[int, int]:
-        """(estimated tokens, rows) of the conversation as the model would now see it."""
-        ...
-
     async def totals_of(self, conversation_ids: Collection[str]) -> dict[str, StoreTotals]:
-        """``conversation_totals`` and ``last_seq`` of many conversations in one query;
-        every id asked for is in the answer (an unknown one with zeros)."""
+        """The stored tokens, rows, ``last_seq`` and erase epoch of many conversations
+        in one query; every id asked for is in the answer (an unknown one with zeros)."""
         ...
-
-    async def conversation_token_total(self, conversation_id: str) -> int: ...
 
     async def last_seq(self, conversation_id: str) -> int | None:
         """The arrival number of the newest message: a compaction's as-of cut."""
@@ -549,10 +519,6 @@ class PrivacyStore(Protocol):
         under the conversation's lock, and in the same transaction record the
         erase (the ``erasures`` mark, its epoch raised once per request id) and
         its audit entry; both survive the erase. Idempotent."""
-        ...
-
-    async def erase_audit(self, conversation_id: str) -> list[AuditEntry]:
-        """The audit entries of a conversation's erases, oldest first."""
         ...
 
     async def move_to_tenant(self, conversation_id: str, tenant_id: str) -> bool:

@@ -14,7 +14,7 @@ import pytest
 from core.adapters.llm.anthropic import AnthropicProvider
 from core.adapters.llm.openai_compat import OpenAICompatProvider
 from core.adapters.postgres.store import PostgresStore
-from core.domain.budget import BudgetConfig, needs_compaction
+from core.domain.budget import BudgetConfig, compaction_due
 from core.domain.clip_archive import is_clip_archive, parse_clip_archive
 from core.domain.compaction import CompactionConfig
 from core.domain.messages import ConversationMessage, ToolCall
@@ -31,6 +31,7 @@ from tests.support.llm_server import (
     Reply,
     ServerError,
 )
+from tests.support.stores import saved, totals
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def conversation(n: int, conv: str = "conv-1", start: int = 0) -> list[Conversat
 
 async def seed(store: PostgresStore, msgs: list[ConversationMessage]) -> None:
     for m in msgs:
-        await store.save_message(m, estimate_message_tokens(m))
+        await saved(store, m, estimate_message_tokens(m))
 
 
 def make(
@@ -133,7 +134,7 @@ async def test_over_budget_history_is_compressed__context_compaction_AC1_1(
     msgs = conversation(12)
     await seed(pg_store, msgs)
     budget = BudgetConfig(context_budget=0.5, model_max_tokens=600)
-    assert needs_compaction(msgs, budget)
+    assert compaction_due(estimate_history_tokens(msgs), budget)
     result = await make(pg_store, llm).compress(msgs, "conv-1")
     assert not result.failed
     assert result.batches_created >= 1
@@ -144,7 +145,7 @@ async def test_over_budget_history_is_compressed__context_compaction_AC1_1(
         == estimate_history_tokens(result.history)
         < result.tokens_estimate_before
     )
-    assert not needs_compaction(result.history, budget)
+    assert not compaction_due(estimate_history_tokens(result.history), budget)
 
 
 async def test_messages_are_chunked_by_chunk_size__context_compaction_AC1_2(
@@ -533,7 +534,7 @@ def at_the_cap(request: Any) -> str:
 
 
 async def stored_total(store: PostgresStore, conv: str = "conv-1") -> int:
-    return await store.conversation_token_total(conv)
+    return (await totals(store, conv)).tokens
 
 
 async def test_every_cycle_leaves_the_history_under_the_target(pg_store: PostgresStore) -> None:

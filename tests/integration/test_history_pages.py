@@ -26,6 +26,7 @@ from tests.integration.test_postgres_store import (
     stored,
 )
 from tests.support.memory_store import InMemoryStore
+from tests.support.stores import saved
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +47,7 @@ async def walk(
         assert len(seen) <= 1000, "the key does not advance"
         if pending:  # a message arriving mid-walk, after the current position
             added = pending.pop(0)
-            assert await store.save_message(added, estimate_message_tokens(added))
+            assert await saved(store, added, estimate_message_tokens(added))
         if len(page) < limit:
             return seen
         after = MessageKey.of(page[-1])
@@ -70,7 +71,7 @@ async def test_pages_walk_the_history_exactly_once_in_order(pg_store: PostgresSt
 
     memory = InMemoryStore()
     for m in messages:
-        assert await memory.save_message(m, estimate_message_tokens(m))
+        assert await saved(memory, m, estimate_message_tokens(m))
     assert await memory.apply_compaction(plan) == Applied()
     assert [m.id for m in await memory.load_history(CONV)] == everything
 

@@ -17,6 +17,7 @@ from core.adapters.postgres.store import PostgresStore
 from core.domain.messages import ConversationMessage
 from core.ports.storage import Applied
 from tests.integration.test_postgres_store import make_plan, msg, save_all, stored
+from tests.support.stores import saved
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +42,7 @@ async def compact(
     """Store ``texts`` as turns of ``conversation`` and compact all of them."""
     messages = [msg(first + i, text, conversation_id=conversation) for i, text in enumerate(texts)]
     for m in messages:
-        assert await store.save_message(m, 5)  # a key "acme/c1" is tenant acme's
+        assert await saved(store, m, 5)  # a key "acme/c1" is tenant acme's
     batches = [
         stored(
             compaction,

@@ -16,6 +16,7 @@ from core.adapters.postgres.store import PostgresStore
 from core.domain.messages import ToolCall
 from core.ports.storage import Applied, IncomingMessage
 from tests.integration.test_postgres_store import CONV, make_plan, msg, save_all, stored
+from tests.support.stores import saved
 
 pytestmark = pytest.mark.integration
 
@@ -129,8 +130,8 @@ async def test_conversations_may_reuse_a_message_id(pg_store: PostgresStore, gro
         assert [o.status for o in outcomes] == ["inserted"] * 6 + ["duplicate"]
     else:
         for m in [*a, *b]:
-            assert await pg_store.save_message(m, 10)  # type: ignore[arg-type]
-        assert not await pg_store.save_message(a[0], 10)  # type: ignore[arg-type]
+            assert await saved(pg_store, m, 10)  # type: ignore[arg-type]
+        assert not await saved(pg_store, a[0], 10)  # type: ignore[arg-type]
     assert [m.id for m in await pg_store.load_history("conv-b")] == ["m0", "m1", "m2"]
 
     plan = make_plan(

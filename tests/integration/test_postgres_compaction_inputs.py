@@ -16,6 +16,7 @@ from core.adapters.postgres.store import PostgresStore
 from core.ports.storage import CompactionInputs
 from tests.support.builders import history
 from tests.support.builders import message as make_message
+from tests.support.stores import saved, totals
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -31,7 +32,7 @@ async def separately(
     stored = {r["id"]: r["token_estimate"] for r in counts}
     return CompactionInputs(
         applied=await store.compaction_applied(compaction_id),
-        total=await store.conversation_token_total(conversation_id),
+        total=(await totals(store, conversation_id)).tokens,
         history=found,
         stored_tokens={m.id: stored[m.id] for m in found},
     )
@@ -47,7 +48,7 @@ async def test_the_same_answers_as_the_three_reads(pg_store: PostgresStore) -> N
     messages = history(6)
     other = history(2, conversation_id="conv-2")
     for i, message in enumerate([*messages, *other]):
-        await pg_store.save_message(message, 10 + i)
+        await saved(pg_store, message, 10 + i)
     seqs = await pg_store.pool.fetch(
         "SELECT id, seq FROM messages WHERE conversation_id = 'conv-1' ORDER BY seq"
     )
@@ -70,10 +71,10 @@ async def test_after_a_compaction_the_clip_archive_leads_and_it_is_applied(
 
     messages = history(4)
     for message in messages:
-        await pg_store.save_message(message, 10)
+        await saved(pg_store, message, 10)
     await pg_store.apply_compaction(plan_over(messages[:2]))
     newer = make_message(9)
-    await pg_store.save_message(newer, 10)
+    await saved(pg_store, newer, 10)
     for up_to_seq in (None, 1):  # the clip-archive is kept whatever the cut
         got = await pg_store.compaction_inputs("cmp-1", "conv-1", up_to_seq=up_to_seq)
         assert got == await separately(pg_store, "cmp-1", "conv-1", up_to_seq)

@@ -31,6 +31,7 @@ from tests.integration.test_postgres_pool import plan_over
 from tests.support.builders import history
 from tests.support.builders import message as make_message
 from tests.support.pg_control import ControlledPostgres, own_server
+from tests.support.stores import saved
 from tests.support.worker import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -40,7 +41,6 @@ Call = Callable[[PostgresStore], Awaitable[object]]
 CALLS: dict[str, Call] = {
     "load_history": lambda store: store.load_history("conv-1"),
     "save_messages": lambda store: store.save_messages([IncomingMessage(make_message(50), 10)]),
-    "save_message": lambda store: store.save_message(make_message(51), 10),
     "compaction_inputs": lambda store: store.compaction_inputs("cmp-9", "conv-1", up_to_seq=None),
 }
 
@@ -95,7 +95,7 @@ async def test_a_stopped_server_is_unavailable_and_the_store_recovers_after_rest
     dsn = await own_postgres.create_database("errors")
     store = await PostgresStore.connect(dsn, max_size=2)
     try:
-        await store.save_message(make_message(0), 10)
+        await saved(store, make_message(0), 10)
         await asyncio.to_thread(own_postgres.stop_immediate)
         for name, call in CALLS.items():
             try:
@@ -164,7 +164,7 @@ async def _backend_waiting_on_a_lock(
 
 async def test_a_history_conflict_comes_through_as_itself(pg_store: PostgresStore) -> None:
     messages = history(4)
-    await pg_store.save_message(messages[0], 10)  # the plan's second message was never stored
+    await saved(pg_store, messages[0], 10)  # the plan's second message was never stored
     with pytest.raises(HistoryConflictError) as caught:
         await pg_store.apply_compaction(plan_over(messages[:2]))
     assert type(caught.value) is HistoryConflictError
@@ -181,7 +181,7 @@ async def test_bad_input_is_not_an_outage(pg_store: PostgresStore) -> None:
     through as ``StoreRejected`` (the driver's error as its cause), or the
     store's own ``ValueError``."""
     with pytest.raises(StoreRejected) as caught:
-        await pg_store.save_message(make_message(0), 2**40)  # token_estimate is an integer
+        await saved(pg_store, make_message(0), 2**40)  # token_estimate is an integer
     assert isinstance(caught.value.__cause__, asyncpg.DataError)
     with pytest.raises(ValueError, match="timezone-aware"):
         await pg_store.load_history("conv-1", as_of=datetime(2026, 1, 1))
@@ -213,19 +213,14 @@ async def test_data_postgresql_refuses_is_store_rejected(
     pg_store: PostgresStore, content: str, tool_calls: object, driver_error: type
 ) -> None:
     message = unvalidated(content, tool_calls=tool_calls)
-    for save in (
-        lambda: pg_store.save_message(message, 10),
-        lambda: pg_store.save_messages([IncomingMessage(message, 10)]),
-    ):
-        with pytest.raises(StoreRejected) as caught:
-            await save()
-        assert isinstance(caught.value.__cause__, driver_error), caught.value.__cause__
+    with pytest.raises(StoreRejected) as caught:
+        await pg_store.save_messages([IncomingMessage(message, 10)])
+    assert isinstance(caught.value.__cause__, driver_error), caught.value.__cause__
     assert await pg_store.load_history(message.conversation_id) == []
 
 
-@pytest.mark.parametrize("save", ["save_message", "save_messages"])
 async def test_a_row_a_constraint_refuses_is_store_rejected_with_the_constraint_named(
-    pg_store: PostgresStore, pg_database: str, save: str
+    pg_store: PostgresStore, pg_database: str
 ) -> None:
     """A CHECK the record's data breaks (one added here, as a deployment might, or
     a later migration): refused for good, with PostgreSQL's reason, not an outage
@@ -239,13 +234,8 @@ async def test_a_row_a_constraint_refuses_is_store_rejected_with_the_constraint_
     finally:
         await admin.close()
     message = make_message(0).model_copy(update={"content": "a forbidden word"})
-    call = (
-        pg_store.save_message(message, 10)
-        if save == "save_message"
-        else pg_store.save_messages([IncomingMessage(message, 10)])
-    )
     with pytest.raises(StoreRejected, match="no_forbidden_words") as caught:
-        await call
+        await pg_store.save_messages([IncomingMessage(message, 10)])
     assert isinstance(caught.value.__cause__, asyncpg.CheckViolationError)
     assert await pg_store.load_history(message.conversation_id) == []
 

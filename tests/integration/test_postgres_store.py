@@ -30,6 +30,8 @@ from core.ports.storage import (
     HistoryConflictError,
     OutboxRecord,
 )
+from tests.support.stores import counts as stored_counts
+from tests.support.stores import saved, totals
 
 pytestmark = pytest.mark.integration
 
@@ -127,7 +129,7 @@ def make_plan(
 
 async def save_all(store: PostgresStore, messages: Sequence[ConversationMessage]) -> None:
     for m in messages:
-        assert await store.save_message(m, estimate_message_tokens(m))
+        assert await saved(store, m, estimate_message_tokens(m))
 
 
 async def archive(
@@ -292,20 +294,20 @@ async def test_save_message_is_idempotent_and_round_trips(pg_store: PostgresStor
     assistant = msg(1, "let me look", role="assistant", tool_calls=[call])
     tool = msg(2, '{"hits": 3}', role="tool", tool_call_id="call-1")
 
-    assert await pg_store.save_message(assistant, 7) is True
-    assert await pg_store.save_message(assistant, 7) is False
-    assert await pg_store.save_message(tool, 3) is True
+    assert await saved(pg_store, assistant, 7) is True
+    assert await saved(pg_store, assistant, 7) is False
+    assert await saved(pg_store, tool, 3) is True
 
     assert await pg_store.load_history(CONV) == [assistant, tool]
     assert (await counts(pg_store))["messages"] == 2
-    assert await pg_store.conversation_token_total(CONV) == 10
+    assert (await totals(pg_store, CONV)).tokens == 10
 
 
 async def test_empty_tool_calls_survive_the_round_trip(pg_store: PostgresStore) -> None:
     message = ConversationMessage(
         id="x", conversation_id=CONV, role="assistant", content="", tool_calls=(), created_at=T0
     )
-    await pg_store.save_message(message, 0)
+    await saved(pg_store, message, 0)
     assert (await pg_store.load_history(CONV))[0].tool_calls == ()
 
 
@@ -373,7 +375,7 @@ async def test_apply_compaction_archives_deletes_and_inserts_clip_archive(
     assert ledger["batches_created"] == 2
     assert ledger["messages_compressed"] == 4
     assert (ledger["tokens_before"], ledger["tokens_after"]) == (1000, 100)
-    assert await pg_store.conversation_token_total(CONV) == sum(
+    assert (await totals(pg_store, CONV)).tokens == sum(
         estimate_message_tokens(m) for m in [plan.clip_archive, *history[4:]]
     )
 
@@ -783,13 +785,13 @@ async def test_an_embedded_replay_is_already_applied_and_writes_nothing(
 
 
 async def test_token_totals_and_conversations_over_a_threshold(pg_store: PostgresStore) -> None:
-    await pg_store.save_message(msg(1, conversation_id="big"), 600)
-    await pg_store.save_message(msg(2, conversation_id="big"), 500)
-    await pg_store.save_message(msg(1, conversation_id="edge"), 1000)
-    await pg_store.save_message(msg(1, conversation_id="small"), 10)
+    await saved(pg_store, msg(1, conversation_id="big"), 600)
+    await saved(pg_store, msg(2, conversation_id="big"), 500)
+    await saved(pg_store, msg(1, conversation_id="edge"), 1000)
+    await saved(pg_store, msg(1, conversation_id="small"), 10)
 
-    assert await pg_store.conversation_token_total("big") == 1100
-    assert await pg_store.conversation_token_total("nobody") == 0
+    assert (await totals(pg_store, "big")).tokens == 1100
+    assert (await totals(pg_store, "nobody")).tokens == 0
     # Strictly over, as core.domain.budget.over_budget decides.
     assert await pg_store.conversations_over(1000) == [("big", 1100)]
     assert await pg_store.conversations_over(5) == [("big", 1100), ("edge", 1000), ("small", 10)]
@@ -804,7 +806,7 @@ async def test_load_history_up_to_seq_excludes_later_arrivals(pg_store: Postgres
     cut = await pg_store.last_seq(CONV)
     # Arrives later but claims an earlier time: still excluded by arrival order.
     late = history[3].model_copy(update={"created_at": history[0].created_at})
-    await pg_store.save_message(late, 1)
+    await saved(pg_store, late, 1)
     assert cut is not None
     assert [m.id for m in await pg_store.load_history(CONV, up_to_seq=cut)] == [
         m.id for m in history[:3]
@@ -827,7 +829,7 @@ async def test_apply_writes_the_outbox_and_its_announced_stored_tokens_atomicall
 ) -> None:
     history = [msg(i) for i in range(3)]
     for i, message in enumerate(history):
-        await pg_store.save_message(message, 100 + i)  # provider-reported counts
+        await saved(pg_store, message, 100 + i)  # provider-reported counts
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
@@ -875,14 +877,14 @@ async def test_a_compacted_message_does_not_come_back_when_redelivered(
     )
     assert await pg_store.apply_compaction(plan) == Applied()
     # Kafka redelivers the first message after a crash: it is covered by a batch.
-    assert not await pg_store.save_message(history[0], estimate_message_tokens(history[0]))
+    assert not await saved(pg_store, history[0], estimate_message_tokens(history[0]))
     assert [m.id for m in await pg_store.load_history(CONV)] == [
         plan.clip_archive.id,
         history[2].id,
     ]
     # the same id in another conversation is not affected
     other = msg(0, conversation_id="other-conv").model_copy(update={"id": history[0].id + "-x"})
-    assert await pg_store.save_message(other, 1)
+    assert await saved(pg_store, other, 1)
 
 
 async def test_outbox_rows_returns_published_rows_too_and_first_publication_time_stays(
@@ -919,9 +921,9 @@ async def test_outbox_rows_returns_published_rows_too_and_first_publication_time
     assert await pg_store.pending_outbox() == []
 
 
-async def test_conversation_totals_count_tokens_and_rows(pg_store: PostgresStore) -> None:
+async def test_totals_count_tokens_and_rows(pg_store: PostgresStore) -> None:
     for i in range(3):
-        await pg_store.save_message(msg(i), 10 + i)
-    assert await pg_store.conversation_totals(CONV) == (33, 3)
-    assert await pg_store.conversation_totals("nobody") == (0, 0)
-    assert await pg_store.conversation_token_total(CONV) == 33
+        await saved(pg_store, msg(i), 10 + i)
+    assert await stored_counts(pg_store, CONV) == (33, 3)
+    assert await stored_counts(pg_store, "nobody") == (0, 0)
+    assert (await totals(pg_store, CONV)).tokens == 33

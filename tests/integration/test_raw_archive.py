@@ -26,6 +26,7 @@ from tests.integration.test_postgres_store import (
     save_all,
     stored,
 )
+from tests.support.stores import saved
 
 pytestmark = pytest.mark.integration
 
@@ -265,7 +266,7 @@ async def test_retention_removes_old_raw_turns_only(pg_store: PostgresStore) -> 
     assert len(await _archived(store)) == 3
     # The summary stays searchable, and a redelivered compacted message stays out.
     assert (await store.memory_read("Lisbon")).hits
-    assert not await store.save_message(msg(1, TURNS[1]), 10)
+    assert not await saved(store, msg(1, TURNS[1]), 10)
 
 
 async def test_covered_days_round_trip(pg_store: PostgresStore) -> None:

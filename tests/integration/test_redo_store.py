@@ -19,6 +19,7 @@ from core.domain.compaction import (
 )
 from core.ports.storage import AlreadyApplied, Applied, CompactionOutbox, HistoryConflictError
 from tests.integration.test_postgres_store import CONV, msg, save_all
+from tests.support.stores import counts
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +79,7 @@ async def test_recompact_supersedes_the_live_batches_and_relinks_their_raw_turns
     assert links <= {b.id for b in after}  # every raw turn points at a live batch
     live = await pg_store.load_history(CONV)
     assert [m.id for m in live][1:] == [m.id for m in history][1:]  # the kept messages stay
-    tokens, _ = await pg_store.conversation_totals(CONV)
+    tokens, _ = await counts(pg_store, CONV)
     assert tokens <= BUDGET.budget_tokens
     assert await pg_store.apply_compaction(plan) == AlreadyApplied()
 
@@ -113,7 +114,7 @@ async def test_restore_moves_the_newest_turns_back_with_their_arrival_numbers(
         list(plan.restored_message_ids),
     )
     assert archived == 0
-    tokens, _ = await pg_store.conversation_totals(CONV)
+    tokens, _ = await counts(pg_store, CONV)
     assert tokens <= BUDGET.target_tokens
     superseded = await pg_store.pool.fetchval(
         "SELECT superseded_by FROM archival_memory WHERE id = $1", newest.id

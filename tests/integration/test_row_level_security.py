@@ -29,6 +29,7 @@ from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import StoredTokens
 from core.ports.storage import Applied, CompactionOutbox, IncomingMessage, OutboxRecord, ReadScope
 from tests.integration.test_postgres_store import make_plan, msg, stored
+from tests.support.stores import counts
 
 pytestmark = pytest.mark.integration
 
@@ -305,7 +306,7 @@ async def test_the_worker_writes_as_an_owner_that_is_not_a_superuser(owner_dsn: 
             is False
         )
         await _two_tenants(store)  # save_messages, apply_compaction, outbox
-        assert (await store.conversation_totals("acme/shared"))[1] == 3
+        assert (await counts(store, "acme/shared"))[1] == 3
         assert len(await store.pending_outbox()) == 3
         assert len(await store.load_history("globex/shared")) == 3  # the worker sees everything
         hits = (await store.memory_read("orchid")).hits

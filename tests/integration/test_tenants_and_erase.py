@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import asyncpg
 import pytest
 
 from core.adapters.postgres.privacy import ERASED_TABLES, KEPT_TABLES
@@ -13,6 +14,7 @@ from core.domain.compaction import StoredTokens
 from core.domain.tenancy import conversation_key
 from core.ports.storage import Applied, CompactionOutbox, Erasure, IncomingMessage, OutboxRecord
 from tests.integration.test_postgres_store import T0, make_plan, msg, stored
+from tests.support.stores import counts, saved
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +44,7 @@ async def _conversation(store: PostgresStore, bare: str, tenant: str | None, wor
     cid = conversation_key(tenant, bare)
     messages = [msg(i, f"{word} turn {i} about {word}", conversation_id=cid) for i in range(4)]
     for m in messages:
-        assert await store.save_message(m, 10)
+        assert await saved(store, m, 10)
     plan = make_plan(
         f"cmp-{cid}",
         [stored(f"cmp-{cid}", 0, f"Summary of {word}.", messages[:2], end=1)],
@@ -71,11 +73,11 @@ async def _conversation(store: PostgresStore, bare: str, tenant: str | None, wor
 async def test_the_conversations_row_holds_the_tenant_its_key_names(
     pg_store: PostgresStore,
 ) -> None:
-    assert await pg_store.save_message(msg(0, conversation_id="acme/a"), 5)
-    assert not await pg_store.save_message(msg(0, conversation_id="acme/a"), 5)
-    assert await pg_store.save_message(msg(0, conversation_id="globex/a"), 5)  # not acme's
-    assert await pg_store.save_message(msg(0, conversation_id="a"), 5)
-    assert await pg_store.conversation_totals("acme/a") == (5, 1)
+    assert await saved(pg_store, msg(0, conversation_id="acme/a"), 5)
+    assert not await saved(pg_store, msg(0, conversation_id="acme/a"), 5)
+    assert await saved(pg_store, msg(0, conversation_id="globex/a"), 5)  # not acme's
+    assert await saved(pg_store, msg(0, conversation_id="a"), 5)
+    assert await counts(pg_store, "acme/a") == (5, 1)
     assert await tenant_row(pg_store, "acme/a") == (True, "acme")
     assert await tenant_row(pg_store, "globex/a") == (True, "globex")
     assert await tenant_row(pg_store, "a") == (True, None)
@@ -141,9 +143,9 @@ async def test_erase_leaves_no_row_with_the_conversation_id_in_any_table(
     again = await pg_store.erase_conversation("doomed", erasure("req-2"))
     assert again.removed == dict.fromkeys(ERASED_TABLES, 0) and again.epoch == 2
     # A later message starts a new conversation.
-    assert await pg_store.save_message(msg(0, conversation_id="doomed"), 5)
+    assert await saved(pg_store, msg(0, conversation_id="doomed"), 5)
     assert await tenant_row(pg_store, "doomed") == (True, None)
-    assert await pg_store.conversation_totals("doomed") == (5, 1)
+    assert await counts(pg_store, "doomed") == (5, 1)
 
 
 async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
@@ -164,7 +166,7 @@ async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
     # At or below the mark (redelivered, lagging, a new consumer group): not stored,
     # and no conversations row (tenant claim) either.
     assert await group((0, 1, 5, 0), (1, 1, 6, 1), (2, 3, 100, 2)) == ["erased"] * 3
-    assert await pg_store.conversation_totals("doomed") == (0, 0)
+    assert await counts(pg_store, "doomed") == (0, 0)
     assert await tenant_row(pg_store, "doomed") == (False, None)
     assert (
         await pg_store.pool.fetchval(
@@ -174,15 +176,13 @@ async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
     )
     # Created before the erase was asked (a replay, at new offsets): not stored either.
     assert await group((4, 1, 50, -2 * 86_400)) == ["erased"]
-    assert not await pg_store.save_message(
-        msg(5, conversation_id="doomed", seconds=-2 * 86_400), 10, partition=2, offset=1
+    assert not await saved(
+        pg_store, msg(5, conversation_id="doomed", seconds=-2 * 86_400), 10, partition=2, offset=1
     )
-    assert not await pg_store.save_message(
-        msg(6, conversation_id="doomed"), 10, partition=1, offset=6
-    )
+    assert not await saved(pg_store, msg(6, conversation_id="doomed"), 10, partition=1, offset=6)
     # Above the mark and after the cutoff: a new conversation, with the erase's epoch.
     assert await group((7, 1, 7, 7), (8, 2, 0, 8)) == ["inserted", "inserted"]
-    assert await pg_store.save_message(msg(10, conversation_id="doomed"), 10, partition=1, offset=8)
+    assert await saved(pg_store, msg(10, conversation_id="doomed"), 10, partition=1, offset=8)
     totals = await pg_store.totals_of(["doomed", "never"])
     assert (totals["doomed"].rows, totals["doomed"].epoch) == (3, 1)
     assert (totals["never"].rows, totals["never"].epoch) == (0, 0)
@@ -194,6 +194,16 @@ async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
         pg_store._single_conversation_transactions = False
 
 
+async def erase_audit(store: PostgresStore, conversation_id: str) -> list[asyncpg.Record]:
+    """The audit rows of a conversation's erases, oldest first (what an operator reads)."""
+    return list(
+        await store.pool.fetch(
+            "SELECT * FROM erase_audit WHERE conversation_id = $1 ORDER BY erased_at, request_id",
+            conversation_id,
+        )
+    )
+
+
 async def test_the_audit_survives_the_erase_and_a_redelivered_request_is_audited_once(
     pg_store: PostgresStore,
 ) -> None:
@@ -202,16 +212,16 @@ async def test_the_audit_survives_the_erase_and_a_redelivered_request_is_audited
     repeated = await pg_store.erase_conversation("doomed", erasure(p0=4))
     assert repeated.repeated and repeated.removed == first.removed and repeated.epoch == 1
     assert first.removed["messages"] > 0
-    (entry,) = await pg_store.erase_audit("doomed")
-    assert (entry.request_id, entry.requester, entry.reason) == (
+    (entry,) = await erase_audit(pg_store, "doomed")
+    assert (entry["request_id"], entry["requester"], entry["reason"]) == (
         "req-1",
         "ops@example",
         "subject access request #42",
     )
-    assert entry.counts == first.removed and entry.epoch == 1
+    assert entry["counts"] == first.removed and entry["epoch"] == 1
     later = await pg_store.erase_conversation("doomed", erasure("req-2", p0=2, p1=7))
     assert later.epoch == 2 and not later.repeated
-    assert [e.request_id for e in await pg_store.erase_audit("doomed")] == ["req-1", "req-2"]
+    assert [e["request_id"] for e in await erase_audit(pg_store, "doomed")] == ["req-1", "req-2"]
     # A later erase never lowers an earlier mark.
     offsets = await pg_store.pool.fetchval(
         "SELECT offsets FROM erasures WHERE conversation_id = 'doomed'"

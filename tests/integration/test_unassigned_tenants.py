@@ -29,6 +29,7 @@ from streams import cli
 from streams.database import POSTGRES_DSN_ENV
 from tests.integration.test_postgres_pool import plan_over
 from tests.support.builders import T0, message
+from tests.support.stores import saved
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -46,7 +47,7 @@ async def test_the_same_id_under_two_tenants_is_two_conversations(
         [incoming(0, "globex/c1"), incoming(1, "acme/c1"), incoming(2, "c1")]
     )
     assert [o.status for o in outcomes] == ["inserted"] * 3
-    assert await pg_store.save_message(message(3, conversation_id="acme/c1"), 10)
+    assert await saved(pg_store, message(3, conversation_id="acme/c1"), 10)
     for key, ids in (
         ("acme/c1", ["m00001", "m00003"]),
         ("globex/c1", ["m00000"]),

@@ -27,7 +27,6 @@ from core.ports.publisher import RecordPosition
 from core.ports.storage import (
     AlreadyApplied,
     Applied,
-    AuditEntry,
     CompactedBatch,
     CompactionInputs,
     CompactionOutbox,
@@ -51,6 +50,20 @@ from core.ports.storage import (
     TurnHit,
     WorkerStore,
 )
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One row of ``erase_audit``: it survives the erase it records."""
+
+    request_id: str
+    conversation_id: str
+    requester: str
+    reason: str
+    requested_at: datetime
+    erased_at: datetime
+    epoch: int
+    counts: dict[str, int]
 
 
 @dataclass
@@ -143,21 +156,6 @@ class InMemoryStore:
         self.outage[name] = times
 
     # -- MessageStore ---------------------------------------------------------
-
-    async def save_message(
-        self,
-        message: ConversationMessage,
-        token_estimate: int,
-        *,
-        partition: int | None = None,
-        offset: int | None = None,
-    ) -> bool:
-        self._call("save_message")
-        if token_estimate < 0:
-            raise ValueError("token_estimate must be >= 0")
-        incoming = IncomingMessage(message, token_estimate, partition, offset)
-        outcome = self._save(incoming)
-        return outcome.status == "inserted"
 
     async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
         """All or nothing, like the one transaction ``PostgresStore`` uses."""
@@ -556,10 +554,6 @@ class InMemoryStore:
         )
         return EraseOutcome(removed, mark.epoch, erasure.erased_at)
 
-    async def erase_audit(self, conversation_id: str) -> list[AuditEntry]:
-        self._call("erase_audit")
-        return [entry for entry in self.audit if entry.conversation_id == conversation_id]
-
     def _delete(self, conversation_id: str) -> dict[str, int]:
 
         def mine(message: ConversationMessage) -> bool:
@@ -625,11 +619,6 @@ class InMemoryStore:
 
     # -- TallySource --------------------------------------------------------------
 
-    async def conversation_totals(self, conversation_id: str) -> tuple[int, int]:
-        self._call("conversation_totals")
-        rows = [r for r in self.messages.values() if r.message.conversation_id == conversation_id]
-        return sum(r.tokens for r in rows), len(rows)
-
     async def totals_of(self, conversation_ids: Collection[str]) -> dict[str, StoreTotals]:
         self._call("totals_of")
         totals: dict[str, StoreTotals] = {}
@@ -645,9 +634,6 @@ class InMemoryStore:
                 0 if mark is None else mark.epoch,
             )
         return totals
-
-    async def conversation_token_total(self, conversation_id: str) -> int:
-        return (await self.conversation_totals(conversation_id))[0]
 
     async def last_seq(self, conversation_id: str) -> int | None:
         self._call("last_seq")

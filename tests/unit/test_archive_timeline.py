@@ -17,6 +17,7 @@ from core.domain.compaction import CompactionConfig, SummaryBatch
 from core.domain.messages import ConversationMessage
 from tests.support.compaction import applying_compactor
 from tests.support.memory_store import InMemoryStore
+from tests.support.stores import saved
 from tests.unit.worker.harness import harness
 
 pytestmark = pytest.mark.unit
@@ -75,7 +76,7 @@ def _history(n: int) -> list[ConversationMessage]:
 async def test_chunk_order_decides_what_a_batch_spans(order: str) -> None:
     store = InMemoryStore()
     for m in _history(30):
-        await store.save_message(m, 10)
+        await saved(store, m, 10)
     config = CompactionConfig(chunk_size=5, keep_recent=5, chunk_order=order)  # type: ignore[arg-type]
     compactor = applying_compactor(
         store=store,

@@ -27,6 +27,7 @@ from core.ports.model import ModelRequest, ModelResponse
 from tests.support.builders import T0
 from tests.support.compaction import Compressed, PlanAndApply, applying_compactor
 from tests.support.memory_store import InMemoryStore
+from tests.support.stores import saved
 
 pytestmark = pytest.mark.unit
 
@@ -75,7 +76,7 @@ def messages(sizes: list[int], start: int = 0, conv: str = "c1") -> list[Convers
 
 async def seeded(store: InMemoryStore, history: list[ConversationMessage]) -> None:
     for m in history:
-        await store.save_message(m, estimate_message_tokens(m))
+        await saved(store, m, estimate_message_tokens(m))
 
 
 def compactor(

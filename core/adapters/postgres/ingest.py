@@ -1,14 +1,14 @@
 """Storing a group of incoming messages in a few statements: the accounting hot path.
 
-``save_message`` costs five round trips per message (a transaction, the
-conversation's advisory lock, the erase mark, the tenant, the insert); at the rate a
-worker reads a topic that is the bottleneck. A group goes in with the same
-rules and the same guarantees in one transaction of five statements, whatever
-its size: lock every conversation of the group (sorted, so two ingests cannot
-deadlock; ``apply_compaction`` takes one of them), read the erase marks of
-those that were erased (a message an erase covers is ``erased``, nothing of it
-written: ``core.domain.erasure``), record new conversations' tenants, insert
-with ``unnest`` and read the arrival numbers back.
+One message at a time would cost five round trips per message (a transaction,
+the conversation's advisory lock, the erase mark, the tenant, the insert); at
+the rate a worker reads a topic that is the bottleneck. A group goes in with the
+same guarantees in one transaction of five statements, whatever its size: lock
+every conversation of the group (sorted, so two ingests cannot deadlock;
+``apply_compaction`` takes one of them), read the erase marks of those that were
+erased (a message an erase covers is ``erased``, nothing of it written:
+``core.domain.erasure``), record new conversations' tenants, insert with
+``unnest`` and read the arrival numbers back.
 
 With ``single_conversation_transactions`` the group is split into one such
 transaction per conversation, run side by side on the pool's connections,
@@ -61,7 +61,7 @@ ON CONFLICT (conversation_id) DO NOTHING
 """
 
 # A message an archived batch already covers was compacted and deleted: a
-# redelivery must not bring it back (see PostgresStore.save_message).
+# redelivery must not bring it back (see PostgresStore.save_messages).
 _INSERT_SQL = """
 INSERT INTO messages (id, conversation_id, role, content, tool_calls,
                       tool_call_id, created_at, token_estimate)

@@ -1,4 +1,4 @@
-"""A conversation's live messages: storing one, reading the history a compaction plans from."""
+"""A conversation's live messages: the history a reader pages and a compaction plans from."""
 
 from __future__ import annotations
 
@@ -7,65 +7,15 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from core.adapters.postgres import ingest as pg_ingest
-from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.rows import row_to_message
 from core.domain.messages import ConversationMessage
 from core.ports.storage import (
     CompactionInputs,
-    IncomingMessage,
     MessageKey,
 )
 
 if TYPE_CHECKING:
     from core.adapters.postgres.connection import Queryable
-
-
-async def save_one(
-    pool: asyncpg.Pool,
-    message: ConversationMessage,
-    token_estimate: int,
-    *,
-    partition: int | None = None,
-    offset: int | None = None,
-) -> bool:
-    """``PostgresStore.save_message``: ``False`` for a duplicate or a message an
-    erase covers (checked under the conversation's lock)."""
-    if token_estimate < 0:
-        raise ValueError("token_estimate must be >= 0")
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-            CONVERSATION_LOCK_CLASS,
-            message.conversation_id,
-        )
-        marks = await pg_ingest.erase_marks(conn, [message.conversation_id])
-        incoming = IncomingMessage(message, token_estimate, partition, offset)
-        if pg_ingest.covered(marks, incoming):
-            return False
-        await pg_ingest.record_tenants(conn, [message.conversation_id])
-        inserted = await conn.fetchval(
-            """
-            INSERT INTO messages (id, conversation_id, role, content, tool_calls,
-                                  tool_call_id, created_at, token_estimate)
-            SELECT $1::text, $2::text, $3::text, $4::text, $5::jsonb, $6::text,
-                   $7::timestamptz, $8::integer
-             WHERE NOT EXISTS (
-                   SELECT 1 FROM archival_memory
-                    WHERE conversation_id = $2 AND source_message_ids @> ARRAY[$1::text])
-            ON CONFLICT (conversation_id, id) DO NOTHING
-            RETURNING id
-            """,
-            message.id,
-            message.conversation_id,
-            message.role,
-            message.content,
-            pg_ingest.tool_calls_json(message.tool_calls),
-            message.tool_call_id,
-            message.created_at,
-            token_estimate,
-        )
-    return inserted is not None
 
 
 async def load_history(
@@ -118,8 +68,8 @@ async def compaction_applied(pool: asyncpg.Pool, compaction_id: str) -> bool:
 async def compaction_inputs(
     pool: asyncpg.Pool, compaction_id: str, conversation_id: str, up_to_seq: int | None
 ) -> CompactionInputs:
-    """``compaction_applied``, ``conversation_token_total`` and ``load_history``
-    (up to ``up_to_seq``, with each message's stored token count) in one round
+    """Whether the compaction is applied, the conversation's stored token total and
+    ``load_history`` (up to ``up_to_seq``, with each message's stored token count) in one round
     trip, from one snapshot.
 
     What the processor asks before every compaction; as three queries they

@@ -9,7 +9,7 @@ import asyncpg
 
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.domain.erasure import merged_offsets
-from core.ports.storage import AuditEntry, EraseOutcome, Erasure
+from core.ports.storage import EraseOutcome, Erasure
 
 # Every table holding a conversation's rows, children first; erase_conversation
 # empties them (tests/integration/test_tenants_and_erase.py checks this list,
@@ -134,23 +134,3 @@ async def _mark(conn: asyncpg.Connection, conversation_id: str, erasure: Erasure
         erasure.erased_at,
     )
     return int(epoch)
-
-
-async def erase_audit(pool: asyncpg.Pool, conversation_id: str) -> list[AuditEntry]:
-    rows = await pool.fetch(
-        "SELECT * FROM erase_audit WHERE conversation_id = $1 ORDER BY erased_at, request_id",
-        conversation_id,
-    )
-    return [
-        AuditEntry(
-            request_id=row["request_id"],
-            conversation_id=row["conversation_id"],
-            requester=row["requester"],
-            reason=row["reason"],
-            requested_at=row["requested_at"],
-            erased_at=row["erased_at"],
-            epoch=int(row["epoch"]),
-            counts={str(k): int(v) for k, v in _jsonb(row["counts"]).items()},
-        )
-        for row in rows
-    ]

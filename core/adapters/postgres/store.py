@@ -59,7 +59,6 @@ from core.ports.embedding import Embedder
 from core.ports.storage import (
     AlreadyApplied,
     Applied,
-    AuditEntry,
     CompactionInputs,
     CompactionOutbox,
     CompactionRecord,
@@ -155,15 +154,8 @@ class PostgresStore:
 
     # -- MessageStore --------------------------------------------------------
 
-    async def save_message(
-        self,
-        message: ConversationMessage,
-        token_estimate: int,
-        *,
-        partition: int | None = None,
-        offset: int | None = None,
-    ) -> bool:
-        """Insert once: ``False`` when the id is stored, or was and has been compacted.
+    async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
+        """A group in one transaction (``core.adapters.postgres.ingest``).
 
         A message that a compaction already summarised and deleted must not
         come back when it is delivered again (Kafka redelivers after a crash,
@@ -177,12 +169,6 @@ class PostgresStore:
         A message an erase of the conversation covers (``core.domain.erasure``)
         is not written.
         """
-        return await pg_messages.save_one(
-            self._pool, message, token_estimate, partition=partition, offset=offset
-        )
-
-    async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
-        """Same rules as ``save_message``, a group at a time (``core.adapters.postgres.ingest``)."""
         return await pg_ingest.save_group(
             self._pool,
             batch,
@@ -319,9 +305,6 @@ class PostgresStore:
     async def erase_conversation(self, conversation_id: str, erasure: Erasure) -> EraseOutcome:
         return await pg_privacy.erase_conversation(self._pool, conversation_id, erasure)
 
-    async def erase_audit(self, conversation_id: str) -> list[AuditEntry]:
-        return await pg_privacy.erase_audit(self._pool, conversation_id)
-
     async def move_to_tenant(self, conversation_id: str, tenant_id: str) -> bool:
         return await pg_tenants.move_to_tenant(self._pool, conversation_id, tenant_id)
 
@@ -329,12 +312,6 @@ class PostgresStore:
 
     async def last_seq(self, conversation_id: str) -> int | None:
         return await pg_tallies.last_seq(self._pool, conversation_id)
-
-    async def conversation_token_total(self, conversation_id: str) -> int:
-        return await pg_tallies.conversation_token_total(self._pool, conversation_id)
-
-    async def conversation_totals(self, conversation_id: str) -> tuple[int, int]:
-        return await pg_tallies.conversation_totals(self._pool, conversation_id)
 
     async def totals_of(self, conversation_ids: Collection[str]) -> dict[str, StoreTotals]:
         return await pg_tallies.totals_of(self._pool, conversation_ids)

@@ -29,26 +29,6 @@ async def last_seq(pool: asyncpg.Pool, conversation_id: str) -> int | None:
     return None if value is None else int(value)
 
 
-async def conversation_token_total(pool: asyncpg.Pool, conversation_id: str) -> int:
-    """Estimated tokens of the conversation as the model would now see it."""
-    total = await pool.fetchval(
-        "SELECT coalesce(sum(token_estimate), 0) FROM messages WHERE conversation_id = $1",
-        conversation_id,
-    )
-    return int(total)
-
-
-async def conversation_totals(pool: asyncpg.Pool, conversation_id: str) -> tuple[int, int]:
-    """(estimated tokens, rows) of the conversation, in one round trip."""
-    row = await pool.fetchrow(
-        "SELECT coalesce(sum(token_estimate), 0) AS tokens, count(*) AS rows "
-        "FROM messages WHERE conversation_id = $1",
-        conversation_id,
-    )
-    assert row is not None
-    return int(row["tokens"]), int(row["rows"])
-
-
 async def totals_of(
     pool: asyncpg.Pool, conversation_ids: Collection[str]
 ) -> dict[str, StoreTotals]:

@@ -14,6 +14,7 @@ from streams.events import DeadLetterHeaders, ReconcileRequest
 from streams.worker.processor import Compacted, Noop, Replayed
 from streams.worker.runtime import StaticRuntime
 from tests.support.builders import T0
+from tests.support.stores import counts
 from tests.unit.worker.harness import NAMES, FailingModel, harness, over_budget, words
 
 pytestmark = pytest.mark.unit
@@ -40,7 +41,7 @@ async def test_a_command_compacts_and_publishes_its_events_asking_applied_once()
     assert completed.status == "compacted"
     assert completed.rows_removed == 2 and completed.rows_added == 1
     assert len(h.store.messages) == 8 - 2 + 1
-    total, _ = await h.store.conversation_totals("c1")
+    total, _ = await counts(h.store, "c1")
     assert h.tally().token_total - completed.tokens_removed + completed.tokens_added == total
     assert all(o.published for o in h.store.outbox)
 
@@ -142,7 +143,7 @@ async def test_the_completion_brings_the_tally_to_the_store_s_total() -> None:
     await h.components.processor.compact(command)
     (completed,) = h.completions()
     await h.control(completed)
-    total, count = await h.store.conversation_totals("c1")
+    total, count = await counts(h.store, "c1")
     tally = h.tally()
     assert (tally.token_total, tally.message_count) == (total, count)
     assert tally.generation == 1 and tally.compactions == 1
@@ -158,7 +159,7 @@ async def test_a_duplicate_between_commit_and_completion_leaves_the_tally_exact(
     await h.message(0, words(20, "topic0-"))  # redelivered; it was compacted
     (completed,) = h.completions()
     await h.control(completed)
-    total, count = await h.store.conversation_totals("c1")
+    total, count = await counts(h.store, "c1")
     tally = h.tally()
     assert (tally.token_total, tally.message_count) == (total, count)
 
@@ -172,7 +173,7 @@ async def test_a_reconcile_request_repairs_a_drifted_entry() -> None:
         await h.message(i, "x" * 40)  # 5 + 50 tokens in the table, 80 in the store
     assert h.commands() == []
     await h.control(ReconcileRequest(conversation_id="c1", requested_at=T0))
-    total, count = await h.store.conversation_totals("c1")
+    total, count = await counts(h.store, "c1")
     assert (h.tally().token_total, h.tally().message_count) == (total, count)
 
 
