@@ -297,11 +297,11 @@ async def pg_save_groups(
         started = time.perf_counter()
         for i in range(0, len(events), group):
             chunk = events[i : i + group]
-            await store.save_messages([incoming_of(e) for e in chunk])
+            await store.ingest.save_messages([incoming_of(e) for e in chunk])
             new = {e.conversation_id for e in chunk} - seen
             if new:
                 seen |= new
-                await store.totals_of(new)
+                await store.tallies.totals_of(new)
         seconds = time.perf_counter() - started
         cpu = meter.stop()
     finally:

@@ -352,7 +352,7 @@ async def bench_compactor(
     store = await PostgresStore.connect(await infra.new_database())
     compactor = create_compactor(
         model=model,
-        memory_store=store,
+        memory=store.archive,
         config=settings.compaction(),
         model_name=resolved.model,
         budget=budget,
@@ -376,7 +376,7 @@ async def direct_baseline(
             for event in events:
                 await saved(store, event.to_message(), event.token_count or 0)
             started = time.perf_counter()
-            history = await store.load_history(conversation_id)
+            history = await store.history.load_history(conversation_id)
             outcome = await compactor.plan(history, conversation_id, compaction_id=f"{tag}-{i}")
             times.append(time.perf_counter() - started)
             if not isinstance(outcome, Planned) or not outcome.plan.messages_compressed:

@@ -100,7 +100,7 @@ async def run_conversation(
     store = InMemoryStore()
     compactor = create_compactor(
         model=model,
-        memory_store=store,
+        memory=store.archive,
         config=_config(ratio, prompt),
         model_name=model_name,
         budget=BUDGET,
@@ -116,7 +116,7 @@ async def run_conversation(
         for message in made.messages:
             await saved(store, message, DEFAULT_COUNTER.count(message.content))
         compaction_id = f"c{seed}-{round_number}"
-        inputs = await store.compaction_inputs(compaction_id, "planted", up_to_seq=None)
+        inputs = await store.history.compaction_inputs(compaction_id, "planted", up_to_seq=None)
         history = inputs.history
         planned = await compactor.plan(history, "planted", compaction_id=compaction_id)
         assert isinstance(planned, Planned), planned

@@ -22,7 +22,7 @@ from core.domain.compaction import CompactionConfig, CompactionPlan, Planned, Un
 from core.domain.messages import ConversationMessage
 from core.domain.split import HistorySplit, split_history
 from core.domain.tokens import TokenCounter, estimate_history_tokens
-from core.ports.storage import MemoryStore
+from core.ports.storage import MemoryReader
 
 log = logging.getLogger("compactor")
 
@@ -31,7 +31,7 @@ History = tuple[ConversationMessage, ...]
 
 @dataclass(frozen=True)
 class Pipeline:
-    memory: MemoryStore
+    memory: MemoryReader
     config: CompactionConfig
     counter: TokenCounter
     fitter: ClipFitter

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Protocol
 
 from core.domain.clip_archive import is_clip_archive
 from core.domain.compaction import CompactionPlan, StoredTokens
@@ -33,9 +34,15 @@ from streams.events import (
     public_message,
 )
 from streams.metrics import Metrics
-from streams.worker.runtime import Runtime
 
 log = logging.getLogger("compactor.worker")
+
+
+class OutboxPorts(Protocol):
+    """What the relay uses of the runtime (``streams.worker.runtime``)."""
+
+    @property
+    def outbox(self) -> OutboxStore: ...
 
 
 def clip_archive_event(
@@ -171,7 +178,7 @@ class OutboxRelay:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: OutboxPorts,
         publisher: Publisher,
         metrics: Metrics,
         *,
@@ -188,7 +195,7 @@ class OutboxRelay:
         them, so nothing is read back: one round trip fewer before the
         clip-archive is out), then mark its rows published."""
         await self._send(records)
-        await self._runtime.store.mark_compaction_published(compaction_id)
+        await self._runtime.outbox.mark_compaction_published(compaction_id)
 
     async def republish(self, compaction_id: str) -> int:
         """A command came back for an applied compaction (redelivered after a
@@ -203,7 +210,7 @@ class OutboxRelay:
         every copy is work and noise for each of them (a kill soak published
         54 % more clip-archives than compactions when they were all re-sent).
         """
-        store = self._runtime.store
+        store = self._runtime.outbox
         rows = [
             row
             for row in await store.outbox_rows(compaction_id)
@@ -214,7 +221,7 @@ class OutboxRelay:
     async def drain(self) -> int:
         """The timer's pass: rows older than the grace, left unpublished by a crash
         or a failed send between commit and publish."""
-        store = self._runtime.store
+        store = self._runtime.outbox
         async with self._timer:
             rows = await store.pending_outbox(older_than_seconds=self._grace_seconds, limit=500)
             published = 0

@@ -88,7 +88,7 @@ async def test_reads_from_postgresql_print_the_http_apis_bodies_with_json(
     page = HistoryPage.model_validate_json(capsys.readouterr().out)
     assert page.tenant_id == "acme" and page.conversation_id == "conv-json"
     assert [m.id for m in page.messages] == [
-        m.id for m in await pg_store.load_history(conversation)
+        m.id for m in await pg_store.history.load_history(conversation)
     ]
     assert page.next_cursor is None
 

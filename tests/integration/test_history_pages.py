@@ -41,7 +41,7 @@ async def walk(
     after: MessageKey | None = None
     pending = list(grow)
     while True:
-        page = await store.load_history(CONV, after=after, limit=limit)
+        page = await store.history.load_history(CONV, after=after, limit=limit)
         assert len(page) <= limit
         seen += [m.id for m in page]
         assert len(seen) <= 1000, "the key does not advance"
@@ -65,28 +65,28 @@ async def test_pages_walk_the_history_exactly_once_in_order(pg_store: PostgresSt
     )
     # dated last, it still comes first
     plan = plan.model_copy(update={"clip_archive": clip("cmp-1", seconds=99_999)})
-    assert await pg_store.apply_compaction(plan) == Applied()
-    everything = [m.id for m in await pg_store.load_history(CONV)]
+    assert await pg_store.compactions.apply_compaction(plan) == Applied()
+    everything = [m.id for m in await pg_store.history.load_history(CONV)]
     assert everything[0] == plan.clip_archive.id and len(everything) == 25
 
     memory = InMemoryStore()
     for m in messages:
         assert await saved(memory, m, estimate_message_tokens(m))
-    assert await memory.apply_compaction(plan) == Applied()
-    assert [m.id for m in await memory.load_history(CONV)] == everything
+    assert await memory.compactions.apply_compaction(plan) == Applied()
+    assert [m.id for m in await memory.history.load_history(CONV)] == everything
 
     for limit in (1, 2, 3, 7, 24, 25, 26):
         assert await walk(pg_store, limit) == everything, limit
         assert await walk(memory, limit) == everything, limit
 
-    first = await pg_store.load_history(CONV, limit=1)
+    first = await pg_store.history.load_history(CONV, limit=1)
     assert [m.id for m in first] == [plan.clip_archive.id]
     assert first[0].stored_clip_archive
-    rest = await pg_store.load_history(CONV, after=MessageKey.of(first[0]), limit=100)
+    rest = await pg_store.history.load_history(CONV, after=MessageKey.of(first[0]), limit=100)
     assert [m.id for m in rest] == everything[1:]
     # a page respects up_to_seq / as_of too
     cutoff = T0 + timedelta(seconds=20)
-    capped = await pg_store.load_history(CONV, as_of=cutoff, after=MessageKey.of(first[0]))
+    capped = await pg_store.history.load_history(CONV, as_of=cutoff, after=MessageKey.of(first[0]))
     assert [m.id for m in capped] == [m.id for m in messages[6:9]]
 
 
@@ -103,13 +103,13 @@ async def test_batch_turns_page_by_keyset(pg_store: PostgresStore) -> None:
     await save_all(pg_store, messages)
     batch = stored("cmp-1", 0, "all nine", messages)
     plan = make_plan("cmp-1", [batch], [m.id for m in messages])
-    assert await pg_store.apply_compaction(plan) == Applied()
-    full = await pg_store.expand_batch(CONV, batch.id)
+    assert await pg_store.compactions.apply_compaction(plan) == Applied()
+    full = await pg_store.archive.expand_batch(CONV, batch.id)
     assert full is not None and len(full.turns) == 9 and full.turns_missing == 0
     seen: list[str] = []
     after: MessageKey | None = None
     while True:
-        page = await pg_store.expand_batch(CONV, batch.id, after=after, limit=2)
+        page = await pg_store.archive.expand_batch(CONV, batch.id, after=after, limit=2)
         assert page is not None and page.turns_missing == 0 and len(page.turns) <= 2
         seen += [t.id for t in page.turns]
         if len(page.turns) < 2:

@@ -1,4 +1,4 @@
-"""``PostgresStore.save_messages``: a group stored with the rules of ``save_message``.
+"""``PostgresIngest.save_messages``: a group stored in one transaction, one message as a group of one.
 
 The group path is the worker's hot path, so it must agree with the
 one-at-a-time path on everything the contract says: idempotent by id (within
@@ -41,7 +41,7 @@ async def test_a_group_is_stored_in_order_once_with_tool_calls(
             incoming(msg(1)),  # the same id again, in the same group
             incoming(msg(2), tokens=7),
         ]
-        outcomes = await store.save_messages(group)
+        outcomes = await store.ingest.save_messages(group)
         assert [o.status for o in outcomes] == [
             "inserted",
             "inserted",
@@ -51,14 +51,14 @@ async def test_a_group_is_stored_in_order_once_with_tool_calls(
         ]
         mine = [o.seq for o in outcomes if o.seq is not None]
         assert mine == sorted(mine) or per_conversation  # per conversation: grouped order
-        history = await store.load_history(CONV)
+        history = await store.history.load_history(CONV)
         assert [m.id for m in history] == [msg(i).id for i in range(3)]
         assert history[0].tool_calls == (call,) and history[1].tool_call_id == "t1"
-        totals = await store.totals_of([CONV, "other", "nobody"])
+        totals = await store.tallies.totals_of([CONV, "other", "nobody"])
         assert (totals[CONV].tokens, totals[CONV].rows) == (27, 3)
         assert totals[CONV].last_seq == max(o.seq for o in (outcomes[0], outcomes[1], outcomes[4]))
         assert (totals["nobody"].rows, totals["nobody"].last_seq) == (0, None)
-        again = await store.save_messages(group[:2])
+        again = await store.ingest.save_messages(group[:2])
         assert [o.status for o in again] == ["duplicate", "duplicate"]
     finally:
         await store.close()
@@ -67,7 +67,7 @@ async def test_a_group_is_stored_in_order_once_with_tool_calls(
 async def test_a_group_records_each_new_conversations_tenant_from_its_key(
     pg_store: PostgresStore,
 ) -> None:
-    outcomes = await pg_store.save_messages(
+    outcomes = await pg_store.ingest.save_messages(
         [
             incoming(msg(0, conversation_id="acme/c")),
             incoming(msg(0, conversation_id="globex/c")),  # the same id: another conversation
@@ -88,10 +88,12 @@ async def test_a_compacted_message_does_not_come_back_in_a_group(pg_store: Postg
     history = [msg(i) for i in range(3)]
     await save_all(pg_store, history)
     plan = make_plan("cmp-1", [stored("cmp-1", 0, "s", history[:2])], [m.id for m in history[:2]])
-    assert await pg_store.apply_compaction(plan) == Applied()
-    outcomes = await pg_store.save_messages([incoming(m) for m in history] + [incoming(msg(3))])
+    assert await pg_store.compactions.apply_compaction(plan) == Applied()
+    outcomes = await pg_store.ingest.save_messages(
+        [incoming(m) for m in history] + [incoming(msg(3))]
+    )
     assert [o.status for o in outcomes] == ["duplicate", "duplicate", "duplicate", "inserted"]
-    assert [m.id for m in await pg_store.load_history(CONV)] == [
+    assert [m.id for m in await pg_store.history.load_history(CONV)] == [
         plan.clip_archive.id,
         history[2].id,
         msg(3).id,
@@ -108,10 +110,10 @@ async def test_concurrent_groups_over_the_same_conversations_do_not_deadlock(
         for k in range(6)
     ]
     results = await asyncio.wait_for(
-        asyncio.gather(*(pg_store.save_messages(g) for g in groups)), timeout=60
+        asyncio.gather(*(pg_store.ingest.save_messages(g) for g in groups)), timeout=60
     )
     assert all(o.status == "inserted" for outcomes in results for o in outcomes)
-    totals = await pg_store.totals_of(names)
+    totals = await pg_store.tallies.totals_of(names)
     assert all(t.rows == 6 for t in totals.values())
 
 
@@ -126,13 +128,13 @@ async def test_conversations_may_reuse_a_message_id(pg_store: PostgresStore, gro
     a = [same_id(f"m{i}", "conv-a", i) for i in range(3)]
     b = [same_id(f"m{i}", "conv-b", i) for i in range(3)]
     if grouped:
-        outcomes = await pg_store.save_messages([incoming(m) for m in [*a, *b, a[0]]])
+        outcomes = await pg_store.ingest.save_messages([incoming(m) for m in [*a, *b, a[0]]])
         assert [o.status for o in outcomes] == ["inserted"] * 6 + ["duplicate"]
     else:
         for m in [*a, *b]:
             assert await saved(pg_store, m, 10)  # type: ignore[arg-type]
         assert not await saved(pg_store, a[0], 10)  # type: ignore[arg-type]
-    assert [m.id for m in await pg_store.load_history("conv-b")] == ["m0", "m1", "m2"]
+    assert [m.id for m in await pg_store.history.load_history("conv-b")] == ["m0", "m1", "m2"]
 
     plan = make_plan(
         "cmp-a",
@@ -140,10 +142,13 @@ async def test_conversations_may_reuse_a_message_id(pg_store: PostgresStore, gro
         ["m0", "m1"],
         conversation_id="conv-a",
     )
-    assert await pg_store.apply_compaction(plan) == Applied()
-    assert [m.id for m in await pg_store.load_history("conv-a")] == [plan.clip_archive.id, "m2"]
-    assert [m.id for m in await pg_store.load_history("conv-b")] == ["m0", "m1", "m2"]
+    assert await pg_store.compactions.apply_compaction(plan) == Applied()
+    assert [m.id for m in await pg_store.history.load_history("conv-a")] == [
+        plan.clip_archive.id,
+        "m2",
+    ]
+    assert [m.id for m in await pg_store.history.load_history("conv-b")] == ["m0", "m1", "m2"]
     # A redelivery of conv-a's compacted m0 stays compacted; conv-b's m0 is untouched.
-    again = await pg_store.save_messages([incoming(a[0]), incoming(b[0])])
+    again = await pg_store.ingest.save_messages([incoming(a[0]), incoming(b[0])])
     assert [o.status for o in again] == ["duplicate", "duplicate"]
-    assert (await pg_store.totals_of(["conv-b"]))["conv-b"].rows == 3
+    assert (await pg_store.tallies.totals_of(["conv-b"]))["conv-b"].rows == 3

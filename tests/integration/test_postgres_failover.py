@@ -74,7 +74,7 @@ async def test_the_store_follows_a_crashed_primary_to_the_promoted_standby(
         await pair.promote()
         await _save_until_stored(store, 4)
         assert await _server_port(store) == pair.primary.port != old_port
-        ids = [m.id for m in await store.load_history("conv-1")]
+        ids = [m.id for m in await store.history.load_history("conv-1")]
         assert ids == [message(i).id for i in (0, 1, 2, 4)]
     finally:
         await store.close()
@@ -103,7 +103,7 @@ async def test_the_pool_drops_connections_to_a_primary_fenced_read_only(
         failures = await _save_until_stored(store, 1)
         assert failures <= pool_size
         assert await _server_port(store) == pair.primary.port
-        assert [m.id for m in await store.load_history("conv-1")] == [
+        assert [m.id for m in await store.history.load_history("conv-1")] == [
             message(0).id,
             message(1).id,
         ]

@@ -58,7 +58,7 @@ async def test_a_compaction_leaves_no_advisory_lock_on_its_connection(
         messages = history(3)
         for message in messages:
             await saved(store, message, 10)
-        assert await store.apply_compaction(plan_over(messages[:2])) == Applied()
+        assert await store.compactions.apply_compaction(plan_over(messages[:2])) == Applied()
         taken = await other.fetchval(
             "SELECT pg_try_advisory_lock($1, hashtext($2))",
             CONVERSATION_LOCK_CLASS,

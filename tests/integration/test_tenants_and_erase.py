@@ -8,11 +8,19 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from core.adapters.postgres.ingest import PostgresIngest
 from core.adapters.postgres.privacy import ERASED_TABLES, KEPT_TABLES
 from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import StoredTokens
 from core.domain.tenancy import conversation_key
-from core.ports.storage import Applied, CompactionOutbox, Erasure, IncomingMessage, OutboxRecord
+from core.ports.storage import (
+    Applied,
+    CompactionOutbox,
+    Erasure,
+    IncomingMessage,
+    IngestStore,
+    OutboxRecord,
+)
 from tests.integration.test_postgres_store import T0, make_plan, msg, stored
 from tests.support.stores import counts, saved
 
@@ -64,9 +72,9 @@ async def _conversation(store: PostgresStore, bare: str, tenant: str | None, wor
     )
 
     record = OutboxRecord(topic="clip_archives", key=cid, payload="{}")
-    inputs = await store.compaction_inputs(plan.compaction_id, cid, up_to_seq=None)
+    inputs = await store.history.compaction_inputs(plan.compaction_id, cid, up_to_seq=None)
     outbox = CompactionOutbox((record,), StoredTokens.of(plan, inputs.stored_tokens))
-    assert await store.apply_compaction(plan, outbox) == Applied()
+    assert await store.compactions.apply_compaction(plan, outbox) == Applied()
     return cid
 
 
@@ -89,10 +97,10 @@ async def test_memory_read_by_tenant_sees_only_that_tenants_memory(pg_store: Pos
     await _conversation(pg_store, "shared-1", "globex", "orchid")
     for tenant in ("acme", "globex"):
         for sources in ("both", "summaries", "raw"):
-            result = await pg_store.memory_read("orchid", tenant_id=tenant, sources=sources)
+            result = await pg_store.memory.memory_read("orchid", tenant_id=tenant, sources=sources)
             assert result.hits
             assert {h.conversation_id for h in result.hits} == {f"{tenant}/shared-1"}
-    scoped = await pg_store.memory_read(
+    scoped = await pg_store.memory.memory_read(
         "orchid", conversation_id="globex/shared-1", tenant_id="acme"
     )
     assert scoped.hits == ()
@@ -134,13 +142,13 @@ async def test_erase_leaves_no_row_with_the_conversation_id_in_any_table(
 
     before = await rows("doomed")
     assert all(before.values()), before  # every table held some of it
-    removed = (await pg_store.erase_conversation("doomed", erasure())).removed
+    removed = (await pg_store.privacy.erase_conversation("doomed", erasure())).removed
     assert removed == before
     assert set((await rows("doomed")).values()) == {0}
     assert all((await rows(kept)).values())
     # Anywhere else the id could hide: outbox keys and payloads, batch sources.
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE key = 'doomed'") == 0
-    again = await pg_store.erase_conversation("doomed", erasure("req-2"))
+    again = await pg_store.privacy.erase_conversation("doomed", erasure("req-2"))
     assert again.removed == dict.fromkeys(ERASED_TABLES, 0) and again.epoch == 2
     # A later message starts a new conversation.
     assert await saved(pg_store, msg(0, conversation_id="doomed"), 5)
@@ -151,17 +159,19 @@ async def test_erase_leaves_no_row_with_the_conversation_id_in_any_table(
 async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
     pg_store: PostgresStore,
 ) -> None:
-    async def group(*items: tuple[int, int | None, int | None, int]) -> list[str]:
+    async def group(
+        *items: tuple[int, int | None, int | None, int], via: IngestStore = pg_store.ingest
+    ) -> list[str]:
         """(index, partition, offset, seconds after T0) → the outcomes' statuses."""
         batch = [
             IncomingMessage(msg(i, conversation_id="doomed", seconds=at), 10, partition, offset)
             for i, partition, offset, at in items
         ]
-        return [o.status for o in await pg_store.save_messages(batch)]
+        return [o.status for o in await via.save_messages(batch)]
 
     assert await group((0, 1, 5, 0), (1, 1, 6, 1)) == ["inserted", "inserted"]
     assert await group((9, 0, 3, 9)) == ["inserted"]  # another conversation's id space
-    outcome = await pg_store.erase_conversation("doomed", erasure(p1=6, p3=100))
+    outcome = await pg_store.privacy.erase_conversation("doomed", erasure(p1=6, p3=100))
     assert outcome.epoch == 1 and outcome.removed["messages"] == 3
     # At or below the mark (redelivered, lagging, a new consumer group): not stored,
     # and no conversations row (tenant claim) either.
@@ -183,15 +193,15 @@ async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
     # Above the mark and after the cutoff: a new conversation, with the erase's epoch.
     assert await group((7, 1, 7, 7), (8, 2, 0, 8)) == ["inserted", "inserted"]
     assert await saved(pg_store, msg(10, conversation_id="doomed"), 10, partition=1, offset=8)
-    totals = await pg_store.totals_of(["doomed", "never"])
+    totals = await pg_store.tallies.totals_of(["doomed", "never"])
     assert (totals["doomed"].rows, totals["doomed"].epoch) == (3, 1)
     assert (totals["never"].rows, totals["never"].epoch) == (0, 0)
     # Per conversation transactions (the distributed layout) apply the same rule.
-    pg_store._single_conversation_transactions = True
-    try:
-        assert await group((0, 1, 5, 0), (11, 1, 9, 11)) == ["erased", "inserted"]
-    finally:
-        pg_store._single_conversation_transactions = False
+    per_conversation = PostgresIngest(pg_store.pool, per_conversation=True)
+    assert await group((0, 1, 5, 0), (11, 1, 9, 11), via=per_conversation) == [
+        "erased",
+        "inserted",
+    ]
 
 
 async def erase_audit(store: PostgresStore, conversation_id: str) -> list[asyncpg.Record]:
@@ -208,8 +218,8 @@ async def test_the_audit_survives_the_erase_and_a_redelivered_request_is_audited
     pg_store: PostgresStore,
 ) -> None:
     await _conversation(pg_store, "doomed", None, "orchid")
-    first = await pg_store.erase_conversation("doomed", erasure(p0=9))
-    repeated = await pg_store.erase_conversation("doomed", erasure(p0=4))
+    first = await pg_store.privacy.erase_conversation("doomed", erasure(p0=9))
+    repeated = await pg_store.privacy.erase_conversation("doomed", erasure(p0=4))
     assert repeated.repeated and repeated.removed == first.removed and repeated.epoch == 1
     assert first.removed["messages"] > 0
     (entry,) = await erase_audit(pg_store, "doomed")
@@ -219,7 +229,7 @@ async def test_the_audit_survives_the_erase_and_a_redelivered_request_is_audited
         "subject access request #42",
     )
     assert entry["counts"] == first.removed and entry["epoch"] == 1
-    later = await pg_store.erase_conversation("doomed", erasure("req-2", p0=2, p1=7))
+    later = await pg_store.privacy.erase_conversation("doomed", erasure("req-2", p0=2, p1=7))
     assert later.epoch == 2 and not later.repeated
     assert [e["request_id"] for e in await erase_audit(pg_store, "doomed")] == ["req-1", "req-2"]
     # A later erase never lowers an earlier mark.

@@ -19,13 +19,15 @@ async def saved(
     offset: int | None = None,
 ) -> bool:
     """Store one message (``save_messages`` of a group of one): whether it was inserted."""
-    (outcome,) = await store.save_messages([IncomingMessage(message, tokens, partition, offset)])
+    (outcome,) = await store.ingest.save_messages(
+        [IncomingMessage(message, tokens, partition, offset)]
+    )
     return bool(outcome.status == "inserted")
 
 
 async def totals(store: Any, conversation_id: str) -> StoreTotals:
     """One conversation's stored counts (``totals_of`` of one)."""
-    found: StoreTotals = (await store.totals_of([conversation_id]))[conversation_id]
+    found: StoreTotals = (await store.tallies.totals_of([conversation_id]))[conversation_id]
     return found
 
 

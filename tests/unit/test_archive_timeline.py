@@ -84,7 +84,7 @@ async def test_chunk_order_decides_what_a_batch_spans(order: str) -> None:
         config=config,
         model_name="x",
     )
-    result = await compactor.compress(await store.load_history("c1"), "c1")
+    result = await compactor.compress(await store.history.load_history("c1"), "c1")
     depth0 = [b for b in result.batches if b.batch.depth == 0]
     assert depth0
     ids = [list(b.batch.source_message_ids) for b in depth0]

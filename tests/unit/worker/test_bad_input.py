@@ -164,7 +164,7 @@ async def test_data_the_store_rejects_is_dead_lettered_without_a_single_backoff(
     """``StoreRejected``: the group is split once to find the culprit, the culprit is
     dead-lettered, the others are stored, and nothing waits."""
     h = harness()
-    save = h.store.save_messages
+    save = h.store.ingest.save_messages
 
     async def refusing(batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
         if any("poison" in incoming.message.content for incoming in batch):
@@ -172,7 +172,7 @@ async def test_data_the_store_rejects_is_dead_lettered_without_a_single_backoff(
             raise StoreRejected("PostgreSQL refused the data (CharacterNotInRepertoireError)")
         return await save(batch)
 
-    monkeypatch.setattr(h.store, "save_messages", refusing)
+    monkeypatch.setattr(h.store.ingest, "save_messages", refusing)
     group = [message_record(h, 0, "fine"), message_record(h, 1, "poison")]
     group.append(message_record(h, 2, "fine too"))
     await h.components.accounting.handle_batch(group)

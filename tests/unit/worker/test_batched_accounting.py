@@ -126,14 +126,14 @@ async def test_an_outage_holds_the_group_until_it_is_durable() -> None:
 
 async def test_a_group_that_keeps_failing_is_retried_record_by_record() -> None:
     h = harness()
-    original = h.store.save_messages
+    original = h.store.ingest.save_messages
 
     async def poisoned(batch: Any) -> Any:
         if any(incoming.message.id == "c-m0001" for incoming in batch):
             raise ValueError("this one breaks an assumption")
         return await original(batch)
 
-    h.store.save_messages = poisoned  # type: ignore[method-assign]
+    h.store.ingest.save_messages = poisoned  # type: ignore[method-assign]
     await h.components.accounting.handle_batch([message_record(h, i, "c", 5) for i in range(3)])
     assert sorted(h.store.message_ids()) == ["c-m0000", "c-m0002"]
     (letter,) = h.publisher.on("dead_letters")
@@ -272,19 +272,19 @@ async def test_a_group_in_flight_when_its_partition_is_revoked_keeps_nothing_and
     h = harness()
     await h.components.accounting.handle_batch([message_record(h, 0, "c", 50)])
     table = h.components.table
-    original = h.store.save_messages
+    original = h.store.ingest.save_messages
 
     async def revoked_meanwhile(batch: Any) -> Any:
         table.flush_partitions({partition_of("c")})  # what on_revoked does, mid-group
         table.forget({partition_of("c")})
         return await original(batch)
 
-    h.store.save_messages = revoked_meanwhile  # type: ignore[method-assign]
+    h.store.ingest.save_messages = revoked_meanwhile  # type: ignore[method-assign]
     revoked = await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])
     assert revoked == {partition_of("c")}  # not acked: re-read by the next owner
     assert not table.synced("c") and table.cached == 0
     assert h.table["c"]["token_total"] == 50  # flushed before the revocation, then left alone
-    h.store.save_messages = original  # type: ignore[method-assign]
+    h.store.ingest.save_messages = original  # type: ignore[method-assign]
     await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])  # redelivered
     assert h.tally("c").token_total == 100  # a duplicate: resynced from the store
 

@@ -192,7 +192,7 @@ async def test_the_store_marks_cover_save_message_too() -> None:
     ).to_message()
     assert not await saved(h.store, late, 1, partition=3, offset=10 - 1)
     assert await saved(h.store, late, 1, partition=3, offset=10)
-    outcome = await h.store.save_messages([IncomingMessage(late, 1, 3, 5)])
+    outcome = await h.store.ingest.save_messages([IncomingMessage(late, 1, 3, 5)])
     assert [o.status for o in outcome] == ["erased"]
 
 

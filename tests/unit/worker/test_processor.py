@@ -43,7 +43,7 @@ async def test_a_command_compacts_and_publishes_its_events_asking_applied_once()
     assert len(h.store.messages) == 8 - 2 + 1
     total, _ = await counts(h.store, "c1")
     assert h.tally().token_total - completed.tokens_removed + completed.tokens_added == total
-    assert all(o.published for o in h.store.outbox)
+    assert all(o.published for o in h.store.outbox_entries)
 
 
 async def test_a_replayed_compaction_id_republishes_its_completion_not_its_clip_archive() -> None:
@@ -69,12 +69,12 @@ async def test_a_replayed_compaction_never_published_publishes_both() -> None:
     h.publisher.fail_next = PublisherUnavailable("the broker is away")
     with pytest.raises(PublisherUnavailable):
         await h.components.processor.compact(command)
-    assert h.store.outbox and not any(o.published for o in h.store.outbox)
+    assert h.store.outbox_entries and not any(o.published for o in h.store.outbox_entries)
     sent = len(h.publisher.sent)
     outcome = await h.components.processor.compact(command)
     assert outcome == Replayed()
     assert [p.topic for p in h.publisher.sent[sent:]] == ["clip_archives", "control"]
-    assert all(o.published for o in h.store.outbox)
+    assert all(o.published for o in h.store.outbox_entries)
 
 
 async def test_a_failed_compaction_writes_nothing_and_is_counted() -> None:
@@ -85,7 +85,7 @@ async def test_a_failed_compaction_writes_nothing_and_is_counted() -> None:
     assert isinstance(outcome, Failed) and outcome.kind == "model_auth"
     assert "ModelAuthError" in outcome.detail
     assert h.store.messages == before
-    assert h.store.batches == {} and h.store.compactions == set() and h.store.outbox == []
+    assert h.store.batches == {} and h.store.applied == set() and h.store.outbox_entries == []
     assert h.publisher.on("clip_archives") == [] and h.completions() == []
     failed = h.components.metrics.compactions_failed.labels("model_auth")._value.get()
     assert failed == 1
@@ -96,18 +96,18 @@ async def test_stored_tokens_other_than_its_completion_announces_fail_the_compac
     read; the store checks them, so the tally cannot move by other numbers."""
     h = harness()
     command = await over_budget(h)
-    read = h.store.compaction_inputs
+    read = h.store.history.compaction_inputs
 
     async def stale(*args: Any, **kwargs: Any) -> Any:
         inputs = await read(*args, **kwargs)
         counts = {i: n + 1 for i, n in inputs.stored_tokens.items()}
         return replace(inputs, stored_tokens=counts)
 
-    h.store.compaction_inputs = stale  # type: ignore[method-assign]
+    h.store.history.compaction_inputs = stale  # type: ignore[method-assign]
     before = dict(h.store.messages)
     outcome = await h.components.processor.compact(command)
     assert isinstance(outcome, Failed) and outcome.kind == "history_conflict"
-    assert h.store.messages == before and h.store.compactions == set() and h.store.outbox == []
+    assert h.store.messages == before and h.store.applied == set() and h.store.outbox_entries == []
     assert h.completions() == [] and h.publisher.on("clip_archives") == []
     failed = h.components.metrics.compactions_failed.labels("history_conflict")._value.get()
     assert failed == 1
@@ -198,12 +198,12 @@ async def test_the_outbox_timer_publishes_rows_a_crash_left_behind() -> None:
     h.publisher.fail_next = ConnectionError("broker away")
     with pytest.raises(ConnectionError):
         await h.components.processor.compact(command)  # committed, not published
-    assert [o.published for o in h.store.outbox] == [False, False]
+    assert [o.published for o in h.store.outbox_entries] == [False, False]
     await h.components.relay.tick()  # within the grace: the processor's to send
-    assert [o.published for o in h.store.outbox] == [False, False]
+    assert [o.published for o in h.store.outbox_entries] == [False, False]
     h.clock.now += 60  # command_timeout_seconds: the relay's grace is over
     await h.components.relay.tick()
-    assert all(o.published for o in h.store.outbox)
+    assert all(o.published for o in h.store.outbox_entries)
     # A compaction's records are sent together: the one whose send did not fail
     # may be out already, and the tick sends both (delivery is at least once).
     sent = [p.topic for p in h.publisher.sent if p.topic != "commands"]
