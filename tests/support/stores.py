@@ -1,10 +1,13 @@
 """Small conveniences over the storage ports for tests: one message stored, one
-conversation's counts. The ports take groups (``save_messages``, ``totals_of``);
-tests often want one."""
+conversation's counts (the ports take groups: ``save_messages``, ``totals_of``;
+tests often want one), and the store's round trips counted where they are the promise."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
+
+import pytest
 
 from core.domain.messages import ConversationMessage
 from core.ports.storage import IncomingMessage, StoreTotals
@@ -35,3 +38,34 @@ async def counts(store: Any, conversation_id: str) -> tuple[int, int]:
     """(stored tokens, rows) of one conversation."""
     found = await totals(store, conversation_id)
     return found.tokens, found.rows
+
+
+ROLES = (
+    "ingest", "history", "compactions", "outbox", "archive", "memory", "tallies", "privacy",
+    "usage",
+)  # fmt: skip
+
+
+def round_trips(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every call made of ``store``'s roles from now on, as ``"role.method"``, in order.
+
+    For the tests whose promise is a number of store round trips (one call per
+    group of messages, one question before a compaction): each call of a role
+    is one round trip to PostgreSQL."""
+    made: list[str] = []
+    for role in ROLES:
+        target = getattr(store, role)
+        for name in dir(target):
+            method = getattr(target, name)
+            if name.startswith("_") or not inspect.iscoroutinefunction(method):
+                continue
+            monkeypatch.setattr(target, name, _recorded(method, f"{role}.{name}", made))
+    return made
+
+
+def _recorded(method: Any, label: str, made: list[str]) -> Any:
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        made.append(label)
+        return await method(*args, **kwargs)
+
+    return call

@@ -72,7 +72,6 @@ class Tables:
     # compactions table's usage columns (migration 0012)
     compaction_usage: dict[str, tuple[str | None, datetime, LlmUsage]] = field(default_factory=dict)
     outbox_entries: list[OutboxEntry] = field(default_factory=list)
-    calls: list[str] = field(default_factory=list)
     fail_next: dict[str, Exception] = field(default_factory=dict)
     outage: dict[str, int] = field(default_factory=dict)
     closed: bool = False
@@ -87,7 +86,6 @@ class Tables:
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def _call(self, name: str) -> None:
-        self.calls.append(name)
         error = self.fail_next.pop(name, None)
         if error is not None:
             raise error

@@ -18,7 +18,8 @@ from core.domain.tally import ConversationTally
 from streams.events import CompactionCommand, MessageEvent
 from streams.worker.records import Record
 from streams.worker.tally_table import TallyTable
-from tests.support.builders import T0
+from tests.support.builders import T0, message
+from tests.support.stores import round_trips, saved
 from tests.unit.worker.harness import NAMES, Harness, backed_off, harness
 
 pytestmark = pytest.mark.unit
@@ -46,12 +47,16 @@ def commands(h: Harness) -> list[CompactionCommand]:
     return h.commands()
 
 
-async def test_a_group_is_stored_with_one_call_and_counted_per_conversation() -> None:
+async def test_a_group_is_stored_with_one_call_and_counted_per_conversation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     h = harness()
     group = [message_record(h, i, f"c{i % 3}", 30) for i in range(12)]  # 4 x 30 per conversation
+    trips = round_trips(h.store, monkeypatch)
     await h.components.accounting.handle_batch(group)
-    assert h.store.calls.count("save_messages") == 1
-    assert h.store.calls.count("totals_of") == 1  # the three are new to this worker
+    # The promise is the round trips: one for the group, one for the counts of
+    # the three conversations (new to this worker), whatever the group's size.
+    assert trips == ["ingest.save_messages", "tallies.totals_of"]
     for conversation in ("c0", "c1", "c2"):
         tally = h.tally(conversation)
         assert (tally.token_total, tally.message_count) == (120, 4)
@@ -59,8 +64,13 @@ async def test_a_group_is_stored_with_one_call_and_counted_per_conversation() ->
     h.clock.now += 0  # the flush clock is the table's own (monotonic)
     assert h.components.table.flush(force=True) == 3  # one write per conversation
     assert h.components.metrics.table_writes._value.get() == 3
+    # c0 is synced: counted by adding, not re-read. A row the store has and this
+    # worker never counted (planted behind its back) stays out of the tally.
+    await saved(h.store, message(99, conversation_id="c0"), 1000)
+    trips.clear()
     await h.components.accounting.handle_batch([message_record(h, 20, "c0", 30)])
-    assert h.store.calls.count("totals_of") == 1  # c0 is synced: counted, not re-read
+    assert h.tally("c0").token_total == 150
+    assert trips == ["ingest.save_messages"]
 
 
 async def test_a_group_issues_one_command_per_conversation_that_crosses_its_budget() -> None:
@@ -147,9 +157,10 @@ async def test_a_revoked_partition_drops_its_cached_entries_and_the_next_owner_r
     assert table.synced("c")
     assert table.forget({partition_of("c")}) == 1
     assert not table.synced("c") and h.table == {}  # never flushed: gone with the cache
+    # A row this worker never counted: only a count read from the store has it.
+    await saved(h.store, message(99, conversation_id="c"), 25)
     await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])
-    assert h.store.calls.count("totals_of") == 2  # read from the store again
-    assert h.tally("c").token_total == 100
+    assert h.tally("c").token_total == 50 + 25 + 50  # read from the store again
 
 
 @hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

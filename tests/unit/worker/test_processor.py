@@ -14,26 +14,33 @@ from streams.events import DeadLetterHeaders, ReconcileRequest
 from streams.worker.processor import Compacted, Noop, Replayed
 from streams.worker.runtime import StaticRuntime
 from tests.support.builders import T0
-from tests.support.stores import counts
+from tests.support.stores import counts, round_trips
 from tests.unit.worker.harness import NAMES, FailingModel, harness, over_budget, words
 
 pytestmark = pytest.mark.unit
 
 
-async def test_a_command_compacts_and_publishes_its_events_asking_applied_once() -> None:
+async def test_a_command_compacts_and_publishes_its_events_asking_applied_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     h = harness()
     command = await over_budget(h)
+    trips = round_trips(h.store, monkeypatch)
     outcome = await h.components.processor.compact(command)
     assert isinstance(outcome, Compacted)
     # The messages up to the command's cut, less keep_recent=2; later ones are untouched.
     assert command.up_to_seq == 4
     assert outcome.plan.messages_compressed == 2
-    # Asked once, with the total and the history; the relay sends what the
-    # transaction wrote and marks it by compaction, reading nothing back.
-    assert h.store.calls.count("compaction_inputs") == 1
-    assert h.store.calls.count("compaction_applied") == 0
-    assert h.store.calls.count("load_history") == 0
-    assert "pending_outbox" not in h.store.calls and "mark_compaction_published" in h.store.calls
+    # Four round trips, the promise: asked once (applied?, the total and the
+    # history), the compactor's read of the live batches, written once, and the
+    # relay sends what the transaction wrote and marks it by compaction, reading
+    # nothing back.
+    assert trips == [
+        "history.compaction_inputs",
+        "archive.live_batches",
+        "compactions.apply_compaction",
+        "outbox.mark_compaction_published",
+    ]
     (clip,) = h.publisher.on("clip_archives")
     assert clip.key == b"c1"
     (completed,) = h.completions()
