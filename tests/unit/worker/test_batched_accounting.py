@@ -19,6 +19,7 @@ from streams.events import CompactionCommand, MessageEvent
 from streams.worker.records import Record
 from streams.worker.tally_table import TallyTable
 from tests.support.builders import T0, message
+from tests.support.metrics_text import sample
 from tests.support.stores import round_trips, saved
 from tests.unit.worker.harness import NAMES, Harness, backed_off, harness
 
@@ -63,7 +64,7 @@ async def test_a_group_is_stored_with_one_call_and_counted_per_conversation(
     assert h.table == {}  # not flushed yet: table_flush_seconds has not passed
     h.clock.now += 0  # the flush clock is the table's own (monotonic)
     assert h.components.table.flush(force=True) == 3  # one write per conversation
-    assert h.components.metrics.table_writes._value.get() == 3
+    assert sample(h.components.metrics, "compactor_table_writes_total") == 3
     # c0 is synced: counted by adding, not re-read. A row the store has and this
     # worker never counted (planted behind its back) stays out of the tally.
     await saved(h.store, message(99, conversation_id="c0"), 1000)
@@ -105,7 +106,7 @@ async def test_a_redelivered_message_in_a_group_resyncs_from_the_store() -> None
     await h.components.accounting.handle_batch(again)
     tally = h.tally("c")
     assert (tally.token_total, tally.message_count) == (160, 4)
-    assert h.components.metrics.events_in.labels("duplicate")._value.get() == 1
+    assert sample(h.components.metrics, "compactor_events_in_total", outcome="duplicate") == 1
 
 
 async def test_bad_records_in_a_group_are_dead_lettered_and_the_rest_accounted() -> None:
@@ -276,7 +277,7 @@ async def test_a_reconciliation_pass_visits_the_index_not_the_table() -> None:
     h.clock.now += 3600
     assert await h.components.reconciler.tick() == 1
     assert looked == ["lost"]
-    assert h.components.metrics.reconcile_candidates._value.get() == 1
+    assert sample(h.components.metrics, "compactor_reconcile_candidates") == 1
 
 
 async def test_a_group_in_flight_when_its_partition_is_revoked_keeps_nothing_and_says_so() -> None:

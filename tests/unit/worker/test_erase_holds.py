@@ -21,6 +21,7 @@ from streams.worker.dead_letters import DeadLetters
 from streams.worker.records import InvalidRecord, Record, decode_control
 from tests.support.builders import T0
 from tests.support.memory_store import RecordingPublisher
+from tests.support.metrics_text import sample
 from tests.support.stores import saved
 from tests.unit.worker.harness import NAMES, Harness, harness, over_budget, words
 
@@ -41,7 +42,7 @@ def message_record(h: Harness, index: int, conversation: str = "c1", *, at: time
 
 
 def erased_count(h: Harness) -> float:
-    return float(h.components.metrics.events_in.labels("erased")._value.get())
+    return float(sample(h.components.metrics, "compactor_events_in_total", outcome="erased"))
 
 
 async def test_redelivered_messages_after_an_erase_are_not_stored() -> None:

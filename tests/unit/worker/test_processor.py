@@ -14,6 +14,7 @@ from streams.events import DeadLetterHeaders, ReconcileRequest
 from streams.worker.processor import Compacted, Noop, Replayed
 from streams.worker.runtime import StaticRuntime
 from tests.support.builders import T0
+from tests.support.metrics_text import sample
 from tests.support.stores import counts, round_trips
 from tests.unit.worker.harness import NAMES, FailingModel, harness, over_budget, words
 
@@ -65,7 +66,7 @@ async def test_a_replayed_compaction_id_republishes_its_completion_not_its_clip_
     republished = h.publisher.sent[len(first) :]
     assert [p.topic for p in republished] == ["control"]
     assert [p.value for p in republished] == [p.value for p in first if p.topic == "control"]
-    assert h.components.metrics.compactions_noop.labels("replayed")._value.get() == 1
+    assert sample(h.components.metrics, "compactor_compactions_noop_total", reason="replayed") == 1
 
 
 async def test_a_replayed_compaction_never_published_publishes_both() -> None:
@@ -94,7 +95,7 @@ async def test_a_failed_compaction_writes_nothing_and_is_counted() -> None:
     assert h.store.messages == before
     assert h.store.batches == {} and h.store.applied == set() and h.store.outbox_entries == []
     assert h.publisher.on("clip_archives") == [] and h.completions() == []
-    failed = h.components.metrics.compactions_failed.labels("model_auth")._value.get()
+    failed = sample(h.components.metrics, "compactor_compactions_failed_total", reason="model_auth")
     assert failed == 1
 
 
@@ -116,7 +117,9 @@ async def test_stored_tokens_other_than_its_completion_announces_fail_the_compac
     assert isinstance(outcome, Failed) and outcome.kind == "history_conflict"
     assert h.store.messages == before and h.store.applied == set() and h.store.outbox_entries == []
     assert h.completions() == [] and h.publisher.on("clip_archives") == []
-    failed = h.components.metrics.compactions_failed.labels("history_conflict")._value.get()
+    failed = sample(
+        h.components.metrics, "compactor_compactions_failed_total", reason="history_conflict"
+    )
     assert failed == 1
 
 
@@ -240,7 +243,7 @@ async def test_a_refitted_clip_archive_counts_as_a_compaction_not_a_noop() -> No
     h.components.processor._runtime = StaticRuntime(h.store, Refitting(real))
     outcome = await h.components.processor.compact(command)
     assert isinstance(outcome, Compacted)
-    assert h.components.metrics.compactions_over_target._value.get() == 1
+    assert sample(h.components.metrics, "compactor_compactions_over_target_total") == 1
     (completed,) = h.completions()  # its own, from its outbox: not a noop
     assert completed.status == "compacted" and completed.messages_compressed == 0
 
@@ -285,7 +288,7 @@ async def test_a_compaction_failed_in_an_outage_goes_again_when_the_provider_ans
     down.back.set()
     outcome = await running
     assert isinstance(outcome, Compacted) and down.plans == 2
-    assert h.components.metrics.compactions_retried_after_outage._value.get() == 1
+    assert sample(h.components.metrics, "compactor_compactions_retried_after_outage_total") == 1
     assert len(h.publisher.on("clip_archives")) == 1
 
 
@@ -307,4 +310,4 @@ async def test_an_outage_without_an_answer_is_held_until_the_command_times_out()
     command = await over_budget(h)
     outcome = await h.components.processor.compact(command)
     assert isinstance(outcome, Failed) and outcome.provider_down_at == 0
-    assert h.components.metrics.compactions_retried_after_outage._value.get() == 0
+    assert sample(h.components.metrics, "compactor_compactions_retried_after_outage_total") == 0

@@ -12,6 +12,7 @@ from core.ports.model import ModelRequest, ModelResponse, ModelUsage
 from core.ports.storage import ReadScope
 from streams.events import ClipArchiveEvent
 from streams.worker.processor import Compacted
+from tests.support.metrics_text import sample
 from tests.unit.worker.harness import Harness, harness, words
 
 pytestmark = pytest.mark.unit
@@ -66,8 +67,17 @@ async def test_a_compaction_records_its_usage_in_the_store_the_event_and_the_met
     assert (day.tenant_id, day.compactions, day.llm_calls) == ("acme", 1, usage.calls)
     assert day.day == datetime.fromtimestamp(h.clock.now, UTC).date()
     metrics = h.components.metrics
-    assert metrics.usage_calls.labels("anthropic", "test")._value.get() == usage.calls
-    read = metrics.usage_tokens.labels("anthropic", "test", "cache_read")._value.get()
+    assert (
+        sample(metrics, "compactor_usage_llm_calls_total", provider="anthropic", model="test")
+        == usage.calls
+    )
+    read = sample(
+        metrics,
+        "compactor_usage_tokens_total",
+        provider="anthropic",
+        model="test",
+        kind="cache_read",
+    )
     assert read == usage.cache_read_tokens
 
 
@@ -101,7 +111,7 @@ async def test_a_spent_tenant_budget_falls_back_to_extractive_until_the_next_utc
     fallback = events["c2"].usage
     assert fallback is not None and fallback.summarizer == "extractive" and fallback.fallback
     assert events["c3"].usage is not None and events["c3"].usage.summarizer == "anthropic"
-    assert h.components.metrics.tenant_budget_fallbacks._value.get() == 1
+    assert sample(h.components.metrics, "compactor_tenant_budget_fallbacks_total") == 1
     assert "tenant acme has used its LLM budget" in caplog.text
     # The extractive summariser's tokens are no LLM's: the budget stays spent, not more so.
     start = datetime(1970, 1, 1, tzinfo=UTC)
