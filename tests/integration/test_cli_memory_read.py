@@ -15,7 +15,8 @@ import pytest
 from core.adapters.postgres.store import PostgresStore
 from streams import cli
 from streams.http.bodies import BatchPage, HistoryPage, SearchResult
-from tests.integration.test_postgres_store import archive, msg
+from tests.integration.test_postgres_store import archive
+from tests.support.plans import msg
 from tests.support.stores import saved
 
 pytestmark = pytest.mark.integration

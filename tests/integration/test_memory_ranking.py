@@ -16,7 +16,7 @@ from core.adapters.postgres import memory as pg_memory
 from core.adapters.postgres.store import PostgresStore
 from core.domain.messages import ConversationMessage
 from core.ports.storage import Applied
-from tests.integration.test_postgres_store import make_plan, msg, save_all, stored
+from tests.support.plans import make_plan, msg, save_all, stored
 from tests.support.stores import saved
 
 pytestmark = pytest.mark.integration

@@ -3,8 +3,6 @@ and raw turns, expand, and retention, on a real PostgreSQL."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import asyncpg
 import pytest
 
@@ -18,15 +16,8 @@ from core.ports.storage import (
     HistoryConflictError,
     OutboxRecord,
 )
-from tests.integration.test_postgres_store import (
-    CONV,
-    ConceptEmbedder,
-    make_plan,
-    msg,
-    save_all,
-    stored,
-)
-from tests.support.stores import saved
+from tests.integration.test_postgres_store import ConceptEmbedder
+from tests.support.plans import CONV, make_plan, msg, save_all, stored
 
 pytestmark = pytest.mark.integration
 
@@ -219,54 +210,6 @@ async def test_raw_turns_are_embedded_and_found_by_meaning(pg_store: PostgresSto
 
 
 # -- expand and retention -----------------------------------------------------------------
-
-
-async def test_expand_returns_every_raw_turn_of_a_batch_in_order(pg_store: PostgresStore) -> None:
-    await _compact_all(pg_store)
-    expanded = await pg_store.archive.expand_batch(CONV, "cmp-1:1")
-    assert expanded is not None
-    assert [t.content for t in expanded.turns] == TURNS[3:]
-    assert expanded.turns_missing == 0
-    assert await pg_store.archive.expand_batch(CONV, "nope") is None
-    assert await pg_store.archive.expand_batch("other-conversation", "cmp-1:1") is None
-
-
-async def test_expand_of_a_resummarised_batch_covers_its_sources_turns(
-    pg_store: PostgresStore,
-) -> None:
-    await _compact_all(pg_store)
-    sources = [f"{CONV}-m{i:03d}" for i in range(len(TURNS))]
-    merged = stored("cmp-2", "resummarized", "All of it.", depth=1, end=5)
-    merged = merged.model_copy(
-        update={"batch": merged.batch.model_copy(update={"source_message_ids": tuple(sources)})}
-    )
-    plan = make_plan(
-        "cmp-2",
-        [merged],
-        ["clip-archive-cmp-1"],
-        superseded=[("cmp-1:0", merged.id), ("cmp-1:1", merged.id)],
-    )
-    await pg_store.compactions.apply_compaction(plan)
-    expanded = await pg_store.archive.expand_batch(CONV, merged.id)
-    assert expanded is not None and [t.content for t in expanded.turns] == TURNS
-
-
-async def test_retention_removes_old_raw_turns_only(pg_store: PostgresStore) -> None:
-    await _compact_all(pg_store)
-    assert await pg_store.archive.expire_raw_turns() == 0  # 0 days = forever
-    store = PostgresStore(pg_store.pool, raw_retention_days=30)
-    assert await store.archive.expire_raw_turns() == 0  # all archived just now
-    await store.pool.execute(
-        "UPDATE archived_messages SET archived_at = $1 WHERE batch_id = 'cmp-1:0'",
-        datetime.now(UTC) - timedelta(days=31),
-    )
-    assert await store.archive.expire_raw_turns() == 3
-    expanded = await store.archive.expand_batch(CONV, "cmp-1:0")
-    assert expanded is not None and expanded.turns == () and expanded.turns_missing == 3
-    assert len(await _archived(store)) == 3
-    # The summary stays searchable, and a redelivered compacted message stays out.
-    assert (await store.memory.memory_read("Lisbon")).hits
-    assert not await saved(store, msg(1, TURNS[1]), 10)
 
 
 async def test_covered_days_round_trip(pg_store: PostgresStore) -> None:

@@ -18,7 +18,7 @@ from core.domain.compaction import (
     StoredTokens,
 )
 from core.ports.storage import AlreadyApplied, Applied, CompactionOutbox, HistoryConflictError
-from tests.integration.test_postgres_store import CONV, msg, save_all
+from tests.support.plans import CONV, msg, save_all
 from tests.support.stores import counts
 
 pytestmark = pytest.mark.integration

@@ -28,7 +28,7 @@ from core.adapters.postgres.connection import (
 from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import StoredTokens
 from core.ports.storage import Applied, CompactionOutbox, IncomingMessage, OutboxRecord, ReadScope
-from tests.integration.test_postgres_store import make_plan, msg, stored
+from tests.support.plans import make_plan, msg, stored
 from tests.support.stores import counts
 
 pytestmark = pytest.mark.integration

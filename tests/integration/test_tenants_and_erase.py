@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import asyncpg
 import pytest
 
 from core.adapters.postgres.ingest import PostgresIngest
@@ -18,10 +17,9 @@ from core.ports.storage import (
     CompactionOutbox,
     Erasure,
     IncomingMessage,
-    IngestStore,
     OutboxRecord,
 )
-from tests.integration.test_postgres_store import T0, make_plan, msg, stored
+from tests.support.plans import T0, make_plan, msg, stored
 from tests.support.stores import counts, saved
 
 pytestmark = pytest.mark.integration
@@ -76,20 +74,6 @@ async def _conversation(store: PostgresStore, bare: str, tenant: str | None, wor
     outbox = CompactionOutbox((record,), StoredTokens.of(plan, inputs.stored_tokens))
     assert await store.compactions.apply_compaction(plan, outbox) == Applied()
     return cid
-
-
-async def test_the_conversations_row_holds_the_tenant_its_key_names(
-    pg_store: PostgresStore,
-) -> None:
-    assert await saved(pg_store, msg(0, conversation_id="acme/a"), 5)
-    assert not await saved(pg_store, msg(0, conversation_id="acme/a"), 5)
-    assert await saved(pg_store, msg(0, conversation_id="globex/a"), 5)  # not acme's
-    assert await saved(pg_store, msg(0, conversation_id="a"), 5)
-    assert await counts(pg_store, "acme/a") == (5, 1)
-    assert await tenant_row(pg_store, "acme/a") == (True, "acme")
-    assert await tenant_row(pg_store, "globex/a") == (True, "globex")
-    assert await tenant_row(pg_store, "a") == (True, None)
-    assert await tenant_row(pg_store, "nobody") == (False, None)
 
 
 async def test_memory_read_by_tenant_sees_only_that_tenants_memory(pg_store: PostgresStore) -> None:
@@ -156,84 +140,23 @@ async def test_erase_leaves_no_row_with_the_conversation_id_in_any_table(
     assert await counts(pg_store, "doomed") == (5, 1)
 
 
-async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
+async def test_the_erase_mark_holds_in_the_per_conversation_layout_too(
     pg_store: PostgresStore,
 ) -> None:
-    async def group(
-        *items: tuple[int, int | None, int | None, int], via: IngestStore = pg_store.ingest
-    ) -> list[str]:
-        """(index, partition, offset, seconds after T0) → the outcomes' statuses."""
-        batch = [
-            IncomingMessage(msg(i, conversation_id="doomed", seconds=at), 10, partition, offset)
-            for i, partition, offset, at in items
-        ]
-        return [o.status for o in await via.save_messages(batch)]
-
-    assert await group((0, 1, 5, 0), (1, 1, 6, 1)) == ["inserted", "inserted"]
-    assert await group((9, 0, 3, 9)) == ["inserted"]  # another conversation's id space
-    outcome = await pg_store.privacy.erase_conversation("doomed", erasure(p1=6, p3=100))
-    assert outcome.epoch == 1 and outcome.removed["messages"] == 3
-    # At or below the mark (redelivered, lagging, a new consumer group): not stored,
-    # and no conversations row (tenant claim) either.
-    assert await group((0, 1, 5, 0), (1, 1, 6, 1), (2, 3, 100, 2)) == ["erased"] * 3
-    assert await counts(pg_store, "doomed") == (0, 0)
-    assert await tenant_row(pg_store, "doomed") == (False, None)
-    assert (
-        await pg_store.pool.fetchval(
-            "SELECT count(*) FROM conversations WHERE conversation_id = 'doomed'"
-        )
-        == 0
-    )
-    # Created before the erase was asked (a replay, at new offsets): not stored either.
-    assert await group((4, 1, 50, -2 * 86_400)) == ["erased"]
-    assert not await saved(
-        pg_store, msg(5, conversation_id="doomed", seconds=-2 * 86_400), 10, partition=2, offset=1
-    )
-    assert not await saved(pg_store, msg(6, conversation_id="doomed"), 10, partition=1, offset=6)
-    # Above the mark and after the cutoff: a new conversation, with the erase's epoch.
-    assert await group((7, 1, 7, 7), (8, 2, 0, 8)) == ["inserted", "inserted"]
-    assert await saved(pg_store, msg(10, conversation_id="doomed"), 10, partition=1, offset=8)
-    totals = await pg_store.tallies.totals_of(["doomed", "never"])
-    assert (totals["doomed"].rows, totals["doomed"].epoch) == (3, 1)
-    assert (totals["never"].rows, totals["never"].epoch) == (0, 0)
-    # Per conversation transactions (the distributed layout) apply the same rule.
+    """One transaction per conversation (the distributed layout) reads the mark
+    under the lock as the group transaction does (tests/contract/test_ingest.py)."""
     per_conversation = PostgresIngest(pg_store.pool, per_conversation=True)
-    assert await group((0, 1, 5, 0), (11, 1, 9, 11), via=per_conversation) == [
-        "erased",
-        "inserted",
-    ]
 
+    async def group(*items: tuple[int, int, int]) -> list[str]:
+        """(index, partition, offset) → the outcomes' statuses."""
+        batch = [
+            IncomingMessage(msg(i, conversation_id="doomed", seconds=i), 10, partition, offset)
+            for i, partition, offset in items
+        ]
+        batch.append(IncomingMessage(msg(99, conversation_id="other"), 10, 1, 1))  # alongside
+        return [o.status for o in await per_conversation.save_messages(batch)]
 
-async def erase_audit(store: PostgresStore, conversation_id: str) -> list[asyncpg.Record]:
-    """The audit rows of a conversation's erases, oldest first (what an operator reads)."""
-    return list(
-        await store.pool.fetch(
-            "SELECT * FROM erase_audit WHERE conversation_id = $1 ORDER BY erased_at, request_id",
-            conversation_id,
-        )
-    )
-
-
-async def test_the_audit_survives_the_erase_and_a_redelivered_request_is_audited_once(
-    pg_store: PostgresStore,
-) -> None:
-    await _conversation(pg_store, "doomed", None, "orchid")
-    first = await pg_store.privacy.erase_conversation("doomed", erasure(p0=9))
-    repeated = await pg_store.privacy.erase_conversation("doomed", erasure(p0=4))
-    assert repeated.repeated and repeated.removed == first.removed and repeated.epoch == 1
-    assert first.removed["messages"] > 0
-    (entry,) = await erase_audit(pg_store, "doomed")
-    assert (entry["request_id"], entry["requester"], entry["reason"]) == (
-        "req-1",
-        "ops@example",
-        "subject access request #42",
-    )
-    assert entry["counts"] == first.removed and entry["epoch"] == 1
-    later = await pg_store.privacy.erase_conversation("doomed", erasure("req-2", p0=2, p1=7))
-    assert later.epoch == 2 and not later.repeated
-    assert [e["request_id"] for e in await erase_audit(pg_store, "doomed")] == ["req-1", "req-2"]
-    # A later erase never lowers an earlier mark.
-    offsets = await pg_store.pool.fetchval(
-        "SELECT offsets FROM erasures WHERE conversation_id = 'doomed'"
-    )
-    assert offsets == {"0": 9, "1": 7}
+    assert await group((0, 1, 5), (1, 1, 6)) == ["inserted"] * 3
+    await pg_store.privacy.erase_conversation("doomed", erasure(p1=6))
+    assert await group((0, 1, 5), (11, 1, 9)) == ["erased", "inserted", "duplicate"]
+    assert await tenant_row(pg_store, "doomed") == (True, None)

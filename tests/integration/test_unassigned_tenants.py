@@ -24,7 +24,7 @@ from core.adapters.postgres.migrate import load_migrations, migrate
 from core.adapters.postgres.store import PostgresStore
 from core.domain.clip_archive import clip_archive_message, is_clip_archive
 from core.domain.split import split_history
-from core.ports.storage import IncomingMessage, TenantConflictError
+from core.ports.storage import IncomingMessage
 from streams import cli
 from streams.database import POSTGRES_DSN_ENV
 from tests.integration.test_postgres_pool import plan_over
@@ -64,28 +64,6 @@ async def test_the_same_id_under_two_tenants_is_two_conversations(
         "acme/c1": "acme",
         "c1": None,
     }
-
-
-async def test_a_history_without_a_tenant_is_moved_into_one_explicitly(
-    pg_store: PostgresStore,
-) -> None:
-    await pg_store.ingest.save_messages([incoming(0, "legacy-1"), incoming(1, "legacy-1")])
-    plan = plan_over(await pg_store.history.load_history("legacy-1"))
-    await pg_store.compactions.apply_compaction(plan)
-    assert await pg_store.privacy.move_to_tenant("legacy-1", "acme") is True
-    assert await pg_store.privacy.move_to_tenant("legacy-1", "acme") is False
-    assert await pg_store.history.load_history("legacy-1") == []
-    moved = await pg_store.history.load_history("acme/legacy-1")
-    assert moved and {m.conversation_id for m in moved} == {"acme/legacy-1"}
-    assert await pg_store.archive.live_batches("acme/legacy-1")
-    assert await pg_store.compactions.compaction_applied(plan.compaction_id)
-    (outcome,) = await pg_store.ingest.save_messages([incoming(6, "acme/legacy-1")])
-    assert outcome.status == "inserted"
-    await pg_store.ingest.save_messages([incoming(7, "legacy-1")])  # a new one without a tenant
-    with pytest.raises(TenantConflictError, match="never merged"):
-        await pg_store.privacy.move_to_tenant("legacy-1", "acme")
-    with pytest.raises(TenantConflictError, match="to move"):
-        await pg_store.privacy.move_to_tenant("nobody", "acme")
 
 
 async def test_migration_0010_rekeys_what_was_stored_before_it(pg_empty_database: str) -> None:

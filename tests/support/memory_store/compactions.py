@@ -33,6 +33,7 @@ class MemoryCompactions:
         self, plan: CompactionPlan, outbox: CompactionOutbox | None = None
     ) -> Applied | AlreadyApplied:
         self._t._call("apply_compaction")
+        plan.check_consistent()
         if plan.compaction_id in self._t.applied:
             return AlreadyApplied()
         self._check_applicable(plan)
@@ -73,18 +74,24 @@ class MemoryCompactions:
         cid = plan.conversation_id
         missing = [i for i in plan.deleted_message_ids if (cid, i) not in self._t.messages]
         stale = [old for old, _ in plan.superseded if self._live_batch(old) is None]
-        clip = plan.clip_archive
         unarchived = [i for i in plan.restored_message_ids if (cid, i) not in self._t.archived]
-        if (
-            missing
-            or stale
-            or unarchived
-            or (clip is not None and (cid, clip.id) in self._t.messages)
-        ):
+        if missing or stale or unarchived or self._clip_taken(plan):
             raise HistoryConflictError(
                 f"compaction {plan.compaction_id}: gone {missing}, superseded {stale}, "
                 f"not archived {unarchived}"
             )
+
+    def _clip_taken(self, plan: CompactionPlan) -> bool:
+        """PostgreSQL keeps one clip-archive per conversation: one the plan does not
+        replace (or its id taken) conflicts."""
+        if plan.clip_archive is None:
+            return False
+        cid, replaced = plan.conversation_id, set(plan.deleted_message_ids)
+        kept = [
+            m for (c, m), row in self._t.messages.items()
+            if c == cid and row.kind == "clip_archive" and m not in replaced
+        ]  # fmt: skip
+        return bool(kept) or (cid, plan.clip_archive.id) in self._t.messages
 
     def _archive(self, plan: CompactionPlan) -> None:
         """The compressed messages into the archive, the batches written and linked."""
@@ -102,11 +109,26 @@ class MemoryCompactions:
         for old, new in plan.superseded:
             self._t.batches[old] = self._t.batches[old].model_copy(update={"superseded_by": new})
         for stored in plan.new_batches:
-            self._t.batches.setdefault(stored.id, stored)
+            if stored.id not in self._t.batches:
+                self._t.batches[stored.id] = stored
+                self._t.batch_seq[stored.id] = self._t.next_seq()
+        self._place_resummarised(plan)
         for message_id, batch_id in owner.items():  # turns archived before: relinked
             entry = self._t.archived.get((cid, message_id))
             if entry is not None and message_id not in plan.deleted_message_ids:
                 self._t.archived[cid, message_id] = replace(entry, batch_id=batch_id)
+
+    def _place_resummarised(self, plan: CompactionPlan) -> None:
+        """A re-summarised batch takes the earliest slot of the batches it folds in."""
+        t = self._t
+        for stored in plan.new_batches:
+            folded = [
+                t.archive_order.get(b.id, t.batch_seq[b.id])
+                for b in t.batches.values()
+                if b.conversation_id == plan.conversation_id and b.superseded_by == stored.id
+            ]
+            if folded:
+                t.archive_order[stored.id] = min(folded)
 
     def _live_batch(self, batch_id: str) -> StoredBatch | None:
         batch = self._t.batches.get(batch_id)

@@ -72,6 +72,8 @@ class MemoryHistory:
     ) -> list[ConversationMessage]:
         self._t._call("load_history")
         self._t.read_scopes.append(("load_history", scope))
+        if as_of is not None and as_of.utcoffset() is None:  # as PostgresHistory
+            raise ValueError("as_of must be timezone-aware")
         if not self._t._visible(scope, conversation_id):
             return []
         return page(self._history(conversation_id, as_of, up_to_seq), after, limit)

@@ -34,11 +34,15 @@ class MemoryArchive:
 
     async def live_batches(self, conversation_id: str) -> list[StoredBatch]:
         self._t._call("live_batches")
-        return [
+        t = self._t
+        live = [
             b
-            for b in self._t.batches.values()
+            for b in t.batches.values()
             if b.conversation_id == conversation_id and b.superseded_by is None
         ]
+        return sorted(
+            live, key=lambda b: (t.archive_order.get(b.id, t.batch_seq[b.id]), t.batch_seq[b.id])
+        )
 
     async def expand_batch(
         self,

@@ -69,8 +69,27 @@ class MemoryPrivacy:
         for item in self._t.outbox_entries:
             if item.conversation_id == source:
                 item.conversation_id = target
-        if source in self._t.erasures:
-            self._t.erasures[target] = self._t.erasures.pop(source)
+                if item.row.topic == "clip_archives":  # keyed by the conversation key
+                    item.row = item.row.model_copy(update={"key": target})
+        self._t.audit = [
+            replace(e, conversation_id=target) if e.conversation_id == source else e
+            for e in self._t.audit
+        ]
+        self._merge_marks(source, target)
+
+    def _merge_marks(self, source: str, target: str) -> None:
+        """The moved conversation's erase mark: what either covered, both's erases."""
+        moving, there = self._t.erasures.pop(source, None), self._t.erasures.get(target)
+        if moving is None:
+            return
+        if there is None:
+            self._t.erasures[target] = moving
+            return
+        self._t.erasures[target] = EraseMark(
+            cutoff=max(moving.cutoff, there.cutoff),
+            offsets=merged_offsets(moving.offsets, there.offsets),
+            epoch=moving.epoch + there.epoch,
+        )
 
     async def erase_conversation(self, conversation_id: str, erasure: Erasure) -> EraseOutcome:
         self._t._call("erase_conversation")

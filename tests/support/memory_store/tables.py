@@ -64,6 +64,10 @@ class Tables:
     # Keyed like the PostgreSQL tables: a message id is unique within its conversation.
     messages: dict[tuple[str, str], Row] = field(default_factory=dict)
     batches: dict[str, StoredBatch] = field(default_factory=dict)
+    # archival_memory's seq (creation order) and archive_order (a re-summarised
+    # batch's slot): live batches are ordered by (archive_order or seq, seq).
+    batch_seq: dict[str, int] = field(default_factory=dict)
+    archive_order: dict[str, int] = field(default_factory=dict)
     applied: set[str] = field(default_factory=set)  # the compactions table's ids
     compaction_owner: dict[str, str] = field(default_factory=dict)  # compaction → conversation
     # compaction → (when, plan) in apply order, for compaction_log (dropped with the owner).
