@@ -4,10 +4,14 @@ Commands reach ``CommandIntake`` from the commands topic; the scheduler runs
 them concurrently across conversations (one at a time per conversation) and
 acks each in offset order once it and every earlier command have finished.
 ``Processor.compact`` is idempotent by compaction id: a replayed command
-republishes its compaction's events instead of compacting again. The
-compactor only plans; the processor builds the plan's events before the write
-(``streams.worker.outbox.compaction_outbox``, from what the store read), writes
-both in one ``apply_compaction`` call and publishes them.
+republishes its compaction's events instead of compacting again.
+
+The processor is glue; each step is another module's: the inputs
+(``CompactionInputsReader``, one round trip), whether the conversation is
+still due (``core.domain.budget``), the plan (the ``Compactor``, which only
+plans), its events, built before the write from what the store read
+(``streams.worker.compaction_events``), the write of both in one transaction
+(``CompactionStore.apply_compaction``), and their relay (``OutboxRelay``).
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from core.ports.storage import (
 )
 from streams.events import CompactionCommand
 from streams.metrics import Metrics
+from streams.worker.compaction_events import compaction_outbox, completion
 from streams.worker.dead_letters import DeadLetters
-from streams.worker.outbox import OutboxRelay, compaction_outbox, completion
+from streams.worker.outbox import OutboxRelay
 from streams.worker.records import InvalidRecord, Record, decode_command
 from streams.worker.scheduler import CompactionScheduler
 from streams.worker.tenant_budget import TenantBudgets
