@@ -73,10 +73,11 @@ def create_compactor(
     summarizer = partial(Summarizer, config=config, sleep=sleep, counter=counter)
     return PipelineCompactor(
         pipeline=Pipeline(memory, config, counter, ClipFitter(config, counter, target)),
-        attempts=Attempts(breaker, guard, dict(DEFAULT_PRICES if prices is None else prices)),
+        attempts=Attempts(breaker, guard),
         summarizer=summarizer(model=model, model_name=model_name, guard=guard),
         fallback=None
         if fallback is None
         else summarizer(model=fallback, model_name=fallback.name, guard=None),
         embedder=embedder,
+        prices=dict(DEFAULT_PRICES if prices is None else prices),
     )
