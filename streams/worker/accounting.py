@@ -38,7 +38,7 @@ from streams.worker.ingest import Ingest, IngestPorts
 from streams.worker.issued_commands import IssuedCommands
 from streams.worker.keyed_lock import KeyedLock
 from streams.worker.producers import ProducerPolicy
-from streams.worker.records import InvalidRecord, Record
+from streams.worker.records import InvalidRecord, Record, decode_control
 from streams.worker.tally_table import TallyTable
 
 
@@ -124,7 +124,7 @@ class Accounting:
 
     async def handle_batch(self, records: Sequence[Record]) -> set[int]:
         """Account a group of message records, durably; their table entries are
-        written by the next due flush (``streams.worker.batching.AcksAfterFlush``).
+        written by the next due flush (``streams.worker.tally_table.AcksAfterFlush``).
 
         An unusable record is dead-lettered with its reason; during an outage the
         group waits, for as long as its partitions stay assigned here; a group
@@ -149,7 +149,8 @@ class Accounting:
             try:
                 if records[0].topic == self._names.erasures:
                     return await self._eraser.erase_record(records[0])
-                return await self._control.apply(records[0])
+                event = decode_control(records[0])
+                return await self._control.apply(event, records[0].partition)
             except InvalidRecord as error:
                 await self._dead_letter(records[0], error)
                 return set()

@@ -39,7 +39,6 @@ from streams.events import (
 from streams.worker.commands import Commands, IssueReason
 from streams.worker.erasure import Eraser
 from streams.worker.issued_commands import IssuedCommands
-from streams.worker.records import Record, decode_control
 from streams.worker.tally_table import TallyTable
 
 log = logging.getLogger("compactor.worker")
@@ -88,11 +87,11 @@ class Control:
         self._issued = issued
         self._clock = clock
 
-    async def apply(self, record: Record) -> set[str]:
-        """The conversation keys whose entry changed."""
-        event = decode_control(record)
+    async def apply(self, event: AnyControl, partition: int) -> set[str]:
+        """The conversation keys whose entry changed; ``partition``: where the event
+        was read."""
         key = event.conversation_key
-        epoch = self._table.epoch(record.partition)
+        epoch = self._table.epoch(partition)
         tally, totals = self._table.get(key), None
         tallies = self._runtime.tallies  # until the worker opened it: StoreUnavailable, waited out
         now = self._clock()
@@ -102,7 +101,7 @@ class Control:
                 await self._nothing_stored(event, totals)
                 return set()
             tally = rebuilt(key, totals.tokens, totals.rows, totals.epoch)
-        subject = Subject(key, tally, totals, record.partition, epoch, tallies)
+        subject = Subject(key, tally, totals, partition, epoch, tallies)
         match event:
             case CompactionCompleted():
                 return await self._completed(event, subject, now)

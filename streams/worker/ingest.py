@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from core.domain.budget import BudgetConfig
-from core.domain.tally import on_message, on_resync
+from core.domain.tally import on_messages, on_resync
 from core.domain.tokens import estimate_message_tokens
 from core.ports.storage import IncomingMessage, IngestStore, SaveOutcome, StoreTotals, TallySource
 from streams.events import CompactionCommand, MessageEvent
@@ -161,11 +161,9 @@ class Ingest:
             last_seq = totals.last_seq
         else:
             assert tally is not None  # synced entries are cached
-            issue, last_seq = False, None
-            for _, incoming, outcome in items:  # all inserted: a duplicate means a resync
-                tally, issued = on_message(tally, incoming.tokens, self._budget, now)
-                if issued:  # as if alone: the command covers up to the message that crossed
-                    issue, last_seq = True, outcome.seq
+            # All inserted: a duplicate means a resync.
+            arrived = [(incoming.tokens, outcome.seq) for _, incoming, outcome in items]
+            tally, issue, last_seq = on_messages(tally, arrived, self._budget, now)
         partition = items[-1][0].partition
         if not self._table.put(
             tally, partition=partition, synced=totals is not None or None, epoch=epochs[partition]
