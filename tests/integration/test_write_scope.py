@@ -57,7 +57,7 @@ KEYS = {c: conversation_key(t, c) for c, t in CONVERSATIONS.items()}
 EXPECTED_WRITES = {
     ("conversations", "INSERT"),  # the tenant of a conversation's first message
     ("conversations", "DELETE"),  # erase
-    ("messages", "INSERT"),  # save_message, save_messages, the clip-archive
+    ("messages", "INSERT"),  # save_messages, the clip-archive
     ("messages", "DELETE"),  # a compaction moves messages out; erase
     ("archival_memory", "INSERT"),  # batches
     ("archival_memory", "UPDATE"),  # superseded by a re-summary, its archive_order

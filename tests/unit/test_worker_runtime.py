@@ -1,7 +1,8 @@
 """The worker's runtime is opened once, at start-up, and waited out while it cannot be.
 
-Why: the components are handed the runtime once and read ``runtime.store`` on
-each call; before it is open that must look like a database outage
+Why: the components are handed the runtime once and look their store role up
+(``runtime.outbox``, …) on each call; before it is open that must look like a
+database outage
 (``StoreUnavailable``: accounting retries the same record, the watchdog does
 not take the still partition for a stuck one), and a database that is not up
 yet when the worker starts must delay the worker, never stop it.
