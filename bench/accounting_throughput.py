@@ -13,8 +13,9 @@ backlog and is timed from its first event to its last:
                     ``pool.fetchval`` (asyncpg resets a connection on release),
                     then 100 rows per statement (what batching would buy);
 * PostgresStore     what the agent asks of PostgreSQL, through the real store:
-                    ``save_message``, plus token sum + message count for a
-                    conversation's first event (``rebuilt_tally``);
+                    one message at a time (``save_messages`` of one), plus
+                    the stored counts of a conversation's first event
+                    (``totals_of``);
 * Faust floor       ``bench.faust_floor``: the same Faust app settings with
                     an agent that does nothing, then one that only writes
                     the table (changelog-backed; memory://, then ``--store``);
@@ -95,6 +96,7 @@ from core.domain.tokens import estimate_message_tokens
 from core.ports.storage import IncomingMessage
 from core.settings import ServiceSettings
 from streams.events import MessageEvent
+from tests.support.stores import saved, totals
 from tests.support.worker import WorkerProcess, terminate_all, wait_for_split
 
 INSERT_SQL = """
@@ -104,7 +106,6 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (conversation_id, id) DO NOTHING
 RETURNING id
 """
-COUNT_SQL = "SELECT count(*) FROM messages WHERE conversation_id = $1"
 
 
 @dataclass
@@ -256,9 +257,9 @@ async def pg_batch_insert(
 
 
 async def pg_store_calls(dsn: str, events: list[MessageEvent], meter: CpuMeter) -> Measured:
-    """What the agent asks of PostgreSQL, through the real ``PostgresStore``:
-    ``save_message``, and for a conversation's first event the two queries of
-    ``rebuilt_tally`` (token sum, message count)."""
+    """What the agent asks of PostgreSQL, one message at a time, through the real
+    ``PostgresStore``: ``save_messages`` of one, and for a conversation's first
+    event its stored counts (``totals_of``)."""
     store = await PostgresStore.connect(dsn, run_migrations=False)
     seen: set[str] = set()
     try:
@@ -267,13 +268,12 @@ async def pg_store_calls(dsn: str, events: list[MessageEvent], meter: CpuMeter) 
         for event in events:
             message = event.to_message()
             tokens = event.token_count
-            await store.save_message(
-                message, tokens if tokens is not None else estimate_message_tokens(message)
+            await saved(
+                store, message, tokens if tokens is not None else estimate_message_tokens(message)
             )
             if event.conversation_id not in seen:
                 seen.add(event.conversation_id)
-                await store.conversation_token_total(event.conversation_id)
-                await store.pool.fetchval(COUNT_SQL, event.conversation_id)
+                await totals(store, event.conversation_id)
         seconds = time.perf_counter() - started
         cpu = meter.stop()
     finally:
@@ -297,11 +297,11 @@ async def pg_save_groups(
         started = time.perf_counter()
         for i in range(0, len(events), group):
             chunk = events[i : i + group]
-            await store.save_messages([incoming_of(e) for e in chunk])
+            await store.ingest.save_messages([incoming_of(e) for e in chunk])
             new = {e.conversation_id for e in chunk} - seen
             if new:
                 seen |= new
-                await store.totals_of(new)
+                await store.tallies.totals_of(new)
         seconds = time.perf_counter() - started
         cpu = meter.stop()
     finally:

@@ -112,6 +112,7 @@ from core.settings import SummarizationSettings, resolve_model
 from streams.events import ClipArchiveEvent, CompactionCommand, MessageEvent
 from streams.topics import TopicNames
 from tests.support.llm_server import LLMTestServer, Protocol, RecordedRequest
+from tests.support.stores import saved
 
 BUDGET = (0.8, 10_000)  # 8 000 tokens
 SMALL_TOKENS = 300
@@ -351,7 +352,7 @@ async def bench_compactor(
     store = await PostgresStore.connect(await infra.new_database())
     compactor = create_compactor(
         model=model,
-        memory_store=store,
+        memory=store.archive,
         config=settings.compaction(),
         model_name=resolved.model,
         budget=budget,
@@ -373,9 +374,9 @@ async def direct_baseline(
                 over_budget_event(conversation_id, args.messages),
             ]
             for event in events:
-                await store.save_message(event.to_message(), event.token_count or 0)
+                await saved(store, event.to_message(), event.token_count or 0)
             started = time.perf_counter()
-            history = await store.load_history(conversation_id)
+            history = await store.history.load_history(conversation_id)
             outcome = await compactor.plan(history, conversation_id, compaction_id=f"{tag}-{i}")
             times.append(time.perf_counter() - started)
             if not isinstance(outcome, Planned) or not outcome.plan.messages_compressed:
@@ -774,7 +775,7 @@ async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, f
     try:
         for c in conversations:
             for event in [*prefill_events(c, args.messages), over_budget_event(c, args.messages)]:
-                await store.save_message(event.to_message(), event.token_count or 0)
+                await saved(store, event.to_message(), event.token_count or 0)
         slots = asyncio.Semaphore(args.cpu_concurrency)
 
         async def one(conversation_id: str) -> None:

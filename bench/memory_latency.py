@@ -177,7 +177,7 @@ async def timed_searches(
         for i in range(rounds * len(questions)):
             q = questions[(i + offset) % len(questions)]
             began = time.perf_counter()
-            await store.memory_read(
+            await store.memory.memory_read(
                 q.text,
                 conversation_id=q.conversation_id if scoped_to_conversation else None,
                 tenant_id=tenant,
@@ -348,12 +348,12 @@ async def archive_path(store: PostgresStore, rounds: int, seed: int) -> list[Any
             )
             for e in group
         ]  # fmt: skip
-        await store.save_messages([IncomingMessage(m, 20) for m in messages])
+        await store.ingest.save_messages([IncomingMessage(m, 20) for m in messages])
         plan = _archive_plan("arch/conv", n, messages)
         await keep_figures(store.pool, variant == "figures kept")
         try:
             began = time.perf_counter()
-            await store.apply_compaction(plan)
+            await store.compactions.apply_compaction(plan)
             times[variant].append((time.perf_counter() - began) * 1000)
         finally:
             await keep_figures(store.pool, True)

@@ -352,7 +352,7 @@ async def replay(
     store = await PostgresStore.connect(dsn, run_migrations=False, embedder=embedder)
     compactor = create_compactor(
         model=model,
-        memory_store=store,
+        memory=store.archive,
         config=settings.summarization.compaction(),
         model_name="bench",
         budget=settings.budget,
@@ -407,7 +407,7 @@ class Found:
 async def _memory_found(
     store: PostgresStore, q: Question, sources: Any, batch_of: dict[str, str]
 ) -> Found:
-    result = await store.memory_read(
+    result = await store.memory.memory_read(
         q.text, conversation_id=q.conversation_id, limit=5, sources=sources
     )
     turns = {t.message_id for hit in result.hits for t in hit.turns}

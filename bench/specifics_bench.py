@@ -54,6 +54,7 @@ from streams.worker.processor import write_plan
 from tests.support.llm_server import LLMTestServer
 from tests.support.memory_store import InMemoryStore
 from tests.support.planted import Planted, planted_conversation
+from tests.support.stores import saved
 
 ROUNDS = 3
 KEEP_RECENT = 5
@@ -99,7 +100,7 @@ async def run_conversation(
     store = InMemoryStore()
     compactor = create_compactor(
         model=model,
-        memory_store=store,
+        memory=store.archive,
         config=_config(ratio, prompt),
         model_name=model_name,
         budget=BUDGET,
@@ -113,9 +114,9 @@ async def run_conversation(
     for round_number in range(ROUNDS):
         made = planted_conversation(seed, turns, start=round_number * turns)
         for message in made.messages:
-            await store.save_message(message, DEFAULT_COUNTER.count(message.content))
+            await saved(store, message, DEFAULT_COUNTER.count(message.content))
         compaction_id = f"c{seed}-{round_number}"
-        inputs = await store.compaction_inputs(compaction_id, "planted", up_to_seq=None)
+        inputs = await store.history.compaction_inputs(compaction_id, "planted", up_to_seq=None)
         history = inputs.history
         planned = await compactor.plan(history, "planted", compaction_id=compaction_id)
         assert isinstance(planned, Planned), planned

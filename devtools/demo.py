@@ -178,37 +178,13 @@ async def run_demo(settings: Settings, config_path: Path, transcript_path: Path)
     say(f"summariser: {resolved.kind} ({resolved.reason})")
 
     state_dir = Path(tempfile.mkdtemp(prefix="compactor-demo-"))
-    worker: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = []  # the one started, stopped whatever happens
     try:
-        say("starting Kafka and PostgreSQL ...")
-        await devstack.up(
-            state_dir,
-            explicit_addresses(settings),
-            partitions=settings.kafka.partitions,
-            say=lambda line: say(f"  {line}"),
-        )
-        bootstrap = explicit_addresses(settings).kafka_bootstrap or dev_stack_bootstrap(state_dir)
-        dsn = explicit_addresses(settings).postgres_dsn or dev_stack_dsn(state_dir)
-        if not bootstrap or not dsn:
-            raise DemoError("the local stack did not come up")
+        bootstrap, dsn = await _start_stack(settings, state_dir)
         names = TopicNames.with_prefix(settings.kafka.topic_prefix)
         security = kafka_security(settings.kafka)
         await prepare_topics(bootstrap, settings.kafka, security=security)
-
-        log_path = state_dir / "worker.log"
-        env = {**os.environ, KAFKA_BOOTSTRAP_ENV: bootstrap, POSTGRES_DSN_ENV: dsn}
-        with log_path.open("wb") as log:
-            # Popen returns at once; the worker runs on its own.
-            worker = subprocess.Popen(  # noqa: ASYNC220
-                [sys.executable, "-m", "streams.cli", "--config", str(config_path), "worker"],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        base = f"http://{settings.service.web_host}:{settings.service.web_port}"
-        say(f"starting a worker (log: {log_path}) ...")
-        await _wait_http(f"{base}/healthz", worker, log_path, 90)
-
+        base = await _start_worker(settings, config_path, state_dir, (bootstrap, dsn), workers)
         result = await publish(
             transcript.events, bootstrap=bootstrap, topic=names.messages, security=security
         )
@@ -222,14 +198,63 @@ async def run_demo(settings: Settings, config_path: Path, transcript_path: Path)
         await _show_results(bootstrap, names, base, conversations, states, security)
         return 0
     finally:
-        if worker is not None and worker.poll() is None:
+        await _stop(workers, state_dir)
+
+
+async def _start_stack(settings: Settings, state_dir: Path) -> tuple[str, str]:
+    """Kafka and PostgreSQL (the configured ones, or a local stack): where they are."""
+    say("starting Kafka and PostgreSQL ...")
+    await devstack.up(
+        state_dir,
+        explicit_addresses(settings),
+        partitions=settings.kafka.partitions,
+        say=lambda line: say(f"  {line}"),
+    )
+    bootstrap = explicit_addresses(settings).kafka_bootstrap or dev_stack_bootstrap(state_dir)
+    dsn = explicit_addresses(settings).postgres_dsn or dev_stack_dsn(state_dir)
+    if not bootstrap or not dsn:
+        raise DemoError("the local stack did not come up")
+    return bootstrap, dsn
+
+
+async def _start_worker(
+    settings: Settings,
+    config_path: Path,
+    state_dir: Path,
+    stack: tuple[str, str],
+    started: list[subprocess.Popen[bytes]],
+) -> str:
+    """A worker over ``stack`` (Kafka, PostgreSQL), appended to ``started``; its base URL
+    once it answers."""
+    bootstrap, dsn = stack
+    log_path = state_dir / "worker.log"
+    env = {**os.environ, KAFKA_BOOTSTRAP_ENV: bootstrap, POSTGRES_DSN_ENV: dsn}
+    with log_path.open("wb") as log:
+        # Popen returns at once; the worker runs on its own.
+        worker = subprocess.Popen(  # noqa: ASYNC220
+            [sys.executable, "-m", "streams.cli", "--config", str(config_path), "worker"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    started.append(worker)
+    base = f"http://{settings.service.web_host}:{settings.service.web_port}"
+    say(f"starting a worker (log: {log_path}) ...")
+    await _wait_http(f"{base}/healthz", worker, log_path, 90)
+    return base
+
+
+async def _stop(workers: list[subprocess.Popen[bytes]], state_dir: Path) -> None:
+    """The worker (SIGTERM, then kill after 30 s), the stack, and what it left."""
+    for worker in workers:
+        if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             try:
                 worker.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 worker.kill()
-        try:
-            await devstack.down(state_dir, say=lambda line: None)
-        finally:
-            await asyncio.to_thread(_stop_processes_mentioning, str(state_dir))
-            shutil.rmtree(state_dir, ignore_errors=True)
+    try:
+        await devstack.down(state_dir, say=lambda line: None)
+    finally:
+        await asyncio.to_thread(_stop_processes_mentioning, str(state_dir))
+        shutil.rmtree(state_dir, ignore_errors=True)

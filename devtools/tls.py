@@ -89,43 +89,13 @@ def issue(
     """A certificate signed by ``ca`` for these names, usable by servers and clients."""
     directory.mkdir(parents=True, exist_ok=True)
     cert, key, csr = (directory / f"{name}{ext}" for ext in (".pem", ".key", ".csr"))
+    request = ("req", *_KEY_ARGS, "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}")
+    _openssl(*request, cwd=directory)
+    extensions = _extensions(directory / f"{name}.ext", dns, ips)
     _openssl(
-        "req",
-        *_KEY_ARGS,
-        "-keyout",
-        str(key),
-        "-out",
-        str(csr),
-        "-subj",
-        f"/CN={name}",
-        cwd=directory,
-    )
-    names = [f"DNS:{host}" for host in dns] + [f"IP:{ip}" for ip in ips]
-    extensions = directory / f"{name}.ext"
-    extensions.write_text(
-        (f"subjectAltName={','.join(names)}\n" if names else "")
-        + "basicConstraints=CA:FALSE\n"
-        + "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        + "extendedKeyUsage=serverAuth,clientAuth\n"
-        + "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(csr),
-        "-CA",
-        str(ca.cert),
-        "-CAkey",
-        str(ca.key),
-        "-set_serial",
-        str(secrets.randbelow(2**63) + 1),
-        "-days",
-        str(DAYS),
-        "-extfile",
-        str(extensions),
-        "-out",
-        str(cert),
+        *("x509", "-req", "-in", str(csr), "-CA", str(ca.cert), "-CAkey", str(ca.key)),
+        *("-set_serial", str(secrets.randbelow(2**63) + 1), "-days", str(DAYS)),
+        *("-extfile", str(extensions), "-out", str(cert)),
         cwd=directory,
     )
     key.chmod(0o600)
@@ -135,3 +105,17 @@ def issue(
     csr.unlink()
     extensions.unlink()
     return Issued(cert, key, bundle)
+
+
+def _extensions(path: Path, dns: Sequence[str], ips: Sequence[str]) -> Path:
+    """The extension file of a leaf certificate for ``dns`` and ``ips``, servers and
+    clients alike."""
+    names = [f"DNS:{host}" for host in dns] + [f"IP:{ip}" for ip in ips]
+    path.write_text(
+        (f"subjectAltName={','.join(names)}\n" if names else "")
+        + "basicConstraints=CA:FALSE\n"
+        + "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        + "extendedKeyUsage=serverAuth,clientAuth\n"
+        + "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
+    return path

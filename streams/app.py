@@ -28,6 +28,7 @@ from streams.runtime import WorkerRuntime
 from streams.worker import batching
 from streams.worker.components import Components
 from streams.worker.records import record_of
+from streams.worker.tally_table import AcksAfterFlush
 
 log = logging.getLogger("compactor.worker")
 
@@ -43,7 +44,7 @@ class Worker:
     side: ConsumerSide
     topics: dict[str, faust.TopicT]
     contexts: TableContexts
-    acks: batching.AcksAfterFlush
+    acks: AcksAfterFlush
 
 
 def register(
@@ -57,7 +58,7 @@ def register(
     config_path: Path | None = None,
 ) -> None:
     """``config_path``: the file a token reload (SIGHUP) reads again."""
-    acks = batching.AcksAfterFlush(components.table)
+    acks = AcksAfterFlush(components.table)
     worker = Worker(app, settings, components, runtime, side, topics, contexts, acks)
     register_agents(worker)
     register_rebalance(worker)

@@ -60,7 +60,7 @@ from streams.worker.processor import CommandIntake, Processor
 from streams.worker.reconciler import CommandBacklog, Reconciler
 from streams.worker.records import Record
 from streams.worker.requests import OperatorRequests
-from streams.worker.runtime import Runtime
+from streams.worker.runtime import Runtime, StorePorts
 from streams.worker.scheduler import CompactionScheduler
 from streams.worker.tally_table import TallyTable, WriteContext
 from streams.worker.tenant_budget import TenantBudgets
@@ -74,8 +74,9 @@ Token = TypeVar("Token")
 
 
 @dataclass
-class Opened:
-    """Everything ``open_all`` opened; a ``streams.worker.runtime.Runtime``."""
+class Opened(StorePorts):
+    """Everything ``open_all`` opened: the worker's runtime holds it, and a CLI
+    command reads the store's roles from it (``opened.history``, ...)."""
 
     settings: Settings
     store: PostgresStore
@@ -84,6 +85,9 @@ class Opened:
     dsn: str
     embedded: EmbeddedPostgres | None
     compactor: PipelineCompactor  # one per runtime: its circuit breaker spans compactions
+
+    def opened_store(self) -> PostgresStore:
+        return self.store
 
     async def close(self) -> None:
         embedded, self.embedded = self.embedded, None
@@ -161,7 +165,7 @@ def _compactor(
     """One per runtime: its circuit breaker and provider guard span compactions."""
     return create_compactor(
         model=model,
-        memory_store=store,
+        memory=store.archive,
         config=settings.summarization.compaction(),
         model_name=resolved.model,
         budget=settings.budget,

@@ -3,8 +3,8 @@
 Building the app (for ``faust`` commands, tests, docs) needs neither
 PostgreSQL nor a model. The worker opens them when it starts (``open``,
 retried while PostgreSQL does not answer); the agents wait for it before
-their first event. Until then ``store`` raises ``StoreUnavailable``, which
-every component treats as a database outage. What opening means (which
+their first event. Until then every store role raises ``StoreUnavailable``,
+which every component treats as a database outage. What opening means (which
 adapters) is the composition root's: ``streams.bootstrap.open_all``, handed
 in as ``opener``.
 """
@@ -20,9 +20,10 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from core.compaction.compactor import PipelineCompactor
 from core.ports.compactor import Compactor
-from core.ports.storage import StoreUnavailable, WorkerStore
+from core.ports.storage import Storage, StoreUnavailable
 from core.settings import ResolvedModel, Settings, resolve_model
 from streams.metrics import Metrics
+from streams.worker.runtime import Runtime
 
 log = logging.getLogger("compactor.runtime")
 
@@ -39,7 +40,7 @@ class Opened(Protocol):
     """What an opener opened (``streams.bootstrap.Opened``); the runtime closes it."""
 
     @property
-    def store(self) -> WorkerStore: ...
+    def store(self) -> Storage: ...
 
     @property
     def compactor(self) -> PipelineCompactor: ...
@@ -50,7 +51,7 @@ class Opened(Protocol):
 Opener = Callable[[Settings], Awaitable[Opened]]
 
 
-class WorkerRuntime:
+class WorkerRuntime(Runtime):
     """The worker's ``streams.worker.runtime.Runtime``: handed to every component."""
 
     def __init__(self, settings: Settings, opener: Opener, metrics: Metrics | None = None) -> None:
@@ -65,8 +66,7 @@ class WorkerRuntime:
     def is_open(self) -> bool:
         return self._opened is not None
 
-    @property
-    def store(self) -> WorkerStore:
+    def opened_store(self) -> Storage:
         return self._open().store
 
     @property

@@ -1,5 +1,6 @@
 """One planning attempt under the conversation's circuit breaker, and whom a
-failure is blamed on.
+failure is blamed on: the wrapper around the planning, which it neither plans
+nor prices.
 
 If any LLM call fails there is no plan: the caller gets ``Failed`` and its
 history stays as it was (context-compaction.AC1.7). A failure counts against
@@ -12,15 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from core.compaction.batches import CompactionIds
-from core.compaction.summarizer import LlmSpend, Summarizer
+from core.compaction.spend import LlmSpend
 from core.domain.circuit import CircuitBreaker
 from core.domain.compaction import Failed, FailureKind, Planned, PlanOutcome, Unchanged
-from core.domain.tenancy import tenant_of
-from core.domain.usage import ModelPrice
 from core.ports.model import (
     ModelAuthError,
     ModelError,
@@ -34,8 +33,8 @@ from core.provider_guard import ProviderGuard, ProviderUnavailableError
 
 log = logging.getLogger("compactor")
 
-Step = Callable[[LlmSpend], Awaitable[Planned | Unchanged]]
-"""What one attempt runs: the planning, with the spend its LLM calls add up to."""
+Step = Callable[[], Awaitable[Planned | Unchanged]]
+"""What one attempt runs: the planning."""
 
 _KINDS: tuple[tuple[type[Exception], FailureKind], ...] = (
     (ProviderUnavailableError, "provider_unavailable"),  # a ModelError: first
@@ -63,22 +62,18 @@ class Attempts:
 
     breaker: CircuitBreaker
     guard: ProviderGuard
-    prices: Mapping[str, ModelPrice]
 
-    async def run(
-        self, ids: CompactionIds, step: Step, summarizer: Summarizer, *, fallback: bool = False
-    ) -> PlanOutcome:
+    async def run(self, ids: CompactionIds, step: Step, calls: LlmSpend) -> PlanOutcome:
         """``step`` once: a failure is ``Failed`` (``provider_down_at`` when the
-        provider was down), ``Unchanged`` is returned as is, ``Planned`` gets the
-        spend of its LLM calls (``fallback``: they were the fallback summariser's)."""
+        provider was down), ``Unchanged`` and ``Planned`` are returned as they are.
+        ``calls``: what the step's LLM calls add up to (when they first failed)."""
         conversation_id = ids.conversation_id
         if not self.breaker.try_acquire(conversation_id):
             retry_in = self.breaker.retry_in(conversation_id)
             return Failed("circuit_open", f"circuit open: retry in {retry_in:.0f}s")
         started = time.perf_counter()
-        calls = LlmSpend(tenant=tenant_of(conversation_id))
         try:
-            outcome = await step(calls)
+            outcome = await step()
         except asyncio.CancelledError:
             self.breaker.release(conversation_id)
             raise
@@ -88,9 +83,8 @@ class Attempts:
             self.breaker.release(conversation_id)
             return outcome
         self.breaker.record_success(conversation_id)
-        planned = self._spent(outcome, calls, summarizer, fallback)
-        _log_planned(planned, time.perf_counter() - started)
-        return planned
+        _log_planned(outcome, time.perf_counter() - started)
+        return outcome
 
     def _failed(self, error: Exception, ids: CompactionIds, calls: LlmSpend) -> Failed:
         answers = self.guard.successes
@@ -130,22 +124,6 @@ class Attempts:
         else:
             self.breaker.record_failure(conversation_id)
         return provider_wide
-
-    def _spent(
-        self, planned: Planned, calls: LlmSpend, summarizer: Summarizer, fallback: bool
-    ) -> Planned:
-        """``planned`` with its LLM spend: priced on the plan, counted as reported."""
-        if calls.summarizer is None:
-            calls.summarizer, calls.model = summarizer.provider, summarizer.model_name
-        usage = calls.usage().priced(self.prices)
-        if fallback:
-            usage = usage.model_copy(update={"fallback": True})
-        return replace(
-            planned,
-            plan=planned.plan.model_copy(update={"usage": usage}),
-            llm_input_tokens=calls.input_tokens,
-            llm_output_tokens=calls.output_tokens,
-        )
 
 
 def _log_planned(planned: Planned, elapsed: float) -> None:

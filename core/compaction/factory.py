@@ -19,7 +19,7 @@ from core.domain.tokens import DEFAULT_COUNTER, TokenCounter
 from core.domain.usage import DEFAULT_PRICES, ModelPrice
 from core.ports.embedding import Embedder
 from core.ports.model import ModelProvider
-from core.ports.storage import MemoryStore
+from core.ports.storage import MemoryReader
 from core.provider_guard import GuardLimits, ProviderGuard
 
 
@@ -40,7 +40,7 @@ def guard_limits(
 def create_compactor(
     *,
     model: ModelProvider,
-    memory_store: MemoryStore,
+    memory: MemoryReader,
     config: CompactionConfig,
     model_name: str,
     counter: TokenCounter = DEFAULT_COUNTER,
@@ -72,11 +72,12 @@ def create_compactor(
     target = budget.target_tokens if budget is not None else None
     summarizer = partial(Summarizer, config=config, sleep=sleep, counter=counter)
     return PipelineCompactor(
-        pipeline=Pipeline(memory_store, config, counter, ClipFitter(config, counter, target)),
-        attempts=Attempts(breaker, guard, dict(DEFAULT_PRICES if prices is None else prices)),
+        pipeline=Pipeline(memory, config, counter, ClipFitter(config, counter, target)),
+        attempts=Attempts(breaker, guard),
         summarizer=summarizer(model=model, model_name=model_name, guard=guard),
         fallback=None
         if fallback is None
         else summarizer(model=fallback, model_name=fallback.name, guard=None),
         embedder=embedder,
+        prices=dict(DEFAULT_PRICES if prices is None else prices),
     )

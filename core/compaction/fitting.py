@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.compaction.batches import CompactionIds, LiveArchive
-from core.compaction.summarizer import LlmSpend, Summarizer
+from core.compaction.spend import LlmSpend
+from core.compaction.summarizer import Summarizer
 from core.domain.clip_archive import (
     SHORTENED_NOTE,
     build_clip_archive,

@@ -2,10 +2,13 @@
 too many batches → fit the target → the plan and the new history
 ``[clip_archive, *kept]``.
 
-Nothing is written here: the pipeline reads the live batches and calls the
-model, and its plan is applied by the processor in one transaction keyed by
-the compaction id. ``Pipeline.shape`` (re-summarise, fit, plan) is shared with
-the operators' recompact and restore (``core.compaction.redo``).
+The pipeline is the glue; each step is its module's (``core.domain.split``,
+``core.domain.chunking``, ``summarizer``, the archive's ``MemoryReader``,
+``batches``, ``fitting``, ``writes``). Nothing is written here: the pipeline
+reads the live batches and calls the model, and its plan is applied by the
+processor in one transaction keyed by the compaction id. ``Pipeline.shape``
+(re-summarise, fit, plan) is shared with the operators' recompact and restore
+(``core.compaction.redo``).
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from dataclasses import dataclass
 
 from core.compaction.batches import CompactionIds, LiveArchive, cycles_after, stored_batches
 from core.compaction.fitting import ClipFitter
-from core.compaction.summarizer import LlmSpend, Summarizer
+from core.compaction.spend import LlmSpend
+from core.compaction.summarizer import Summarizer
+from core.compaction.writes import compaction_writes
 from core.domain.chunking import Chunk, chunk_messages, in_history_order
-from core.domain.compaction import CompactionConfig, CompactionPlan, Planned, Unchanged
+from core.domain.compaction import CompactionConfig, Planned, Unchanged
 from core.domain.messages import ConversationMessage
 from core.domain.split import HistorySplit, split_history
 from core.domain.tokens import TokenCounter, estimate_history_tokens
-from core.ports.storage import MemoryStore
+from core.ports.storage import MemoryReader
 
 log = logging.getLogger("compactor")
 
@@ -31,7 +36,7 @@ History = tuple[ConversationMessage, ...]
 
 @dataclass(frozen=True)
 class Pipeline:
-    memory: MemoryStore
+    memory: MemoryReader
     config: CompactionConfig
     counter: TokenCounter
     fitter: ClipFitter
@@ -94,7 +99,7 @@ class Pipeline:
         ``rebuilding``: a recompact, a restore) and the clip-archive cannot be made
         to fit."""
         if not archive.live:  # a restore brought every archived turn back: no clip-archive
-            return self._planned(history, split, archive, None, restored)
+            return compaction_writes(history, split, archive, None, restored, self.counter, calls)
         await self._resummarise_overflow(archive, calls, summarizer)
         clip = self.fitter.clip([b.batch for b in archive.live], archive.ids, cycles)
         live = (*split.to_keep, *restored)
@@ -107,7 +112,9 @@ class Pipeline:
                 return None
             clip = fitted or clip
             over_target = self.fitter.over_target_reason(clip, live, kept_tokens)
-        return self._planned(history, split, archive, clip, restored, over_target)
+        return compaction_writes(
+            history, split, archive, clip, restored, self.counter, calls, over_target
+        )
 
     async def _resummarise_overflow(
         self, archive: LiveArchive, calls: LlmSpend, summarizer: Summarizer
@@ -124,34 +131,6 @@ class Pipeline:
             sources, ids.conversation_id, ids.compaction_id, calls, suffix="resummarized"
         )
         archive.merge(sources, merged)
-
-    def _planned(
-        self,
-        history: History,
-        split: HistorySplit,
-        archive: LiveArchive,
-        clip: ConversationMessage | None,
-        restored: History,
-        over_target: str | None = None,
-    ) -> Planned:
-        """What to write, and the history as the model sees it once written."""
-        deleted = [m.id for m in split.to_compress]
-        if split.prior_summary is not None:
-            deleted.append(split.prior_summary.id)
-        after = (*([] if clip is None else [clip]), *split.to_keep, *restored)
-        plan = CompactionPlan(
-            compaction_id=archive.ids.compaction_id,
-            conversation_id=archive.ids.conversation_id,
-            new_batches=tuple(archive.fresh),
-            superseded=tuple(archive.superseded),
-            deleted_message_ids=tuple(deleted),
-            clip_archive=clip,
-            messages_compressed=len(split.to_compress),
-            tokens_estimate_before=estimate_history_tokens(history, self.counter),
-            tokens_estimate_after=estimate_history_tokens(after, self.counter),
-            restored_message_ids=tuple(m.id for m in restored),
-        )
-        return Planned(plan, after, over_target)
 
     def _may_refit(self, history: History, split: HistorySplit) -> bool:
         """Nothing to compress, but a clip-archive that could shrink: a history an

@@ -20,17 +20,18 @@ from core.compaction.batches import (
     stored_batches,
 )
 from core.compaction.pipeline import History, Pipeline
-from core.compaction.summarizer import LlmSpend, Summarizer
+from core.compaction.spend import LlmSpend
+from core.compaction.summarizer import Summarizer
 from core.domain.compaction import Planned, StoredBatch, Unchanged, restored_by
 from core.domain.messages import ConversationMessage
 from core.domain.tokens import estimate_history_tokens
-from core.ports.storage import MemoryStore
+from core.ports.storage import MemoryReader
 
 
 @dataclass(frozen=True)
 class Redo:
     pipeline: Pipeline
-    memory: MemoryStore
+    memory: MemoryReader
     summarizer: Summarizer
 
     async def recompact(

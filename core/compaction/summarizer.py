@@ -11,11 +11,11 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
+from core.compaction.spend import LlmSpend
 from core.domain.chunking import Chunk, halve, in_history_order
 from core.domain.clip_archive import batch_label, covered_days
 from core.domain.compaction import CompactionConfig, StoredBatch, SummaryBatch, merged_batch
@@ -31,7 +31,6 @@ from core.domain.specifics import (
     split_section,
 )
 from core.domain.tokens import DEFAULT_COUNTER, TokenCounter
-from core.domain.usage import LlmUsage
 from core.ports.model import (
     ModelError,
     ModelProvider,
@@ -44,40 +43,6 @@ from core.ports.model import (
 from core.provider_guard import ProviderGuard
 
 log = logging.getLogger("compactor")
-
-EXTRACTIVE = "extractive"  # the offline summariser's name: not an LLM
-
-
-@dataclass
-class LlmSpend:
-    """One compaction's LLM spend, and how many answers the provider had given
-    (to anyone) when this compaction's calls first failed."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    calls: int = 0
-    summarizer: str | None = None  # the provider that answered
-    model: str | None = None
-    answers_at_first_failure: int | None = None
-    tenant: str | None = None  # whose turn for a guard slot these calls take
-
-    def usage(self) -> LlmUsage:
-        summarizer = self.summarizer or EXTRACTIVE
-        if summarizer == EXTRACTIVE:
-            # No LLM: nothing billed, nothing against a tenant's budget (its own
-            # word counts are no provider's tokens).
-            return LlmUsage(summarizer=summarizer, model=self.model or EXTRACTIVE)
-        return LlmUsage(
-            summarizer=summarizer,
-            model=self.model or EXTRACTIVE,
-            calls=self.calls,
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            cache_read_tokens=self.cache_read_tokens,
-            cache_write_tokens=self.cache_write_tokens,
-        )
 
 
 class _Halve(Exception):

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-
-from core.domain.messages import ConversationMessage
-from core.domain.tokens import DEFAULT_COUNTER, TokenCounter, estimate_history_tokens
 
 
 class BudgetConfig(BaseModel):
@@ -98,11 +94,3 @@ def compaction_due_now(token_estimate: int, budget: BudgetConfig, idle_for: floa
         return False
     wait = budget.idle_seconds
     return wait is None or idle_for is None or idle_for >= wait
-
-
-def needs_compaction(
-    history: Iterable[ConversationMessage],
-    budget: BudgetConfig,
-    counter: TokenCounter = DEFAULT_COUNTER,
-) -> bool:
-    return compaction_due(estimate_history_tokens(history, counter), budget)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -125,6 +126,24 @@ def on_message(
     if tally.outstanding is None and compaction_due_now(tally.token_total, budget, 0.0):
         return _issue(tally, now), True
     return tally, False
+
+
+def on_messages(
+    tally: ConversationTally,
+    arrived: Sequence[tuple[int, int | None]],
+    budget: BudgetConfig,
+    now: float,
+) -> tuple[ConversationTally, bool, int | None]:
+    """Count a conversation's new messages of a group, each ``(tokens, arrival
+    number)`` in order, as if each came alone: the tally, whether a command must
+    be sent, and the arrival number of the message that made it due (the
+    command covers up to it)."""
+    issue, due_at = False, None
+    for tokens, seq in arrived:
+        tally, issued = on_message(tally, tokens, budget, now)
+        if issued:
+            issue, due_at = True, seq
+    return tally, issue, due_at
 
 
 def completes_outstanding(tally: ConversationTally, completion_id: str) -> bool:

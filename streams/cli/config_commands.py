@@ -210,7 +210,7 @@ def render_reference(model: type[BaseModel] = Settings) -> str:
     """Every key of the settings models: its default and its environment variable."""
     lines = [
         BEGIN,
-        "<!-- Generated from core/settings.py by `compactor config docs`; do not edit. -->",
+        "<!-- Generated from core/settings/ by `compactor config docs`; do not edit. -->",
         "",
         "## Every key and its environment variable",
         "",

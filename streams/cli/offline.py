@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from core.domain.compaction import Failed
 from core.ports.compactor import Compactor
 from core.ports.publisher import Headers
-from core.ports.storage import WorkerStore
+from core.ports.storage import Storage
 from core.settings import Settings
 from streams.bootstrap import build_components
 from streams.events import MessageEvent
@@ -52,7 +52,7 @@ class OfflineRun:
     """One transcript replay; ``on_compaction`` hears of each compaction as it commits."""
 
     settings: Settings
-    store: WorkerStore
+    store: Storage
     compactor: Compactor
     on_compaction: Callable[[str, Compacted], None] = lambda *_: None
     publisher: LoopbackPublisher = field(default_factory=LoopbackPublisher)

@@ -64,7 +64,7 @@ async def cmd_history(settings: Settings, args: argparse.Namespace) -> int:
         page = await _history_from_worker(args)
     else:
         async with open_runtime(settings) as runtime:
-            history = await runtime.store.load_history(key)
+            history = await runtime.history.load_history(key)
         page = HistoryPage.of(key, history, None) if history else None
     if page is None:
         print(f"no messages for conversation {described(key)}", file=sys.stderr)
@@ -112,7 +112,7 @@ async def cmd_memory_read(settings: Settings, args: argparse.Namespace) -> int:
     else:
         key = None if args.conversation_id is None else addressed_key(args)
         async with open_runtime(settings) as runtime:
-            result = await runtime.store.memory_read(
+            result = await runtime.memory.memory_read(
                 args.query,
                 conversation_id=key,
                 limit=args.limit,
@@ -194,7 +194,7 @@ async def cmd_expand(settings: Settings, args: argparse.Namespace) -> int:
         batch = await _batch_from_worker(args)
     else:
         async with open_runtime(settings) as runtime:
-            expanded = await runtime.store.expand_batch(key, args.batch_id)
+            expanded = await runtime.archive.expand_batch(key, args.batch_id)
         batch = None if expanded is None else BatchPage.of(expanded, None)
     if batch is None:
         print(f"no batch {args.batch_id!r} in {described(key)}", file=sys.stderr)

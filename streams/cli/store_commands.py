@@ -17,7 +17,7 @@ from core.domain.clip_archive import is_clip_archive, parse_clip_archive
 from core.domain.messages import ConversationMessage
 from core.domain.tenancy import ConversationRef, conversation_key
 from core.domain.tokens import estimate_history_tokens
-from core.ports.storage import MessageStore
+from core.ports.storage import HistoryReader
 from core.settings import Settings
 from streams.bootstrap import open_runtime
 from streams.cli.errors import CommandError
@@ -80,12 +80,12 @@ async def cmd_compact(settings: Settings, args: argparse.Namespace) -> int:
             except OfflineCompactionError as error:
                 print(str(error), file=sys.stderr)
                 return 1
-            await _print_compacted(runtime.store, conversation_id)
+            await _print_compacted(runtime.history, conversation_id)
     return 0
 
 
-async def _print_compacted(store: MessageStore, conversation_id: str) -> None:
-    history = await store.load_history(conversation_id)
+async def _print_compacted(reader: HistoryReader, conversation_id: str) -> None:
+    history = await reader.load_history(conversation_id)
     print(f"\n=== {conversation_id}: history now ({estimate_history_tokens(history)} tokens) ===")
     print(render_history(history))
     if history and is_clip_archive(history[0]):

@@ -60,7 +60,7 @@ async def cmd_tenants(settings: Settings, args: argparse.Namespace) -> int:
         )
     async with open_runtime(settings) as runtime:
         try:
-            moved = await runtime.store.move_to_tenant(conversation_id, tenant_id)
+            moved = await runtime.privacy.move_to_tenant(conversation_id, tenant_id)
         except TenantConflictError as error:
             raise CommandError(str(error)) from None
     if not moved:

@@ -118,7 +118,7 @@ async def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
     else:
         scope = ReadScope.everything() if args.tenant is None else ReadScope.of_tenant(args.tenant)
         async with open_runtime(settings) as runtime:
-            days = await runtime.store.usage_by_day(scope=scope, tenant_id=args.tenant, since=since)
+            days = await runtime.usage.usage_by_day(scope=scope, tenant_id=args.tenant, since=since)
     if args.json:
         print(json.dumps(usage_body(args.tenant, since, days), indent=2))
     else:

@@ -186,10 +186,6 @@ class AuthPolicy:
             return EVERYONE
         return self.identify(authorization)
 
-    def operations_allowed(self, authorization: str | None) -> bool:
-        """``/healthz`` and ``/metrics``: open unless a token has the metrics scope."""
-        return self.operations_principal(authorization) is not None
-
     def operations_principal(self, authorization: str | None) -> Principal | None:
         if not self._metrics:
             return EVERYONE

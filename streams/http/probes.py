@@ -53,7 +53,7 @@ from typing import Any, Protocol
 import faust
 from faust.web import Request, Response, View
 
-from core.ports.storage import WorkerStore
+from core.ports.storage import CompactionLedger
 from streams.worker.components import Components
 
 LIVEZ = "/livez"
@@ -71,7 +71,7 @@ class ProbeRuntime(Protocol):
     def is_open(self) -> bool: ...
 
     @property
-    def store(self) -> WorkerStore: ...
+    def compactions(self) -> CompactionLedger: ...
 
 
 def agent_state(agent: Any) -> str:
@@ -151,7 +151,7 @@ async def database_problem(runtime: ProbeRuntime, seconds: float) -> str | None:
     type only (an open view must not echo a host or a DSN)."""
     try:
         async with asyncio.timeout(seconds):
-            await runtime.store.compaction_applied(PROBE_COMPACTION_ID)
+            await runtime.compactions.compaction_applied(PROBE_COMPACTION_ID)
     except TimeoutError:
         return f"database: no answer within {seconds:g}s"
     except Exception as error:

@@ -27,8 +27,10 @@ view itself whether the token is the admin's or the tenant's own."""
 
 
 class UsageRuntime(Protocol):
+    """What the usage view reads of the runtime (``streams.worker.runtime``)."""
+
     @property
-    def store(self) -> UsageStore: ...
+    def usage(self) -> UsageStore: ...
 
 
 def usage_totals(days: Sequence[UsageDay]) -> dict[str, Any]:
@@ -70,5 +72,5 @@ def register_usage(app: faust.App, runtime: UsageRuntime) -> None:
             except ValueError as error:
                 return self.json({"error": str(error)}, status=400)
             scope: ReadScope = read_scope(principal)
-            days = await runtime.store.usage_by_day(scope=scope, tenant_id=tenant, since=since)
+            days = await runtime.usage.usage_by_day(scope=scope, tenant_id=tenant, since=since)
             return self.json(usage_body(tenant, since, days))

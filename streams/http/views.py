@@ -20,8 +20,7 @@ step with it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -30,7 +29,15 @@ from aiohttp import web
 from faust.web import Request, Response, View
 
 from core.domain.tenancy import conversation_key
-from core.ports.storage import QueryMode, SearchSources, WorkerStore
+from core.ports.storage import (
+    Archive,
+    CompactionLedger,
+    CompactionLogReader,
+    HistoryReader,
+    MemoryReader,
+    MemorySearch,
+    UsageStore,
+)
 from core.settings import ResolvedModel, ServiceSettings, Settings
 from streams.database import explicit_dsn
 from streams.events import MAX_ID_LENGTH
@@ -45,7 +52,7 @@ from streams.http.access import (
     requested_tenant,
 )
 from streams.http.audit import audit_reads
-from streams.http.auth import AuthPolicy, Principal, check_exposure
+from streams.http.auth import AuthPolicy, check_exposure
 from streams.http.forwarding import (
     PRINCIPAL,
     Forwarding,
@@ -57,6 +64,7 @@ from streams.http.guard import guard, store_outage_is_503
 from streams.http.limits import RateLimiter
 from streams.http.probes import register_probes
 from streams.http.reload import PolicyRef, register_reload
+from streams.http.search import register_search
 from streams.http.usage import register_usage
 from streams.worker.components import Components
 
@@ -64,7 +72,8 @@ log = logging.getLogger("compactor.auth")
 
 
 class ViewRuntime(Protocol):
-    """What the views need of the worker's runtime (``streams.runtime.WorkerRuntime``)."""
+    """What the views need of the worker's runtime (``streams.runtime.WorkerRuntime``);
+    each view is registered with the part it reads (``HistoryViewPorts``, ...)."""
 
     resolved_model: ResolvedModel
 
@@ -72,57 +81,37 @@ class ViewRuntime(Protocol):
     def is_open(self) -> bool: ...
 
     @property
-    def store(self) -> WorkerStore: ...
+    def history(self) -> HistoryReader: ...
+
+    @property
+    def archive(self) -> Archive: ...
+
+    @property
+    def memory(self) -> MemorySearch: ...
+
+    @property
+    def compactions(self) -> CompactionLedger: ...
+
+    @property
+    def usage(self) -> UsageStore: ...
 
 
-_SOURCES: tuple[SearchSources, ...] = ("both", "summaries", "raw")
-_MODES: tuple[QueryMode, ...] = ("plain", "websearch")
+class HistoryViewPorts(Protocol):
+    @property
+    def history(self) -> HistoryReader: ...
 
 
-def search_options(query: Any) -> tuple[SearchSources, QueryMode]:
-    """``sources`` and ``mode`` of a memory search request; ValueError names a bad one."""
-    sources, mode = query.get("sources", "both"), query.get("mode", "plain")
-    for name, value, allowed in (("sources", sources, _SOURCES), ("mode", mode, _MODES)):
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-    return sources, mode
+class BatchViewPorts(Protocol):
+    @property
+    def archive(self) -> MemoryReader: ...
 
 
-@dataclass(frozen=True)
-class SearchRequest:
-    query: str
-    conversation_key: str | None  # one conversation (its tenant's, when tenant_id is set)
-    tenant_id: str | None
-    limit: int
-    sources: SearchSources
-    mode: QueryMode
+class CompactionsViewPorts(Protocol):
+    @property
+    def history(self) -> HistoryReader: ...
 
-
-def search_request(
-    query: Mapping[str, str], principal: Principal, service: ServiceSettings
-) -> SearchRequest:
-    """A memory search as asked; ValueError (400) or Forbidden (403) says why not."""
-    text = query.get("q", "")
-    problem = bad_text("q", text, service.max_query_chars)
-    raw_limit = query.get("limit", "5")
-    if problem is None and (len(raw_limit) > 4 or not raw_limit.isdigit()):
-        problem = f"limit must be a whole number from 1 to {service.max_search_limit}"
-    if problem is None and not 1 <= int(raw_limit) <= service.max_search_limit:
-        problem = f"limit must be a whole number from 1 to {service.max_search_limit}"
-    conversation_id = query.get("conversation_id")
-    if problem is None and conversation_id is not None:
-        problem = bad_text("conversation_id", conversation_id, MAX_ID_LENGTH)
-    if problem is not None:
-        raise ValueError(problem)
-    sources, mode = search_options(query)
-    tenant = requested_tenant(query, principal)
-    if tenant is None and conversation_id is None and not service.allow_global_search:
-        raise ValueError(
-            "memory search needs conversation_id or tenant_id (a search across every "
-            "conversation needs [service].allow_global_search = true)"
-        )
-    key = None if conversation_id is None else conversation_key(tenant, conversation_id)
-    return SearchRequest(text, key, tenant, int(raw_limit), sources, mode)
+    @property
+    def archive(self) -> CompactionLogReader: ...
 
 
 def register_views(
@@ -139,7 +128,7 @@ def register_views(
     register_operations(app, components, runtime)
     register_probes(app, components, runtime)
     register_conversations(app, settings, components, runtime)
-    register_memory(app, settings, runtime)
+    register_search(app, settings, runtime)
     register_usage(app, runtime)
     register_document(app, settings.service)
     ui.register_ui(app)
@@ -261,7 +250,7 @@ def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> 
     register_compactions(app, runtime)
 
 
-def register_history(app: faust.App, service: ServiceSettings, runtime: ViewRuntime) -> None:
+def register_history(app: faust.App, service: ServiceSettings, runtime: HistoryViewPorts) -> None:
     @app.page("/conversations/{conversation_id}/history")
     class History(View):
         async def get(self, request: Request, conversation_id: str) -> Response:
@@ -271,8 +260,7 @@ def register_history(app: faust.App, service: ServiceSettings, runtime: ViewRunt
                 limit, after = pages.page_request(request.query, service)
             except ValueError as error:
                 return problem_response(self, str(error), 400)
-            store = runtime.store
-            history = await store.load_history(
+            history = await runtime.history.load_history(
                 key,
                 scope=read_scope(principal_of(request)),
                 after=after,
@@ -285,7 +273,7 @@ def register_history(app: faust.App, service: ServiceSettings, runtime: ViewRunt
             return self.json(json_body(bodies.HistoryPage.of(key, page, following)))
 
 
-def register_batch(app: faust.App, service: ServiceSettings, runtime: ViewRuntime) -> None:
+def register_batch(app: faust.App, service: ServiceSettings, runtime: BatchViewPorts) -> None:
     @app.page("/conversations/{conversation_id}/batches/{batch_id}")
     class Batch(View):
         async def get(self, request: Request, conversation_id: str, batch_id: str) -> Response:
@@ -295,8 +283,7 @@ def register_batch(app: faust.App, service: ServiceSettings, runtime: ViewRuntim
                 limit, after = pages.page_request(request.query, service)
             except ValueError as error:
                 return problem_response(self, str(error), 400)
-            store = runtime.store
-            expanded = await store.expand_batch(
+            expanded = await runtime.archive.expand_batch(
                 key,
                 batch_id,
                 scope=read_scope(principal_of(request)),
@@ -312,45 +299,17 @@ def register_batch(app: faust.App, service: ServiceSettings, runtime: ViewRuntim
             return self.json(json_body(bodies.BatchPage.of(page, following)))
 
 
-def register_compactions(app: faust.App, runtime: ViewRuntime) -> None:
+def register_compactions(app: faust.App, runtime: CompactionsViewPorts) -> None:
     @app.page("/conversations/{conversation_id}/compactions")
     class Compactions(View):
         async def get(self, request: Request, conversation_id: str) -> Response:
             if not isinstance(key := addressed(self, request, conversation_id), str):
                 return key
-            store = runtime.store
             scope = read_scope(principal_of(request))
-            records = await store.compaction_log(key, scope=scope)
-            if not records and not await store.load_history(key, scope=scope, limit=1):
+            records = await runtime.archive.compaction_log(key, scope=scope)
+            if not records and not await runtime.history.load_history(key, scope=scope, limit=1):
                 return problem_response(self, bodies.unknown_conversation(key), 404)
             return self.json(json_body(bodies.CompactionLog.of(key, records)))
-
-
-def register_memory(app: faust.App, settings: Settings, runtime: ViewRuntime) -> None:
-    @app.page("/memory/search")
-    class MemorySearch(View):
-        async def get(self, request: Request) -> Response:
-            principal = principal_of(request)
-            try:
-                asked = search_request(request.query, principal, settings.service)
-            except ValueError as error:
-                return problem_response(self, str(error), 400)
-            except Forbidden:
-                return problem_response(self, bodies.FORBIDDEN, 403)
-            store = runtime.store
-            try:
-                result = await store.memory_read(
-                    asked.query,
-                    conversation_id=asked.conversation_key,
-                    limit=asked.limit,
-                    sources=asked.sources,
-                    mode=asked.mode,
-                    tenant_id=asked.tenant_id,
-                    scope=read_scope(principal),
-                )
-            except ValueError as error:
-                return problem_response(self, str(error), 400)
-            return self.json(json_body(bodies.SearchResult.of(result)))
 
 
 def register_document(app: faust.App, service: ServiceSettings) -> None:

@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from core.domain.budget import BudgetConfig
 from core.ports.publisher import Publisher
@@ -28,18 +29,21 @@ from core.settings import Settings
 from streams.metrics import Metrics
 from streams.topics import TopicNames
 from streams.worker.commands import Commands
-from streams.worker.control import Control
+from streams.worker.control import Control, ControlPorts
 from streams.worker.dead_letters import DeadLetters
-from streams.worker.erasure import ConsumedOffsets, Eraser
+from streams.worker.erasure import ConsumedOffsets, Eraser, ErasurePorts
 from streams.worker.failures import Durably, FailurePolicy
 from streams.worker.health import Health
-from streams.worker.ingest import Ingest
+from streams.worker.ingest import Ingest, IngestPorts
 from streams.worker.issued_commands import IssuedCommands
 from streams.worker.keyed_lock import KeyedLock
 from streams.worker.producers import ProducerPolicy
-from streams.worker.records import InvalidRecord, Record
-from streams.worker.runtime import Runtime
+from streams.worker.records import InvalidRecord, Record, decode_control
 from streams.worker.tally_table import TallyTable
+
+
+class AccountingPorts(IngestPorts, ControlPorts, ErasurePorts, Protocol):
+    """What accounting's jobs use of the runtime (``streams.worker.runtime``)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class Accounting:
         *,
         names: TopicNames,
         rules: AccountingRules,
-        runtime: Runtime,
+        runtime: AccountingPorts,
         table: TallyTable,
         publisher: Publisher,
         dead_letters: DeadLetters,
@@ -120,7 +124,7 @@ class Accounting:
 
     async def handle_batch(self, records: Sequence[Record]) -> set[int]:
         """Account a group of message records, durably; their table entries are
-        written by the next due flush (``streams.worker.batching.AcksAfterFlush``).
+        written by the next due flush (``streams.worker.tally_table.AcksAfterFlush``).
 
         An unusable record is dead-lettered with its reason; during an outage the
         group waits, for as long as its partitions stay assigned here; a group
@@ -145,7 +149,8 @@ class Accounting:
             try:
                 if records[0].topic == self._names.erasures:
                     return await self._eraser.erase_record(records[0])
-                return await self._control.apply(records[0])
+                event = decode_control(records[0])
+                return await self._control.apply(event, records[0].partition)
             except InvalidRecord as error:
                 await self._dead_letter(records[0], error)
                 return set()

@@ -6,7 +6,8 @@ is accounted at once), large groups under a backlog (so the per-group costs,
 one PostgreSQL statement and one table write per conversation, are shared).
 Faust's ``take_events`` would wait up to its ``within`` for a full group
 instead, and hands the group over outside the event's task context, where
-table writes are refused.
+table writes are refused. A group's events are acked once the table entries
+they changed are flushed (``streams.worker.tally_table.AcksAfterFlush``).
 """
 
 from __future__ import annotations
@@ -27,41 +28,3 @@ async def in_groups(
         if len(group) >= max_events or queue is None or queue.empty():
             yield group
             group = []
-
-
-class AcksAfterFlush:
-    """Acks a group's events once the table entries they changed are flushed.
-
-    The table is written behind (``TallyTable.flush``), and Faust commits an
-    acked offset within a second: acked at once, a kill -9 between the commit
-    and the flush left the changelog a message short of PostgreSQL, for good
-    if the conversation got no further message (the new owner restores the
-    entry and never reads that message again). Held until the flush, the
-    events are read again after a kill, found stored, and the entry resynced.
-    Faust flushes its producer (changelog records included) before it commits.
-    """
-
-    def __init__(self, table: Any) -> None:
-        self._table = table
-        self._pending: list[tuple[Any, Any]] = []
-
-    def hold(self, stream: Any, events: list[Any], skip: set[int]) -> None:
-        """Events of partitions in ``skip`` (revoked meanwhile) are never acked."""
-        self._pending.extend((stream, e) for e in events if e.message.partition not in skip)
-
-    async def settle(self, *, force: bool = False) -> int:
-        """Flush if due (or ``force``), then ack what the flush made durable."""
-        if not (force or self._table.flush_due()):
-            return 0
-        self._table.flush(force=True)
-        pending, self._pending = self._pending, []
-        for stream, event in pending:
-            await stream.ack(event)
-        return len(pending)
-
-    def drop(self, partitions: set[int]) -> None:
-        """Revoked: their new owner reads these events again."""
-        self._pending = [(s, e) for s, e in self._pending if e.message.partition not in partitions]
-
-    def __len__(self) -> int:
-        return len(self._pending)

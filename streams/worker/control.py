@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from core.domain.budget import BudgetConfig
 from core.domain.tally import (
@@ -26,7 +27,7 @@ from core.domain.tally import (
     rebuilt,
     resynced,
 )
-from core.ports.storage import StoreTotals, WorkerStore
+from core.ports.storage import StoreTotals, TallySource
 from streams.events import (
     AnyControl,
     CompactionCompleted,
@@ -38,25 +39,30 @@ from streams.events import (
 from streams.worker.commands import Commands, IssueReason
 from streams.worker.erasure import Eraser
 from streams.worker.issued_commands import IssuedCommands
-from streams.worker.records import Record, decode_control
-from streams.worker.runtime import Runtime
 from streams.worker.tally_table import TallyTable
 
 log = logging.getLogger("compactor.worker")
+
+
+class ControlPorts(Protocol):
+    """What control events use of the runtime (``streams.worker.runtime``)."""
+
+    @property
+    def tallies(self) -> TallySource: ...
 
 
 @dataclass(frozen=True)
 class Subject:
     """The conversation a control event is about: its table entry as found, the
     store's counts if they were read for it (an entry written with them is
-    synced), and the store."""
+    synced), and the store's counts to read more with."""
 
     key: str
     tally: ConversationTally
     totals: StoreTotals | None
     partition: int
     epoch: int  # the partition's when the event was read: a put after a revoke is refused
-    store: WorkerStore
+    tallies: TallySource
 
 
 class Control:
@@ -65,7 +71,7 @@ class Control:
         *,
         budget: BudgetConfig,
         command_timeout_seconds: float,
-        runtime: Runtime,
+        runtime: ControlPorts,
         table: TallyTable,
         commands: Commands,
         eraser: Eraser,
@@ -81,21 +87,21 @@ class Control:
         self._issued = issued
         self._clock = clock
 
-    async def apply(self, record: Record) -> set[str]:
-        """The conversation keys whose entry changed."""
-        event = decode_control(record)
+    async def apply(self, event: AnyControl, partition: int) -> set[str]:
+        """The conversation keys whose entry changed; ``partition``: where the event
+        was read."""
         key = event.conversation_key
-        epoch = self._table.epoch(record.partition)
+        epoch = self._table.epoch(partition)
         tally, totals = self._table.get(key), None
-        store = self._runtime.store  # until the worker opened it: StoreUnavailable, waited out
+        tallies = self._runtime.tallies  # until the worker opened it: StoreUnavailable, waited out
         now = self._clock()
         if tally is None:
-            totals = (await store.totals_of([key]))[key]
+            totals = (await tallies.totals_of([key]))[key]
             if totals.rows == 0:
                 await self._nothing_stored(event, totals)
                 return set()
             tally = rebuilt(key, totals.tokens, totals.rows, totals.epoch)
-        subject = Subject(key, tally, totals, record.partition, epoch, store)
+        subject = Subject(key, tally, totals, partition, epoch, tallies)
         match event:
             case CompactionCompleted():
                 return await self._completed(event, subject, now)
@@ -203,12 +209,12 @@ class Control:
         totals: StoreTotals | None,
         reason: IssueReason,
     ) -> None:
-        last_seq = totals.last_seq if totals else await subject.store.last_seq(subject.key)
+        last_seq = totals.last_seq if totals else await subject.tallies.last_seq(subject.key)
         await self._commands.send(tally, last_seq, reason)
 
 
 async def _totals(subject: Subject) -> StoreTotals:
-    return (await subject.store.totals_of([subject.key]))[subject.key]
+    return (await subject.tallies.totals_of([subject.key]))[subject.key]
 
 
 def completion_of(event: CompactionCompleted) -> Completion:

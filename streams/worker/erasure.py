@@ -12,17 +12,27 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Protocol
 
 from core.domain.erasure import merged_offsets
 from core.ports.publisher import Publisher
-from core.ports.storage import EraseOutcome, Erasure, StoreTotals
+from core.ports.storage import CompactionLedger, EraseOutcome, Erasure, PrivacyStore, StoreTotals
 from streams.events import CompactionCompleted, EraseCompleted, EraseRequest
 from streams.metrics import Metrics
 from streams.worker.records import Record, decode_erase
-from streams.worker.runtime import Runtime
 from streams.worker.tally_table import TallyTable
 
 log = logging.getLogger("compactor.worker")
+
+
+class ErasurePorts(Protocol):
+    """What erasing uses of the runtime (``streams.worker.runtime``)."""
+
+    @property
+    def privacy(self) -> PrivacyStore: ...
+
+    @property
+    def compactions(self) -> CompactionLedger: ...
 
 
 class ConsumedOffsets:
@@ -46,7 +56,7 @@ class Eraser:
     def __init__(
         self,
         *,
-        runtime: Runtime,
+        runtime: ErasurePorts,
         table: TallyTable,
         publisher: Publisher,
         metrics: Metrics,
@@ -74,7 +84,7 @@ class Eraser:
         The mark covers the messages topic up to the request's end offsets and,
         on ``partition``, up to what this worker had consumed."""
         conversation_id = request.conversation_key
-        outcome = await self._runtime.store.erase_conversation(
+        outcome = await self._runtime.privacy.erase_conversation(
             conversation_id, self._erasure(request, partition)
         )
         self._table.delete(conversation_id, partition=partition)
@@ -120,7 +130,7 @@ class Eraser:
         on the control topic never erases."""
         if completed.status != "compacted" or totals.epoch == 0:
             return
-        if await self._runtime.store.compaction_applied(completed.compaction_id):
+        if await self._runtime.compactions.compaction_applied(completed.compaction_id):
             return
         await self._publisher.publish("clip_archives", completed.conversation_key.encode(), None)
         log.info(

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from core.domain.budget import BudgetConfig
-from core.domain.tally import on_message, on_resync
+from core.domain.tally import on_messages, on_resync
 from core.domain.tokens import estimate_message_tokens
-from core.ports.storage import IncomingMessage, SaveOutcome, StoreTotals
+from core.ports.storage import IncomingMessage, IngestStore, SaveOutcome, StoreTotals, TallySource
 from streams.events import CompactionCommand, MessageEvent
 from streams.metrics import Metrics
 from streams.worker.commands import Commands
@@ -24,11 +25,20 @@ from streams.worker.dead_letters import SendDeadLetter
 from streams.worker.erasure import ConsumedOffsets
 from streams.worker.producers import ProducerPolicy
 from streams.worker.records import InvalidRecord, Record, decode_message
-from streams.worker.runtime import Runtime
 from streams.worker.tally_table import TallyTable
 
 # One message of a group as stored: its record, what was stored and how it went.
 Stored = tuple[Record, IncomingMessage, SaveOutcome]
+
+
+class IngestPorts(Protocol):
+    """What ingest uses of the runtime (``streams.worker.runtime``)."""
+
+    @property
+    def ingest(self) -> IngestStore: ...
+
+    @property
+    def tallies(self) -> TallySource: ...
 
 
 def message_tokens(event: MessageEvent) -> int:
@@ -45,7 +55,7 @@ class Ingest:
         budget: BudgetConfig,
         max_content_chars: int,
         producers: ProducerPolicy,
-        runtime: Runtime,
+        runtime: IngestPorts,
         table: TallyTable,
         commands: Commands,
         dead_letter: SendDeadLetter,
@@ -71,8 +81,7 @@ class Ingest:
         Returns the conversation keys counted."""
         epochs = {record.partition: self._table.epoch(record.partition) for record in records}
         decoded, letters = self._decode(records)
-        store = self._runtime.store
-        outcomes = await store.save_messages([incoming for _, incoming in decoded])
+        outcomes = await self._runtime.ingest.save_messages([incoming for _, incoming in decoded])
         groups = self._by_conversation(decoded, outcomes)
         resync = [
             conversation_id
@@ -80,7 +89,7 @@ class Ingest:
             if not self._table.synced(conversation_id)
             or any(outcome.status == "duplicate" for _, _, outcome in items)
         ]
-        totals = await store.totals_of(resync) if resync else {}
+        totals = await self._runtime.tallies.totals_of(resync) if resync else {}
         now = self._clock()
         commands = [
             command
@@ -152,11 +161,9 @@ class Ingest:
             last_seq = totals.last_seq
         else:
             assert tally is not None  # synced entries are cached
-            issue, last_seq = False, None
-            for _, incoming, outcome in items:  # all inserted: a duplicate means a resync
-                tally, issued = on_message(tally, incoming.tokens, self._budget, now)
-                if issued:  # as if alone: the command covers up to the message that crossed
-                    issue, last_seq = True, outcome.seq
+            # All inserted: a duplicate means a resync.
+            arrived = [(incoming.tokens, outcome.seq) for _, incoming, outcome in items]
+            tally, issue, last_seq = on_messages(tally, arrived, self._budget, now)
         partition = items[-1][0].partition
         if not self._table.put(
             tally, partition=partition, synced=totals is not None or None, epoch=epochs[partition]

@@ -1,10 +1,10 @@
-"""The events a compaction publishes, and the relay that publishes them.
+"""The relay that publishes the events a compaction wrote to the outbox.
 
-They are built before the compaction is written (``compaction_outbox``, a
-pure function), written to the outbox in its own transaction, then relayed
-to Kafka: a crash between commit and publish loses nothing, because a
-replayed command republishes them and the relay timer publishes whatever is
-left unpublished.
+They are built before the compaction is written
+(``streams.worker.compaction_events``), written to the outbox in its own
+transaction, then relayed to Kafka: a crash between commit and publish loses
+nothing, because a replayed command republishes them and the relay timer
+publishes whatever is left unpublished.
 """
 
 from __future__ import annotations
@@ -12,137 +12,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from datetime import datetime
+from typing import Protocol
 
-from core.domain.clip_archive import is_clip_archive
-from core.domain.compaction import CompactionPlan, StoredTokens
-from core.domain.messages import ConversationMessage
 from core.ports.publisher import Publisher
 from core.ports.storage import (
-    CompactionInputs,
-    CompactionOutbox,
     OutboxRecord,
     OutboxRow,
     OutboxStore,
 )
-from streams.events import (
-    BatchInfo,
-    ClipArchiveEvent,
-    CompactionCommand,
-    CompactionCompleted,
-    public_message,
-)
 from streams.metrics import Metrics
-from streams.worker.runtime import Runtime
 
 log = logging.getLogger("compactor.worker")
 
 
-def clip_archive_event(
-    command: CompactionCommand,
-    history: Sequence[ConversationMessage],
-    plan: CompactionPlan,
-    created: datetime,
-) -> ClipArchiveEvent:
-    deleted = set(plan.deleted_message_ids)
-    clip = plan.clip_archive
-    return ClipArchiveEvent(
-        compaction_id=plan.compaction_id,
-        conversation_id=command.conversation_id,
-        tenant_id=command.tenant_id,
-        generation=command.generation,
-        clip_archive=None if clip is None else public_message(clip),
-        kept_message_ids=(
-            *(m.id for m in history if m.id not in deleted),
-            *plan.restored_message_ids,
-        ),
-        compressed_message_ids=tuple(
-            m.id for m in history if m.id in deleted and not is_clip_archive(m)
-        ),
-        batches=tuple(
-            BatchInfo(
-                id=b.id,
-                label=b.label,
-                depth=b.batch.depth,
-                start_time=b.batch.start_time,
-                end_time=b.batch.end_time,
-                message_count=b.batch.message_count,
-                superseded_by=b.superseded_by,
-                specifics=b.batch.ledger,
-            )
-            for b in plan.new_batches
-        ),
-        tokens_before=plan.tokens_estimate_before,
-        tokens_after=plan.tokens_estimate_after,
-        created_at=created,
-        usage=plan.usage,
-        action=command.action,
-        request_id=command.request_id,
-        restored_message_ids=plan.restored_message_ids,
-        not_restored_message_ids=plan.not_restored_message_ids,
-    )
+class OutboxPorts(Protocol):
+    """What the relay uses of the runtime (``streams.worker.runtime``)."""
 
-
-def completion(
-    command: CompactionCommand,
-    completed_at: datetime,
-    plan: CompactionPlan | None = None,
-    tokens: StoredTokens | None = None,
-) -> CompactionCompleted:
-    """The ``CompactionCompleted`` for ``command``: ``compacted`` with the stored
-    token counts ``plan`` removes and adds, or ``noop`` (no plan) with zeros."""
-    if plan is None or tokens is None:
-        return CompactionCompleted(
-            compaction_id=command.compaction_id,
-            conversation_id=command.conversation_id,
-            tenant_id=command.tenant_id,
-            generation=command.generation,
-            status="noop",
-            messages_compressed=0,
-            rows_removed=0,
-            rows_added=0,
-            tokens_removed=0,
-            tokens_added=0,
-            completed_at=completed_at,
-        )
-    return CompactionCompleted(
-        compaction_id=plan.compaction_id,
-        conversation_id=command.conversation_id,
-        tenant_id=command.tenant_id,
-        generation=command.generation,
-        status="compacted",
-        messages_compressed=plan.messages_compressed,
-        rows_removed=len(plan.deleted_message_ids),
-        rows_added=(plan.clip_archive is not None) + len(plan.restored_message_ids),
-        tokens_removed=tokens.removed,
-        tokens_added=tokens.added,
-        completed_at=completed_at,
-    )
-
-
-def compaction_outbox(
-    command: CompactionCommand,
-    inputs: CompactionInputs,
-    plan: CompactionPlan,
-    created_at: datetime,
-) -> CompactionOutbox:
-    """What a compaction publishes once committed: its clip-archive event and its
-    completion, built before the write. The completion carries the stored token
-    counts the plan removes and adds (the store checks them as it writes), so
-    the accounting agent's tally moves by exactly what was written."""
-    tokens = StoredTokens.of(plan, inputs.stored_tokens)
-    completed = completion(command, created_at, plan, tokens)
-    clip_event = clip_archive_event(command, inputs.history, plan, created_at)
-    # The clip-archives topic is log-compacted by conversation key (one latest
-    # event per (tenant, id)); the control topic is co-partitioned with the
-    # messages topic, so its key is the producer's id.
-    records = (
-        OutboxRecord(topic="clip_archives", key=plan.conversation_id, payload=clip_event.to_json()),
-        OutboxRecord(
-            topic="control", key=command.conversation_id, payload=completed.model_dump_json()
-        ),
-    )
-    return CompactionOutbox(records, tokens)
+    @property
+    def outbox(self) -> OutboxStore: ...
 
 
 class OutboxRelay:
@@ -171,7 +58,7 @@ class OutboxRelay:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: OutboxPorts,
         publisher: Publisher,
         metrics: Metrics,
         *,
@@ -188,7 +75,7 @@ class OutboxRelay:
         them, so nothing is read back: one round trip fewer before the
         clip-archive is out), then mark its rows published."""
         await self._send(records)
-        await self._runtime.store.mark_compaction_published(compaction_id)
+        await self._runtime.outbox.mark_compaction_published(compaction_id)
 
     async def republish(self, compaction_id: str) -> int:
         """A command came back for an applied compaction (redelivered after a
@@ -203,7 +90,7 @@ class OutboxRelay:
         every copy is work and noise for each of them (a kill soak published
         54 % more clip-archives than compactions when they were all re-sent).
         """
-        store = self._runtime.store
+        store = self._runtime.outbox
         rows = [
             row
             for row in await store.outbox_rows(compaction_id)
@@ -214,7 +101,7 @@ class OutboxRelay:
     async def drain(self) -> int:
         """The timer's pass: rows older than the grace, left unpublished by a crash
         or a failed send between commit and publish."""
-        store = self._runtime.store
+        store = self._runtime.outbox
         async with self._timer:
             rows = await store.pending_outbox(older_than_seconds=self._grace_seconds, limit=500)
             published = 0

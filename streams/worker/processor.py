@@ -4,10 +4,14 @@ Commands reach ``CommandIntake`` from the commands topic; the scheduler runs
 them concurrently across conversations (one at a time per conversation) and
 acks each in offset order once it and every earlier command have finished.
 ``Processor.compact`` is idempotent by compaction id: a replayed command
-republishes its compaction's events instead of compacting again. The
-compactor only plans; the processor builds the plan's events before the write
-(``streams.worker.outbox.compaction_outbox``, from what the store read), writes
-both in one ``apply_compaction`` call and publishes them.
+republishes its compaction's events instead of compacting again.
+
+The processor is glue; each step is another module's: the inputs
+(``CompactionInputsReader``, one round trip), whether the conversation is
+still due (``core.domain.budget``), the plan (the ``Compactor``, which only
+plans), its events, built before the write from what the store read
+(``streams.worker.compaction_events``), the write of both in one transaction
+(``CompactionStore.apply_compaction``), and their relay (``OutboxRelay``).
 """
 
 from __future__ import annotations
@@ -18,31 +22,46 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from core.compaction.attempt import failure_kind
 from core.domain.budget import BudgetConfig, compaction_due
 from core.domain.compaction import CompactionPlan, Failed, Planned, PlanOutcome, Unchanged
 from core.domain.messages import ConversationMessage
+from core.ports.compactor import Compactor
 from core.ports.publisher import Publisher
 from core.ports.storage import (
     AlreadyApplied,
     Applied,
     CompactionInputs,
+    CompactionInputsReader,
     CompactionOutbox,
+    CompactionStore,
     HistoryConflictError,
-    MessageStore,
 )
 from streams.events import CompactionCommand
 from streams.metrics import Metrics
+from streams.worker.compaction_events import compaction_outbox, completion
 from streams.worker.dead_letters import DeadLetters
-from streams.worker.outbox import OutboxRelay, compaction_outbox, completion
+from streams.worker.outbox import OutboxRelay
 from streams.worker.records import InvalidRecord, Record, decode_command
-from streams.worker.runtime import Runtime
 from streams.worker.scheduler import CompactionScheduler
 from streams.worker.tenant_budget import TenantBudgets
 
 log = logging.getLogger("compactor.worker")
+
+
+class CompactionPorts(Protocol):
+    """What the processor uses of the runtime (``streams.worker.runtime``)."""
+
+    @property
+    def history(self) -> CompactionInputsReader: ...
+
+    @property
+    def compactions(self) -> CompactionStore: ...
+
+    @property
+    def compactor(self) -> Compactor: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +117,7 @@ class Processor:
     def __init__(
         self,
         *,
-        runtime: Runtime,
+        runtime: CompactionPorts,
         publisher: Publisher,
         relay: OutboxRelay,
         metrics: Metrics,
@@ -146,7 +165,7 @@ class Processor:
         return datetime.fromtimestamp(self._clock(), UTC)
 
     async def _compact_once(self, command: CompactionCommand) -> CommandOutcome:
-        inputs = await self._runtime.store.compaction_inputs(
+        inputs = await self._runtime.history.compaction_inputs(
             command.compaction_id, command.conversation_key, up_to_seq=command.up_to_seq
         )
         if inputs.applied:
@@ -173,7 +192,7 @@ class Processor:
         self._metrics.llm_tokens.labels("input").inc(planned.llm_input_tokens)
         self._metrics.llm_tokens.labels("output").inc(planned.llm_output_tokens)
         outbox = compaction_outbox(command, inputs, planned.plan, self._now())
-        written = await write_plan(self._runtime.store, planned.plan, outbox)
+        written = await write_plan(self._runtime.compactions, planned.plan, outbox)
         return _Written(planned, outbox) if isinstance(written, Applied) else written
 
     async def _ask_compactor(
@@ -281,7 +300,7 @@ class Processor:
 
 
 async def write_plan(
-    store: MessageStore, plan: CompactionPlan, outbox: CompactionOutbox | None = None
+    store: CompactionStore, plan: CompactionPlan, outbox: CompactionOutbox | None = None
 ) -> Applied | AlreadyApplied | Failed:
     """Write ``plan`` (and ``outbox``) in one transaction. On any failure the
     history stays exactly as it was and ``Failed`` says why."""

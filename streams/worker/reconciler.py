@@ -29,10 +29,10 @@ from core.domain.budget import BudgetConfig, compaction_due
 from core.domain.tally import reconcile_due
 from core.domain.tenancy import ConversationRef
 from core.ports.publisher import Publisher, RecordPosition
+from core.ports.storage import RawTurnRetention, TallySource
 from streams.events import ReconcileRequest
 from streams.metrics import Metrics
 from streams.worker.issued_commands import IssuedCommand, IssuedCommands
-from streams.worker.runtime import Runtime
 from streams.worker.tally_table import TallyTable
 
 log = logging.getLogger("compactor.worker")
@@ -63,6 +63,16 @@ class CommandBacklog(Protocol):
     async def close(self) -> None: ...
 
 
+class ReconcilerPorts(Protocol):
+    """What reconciliation uses of the runtime (``streams.worker.runtime``)."""
+
+    @property
+    def tallies(self) -> TallySource: ...
+
+    @property
+    def archive(self) -> RawTurnRetention: ...
+
+
 class Reconciler:
     def __init__(
         self,
@@ -72,7 +82,7 @@ class Reconciler:
         budget: BudgetConfig,
         interval_seconds: float,
         command_timeout_seconds: float,
-        runtime: Runtime | None = None,
+        runtime: ReconcilerPorts | None = None,
         owns: Callable[[str], bool] = lambda _: True,  # by conversation key
         clock: Callable[[], float] = time.time,
         ready: Callable[[], bool] = lambda: True,
@@ -157,12 +167,13 @@ class Reconciler:
             self._metrics.resends_held.inc(len(queued))
         return queued
 
-    async def _check_against_store(self, runtime: Runtime, now: float) -> int:
+    async def _check_against_store(self, runtime: ReconcilerPorts, now: float) -> int:
         """Conversations the store has over budget that the table does not (or lacks)."""
         try:
-            store = runtime.store
-            over = await store.conversations_over(self._budget.trigger_tokens)
-            await store.expire_raw_turns()  # [archive].raw_retention_days; logs its own errors
+            over = await runtime.tallies.conversations_over(self._budget.trigger_tokens)
+            await (
+                runtime.archive.expire_raw_turns()
+            )  # [archive].raw_retention_days; logs its own errors
         except Exception as error:  # the database may be away: next pass
             log.warning("reconciliation could not ask the store: %s", error)
             return 0

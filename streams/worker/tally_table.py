@@ -10,6 +10,10 @@ against it since it got the partition is resynced from the store on first
 touch (``synced``), so an entry restored stale from the changelog is repaired
 before it is trusted.
 
+Because the table is written late, a message's offset is acked only once the
+entry it changed is flushed (``AcksAfterFlush``): what is acked is in the
+changelog.
+
 The cache also keeps the reconciliation index: the entries reconciliation
 can act on (a command outstanding, or over budget and not stalled), so a
 pass costs what it can do, not the size of the table. The index is rebuilt by
@@ -297,3 +301,41 @@ class TallyTable:
             yield from self._table.items()
         except RuntimeError:  # changed during the iteration: fall back to a copy
             yield from list(self._table.items())
+
+
+class AcksAfterFlush:
+    """Acks a group's events once the table entries they changed are flushed.
+
+    The table is written behind (``TallyTable.flush``), and Faust commits an
+    acked offset within a second: acked at once, a kill -9 between the commit
+    and the flush left the changelog a message short of PostgreSQL, for good
+    if the conversation got no further message (the new owner restores the
+    entry and never reads that message again). Held until the flush, the
+    events are read again after a kill, found stored, and the entry resynced.
+    Faust flushes its producer (changelog records included) before it commits.
+    """
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+        self._pending: list[tuple[Any, Any]] = []
+
+    def hold(self, stream: Any, events: list[Any], skip: set[int]) -> None:
+        """Events of partitions in ``skip`` (revoked meanwhile) are never acked."""
+        self._pending.extend((stream, e) for e in events if e.message.partition not in skip)
+
+    async def settle(self, *, force: bool = False) -> int:
+        """Flush if due (or ``force``), then ack what the flush made durable."""
+        if not (force or self._table.flush_due()):
+            return 0
+        self._table.flush(force=True)
+        pending, self._pending = self._pending, []
+        for stream, event in pending:
+            await stream.ack(event)
+        return len(pending)
+
+    def drop(self, partitions: set[int]) -> None:
+        """Revoked: their new owner reads these events again."""
+        self._pending = [(s, e) for s, e in self._pending if e.message.partition not in partitions]
+
+    def __len__(self) -> int:
+        return len(self._pending)

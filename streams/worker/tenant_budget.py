@@ -15,12 +15,20 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime
+from typing import Protocol
 
 from core.domain.tenancy import tenant_of
+from core.ports.storage import UsageStore
 from streams.metrics import Metrics
-from streams.worker.runtime import Runtime
 
 log = logging.getLogger("compactor.worker")
+
+
+class UsagePorts(Protocol):
+    """What tenant budgets use of the runtime (``streams.worker.runtime``)."""
+
+    @property
+    def usage(self) -> UsageStore: ...
 
 
 def day_start(moment: datetime) -> datetime:
@@ -35,7 +43,7 @@ class TenantBudgets:
     def __init__(
         self,
         limits: Mapping[str, int | None],
-        runtime: Runtime,
+        runtime: UsagePorts,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -53,7 +61,7 @@ class TenantBudgets:
         if tenant is None or limit is None:
             return False
         start = day_start(datetime.fromtimestamp(self._clock(), UTC))
-        used = await self._runtime.store.tenant_llm_tokens(tenant, start)
+        used = await self._runtime.usage.tenant_llm_tokens(tenant, start)
         if used < limit:
             return False
         self._metrics.tenant_budget_fallbacks.inc()

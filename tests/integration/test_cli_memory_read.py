@@ -15,7 +15,9 @@ import pytest
 from core.adapters.postgres.store import PostgresStore
 from streams import cli
 from streams.http.bodies import BatchPage, HistoryPage, SearchResult
-from tests.integration.test_postgres_store import archive, msg
+from tests.integration.test_postgres_store import archive
+from tests.support.plans import msg
+from tests.support.stores import saved
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +34,7 @@ async def test_memory_read_needs_a_scope_or_all(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     for conversation in ("acme/conv-acme", "globex/conv-globex"):
-        assert await pg_store.save_message(msg(0, conversation_id=conversation), 5)
+        assert await saved(pg_store, msg(0, conversation_id=conversation), 5)
         await archive(
             pg_store,
             f"cmp-{conversation}",
@@ -75,7 +77,7 @@ async def test_reads_from_postgresql_print_the_http_apis_bodies_with_json(
     """The operator's path (no worker) prints what the views answer: the same models."""
     conversation = "acme/conv-json"
     for i in range(3):
-        assert await pg_store.save_message(msg(i, conversation_id=conversation), 5)
+        assert await saved(pg_store, msg(i, conversation_id=conversation), 5)
     (batch,) = await archive(
         pg_store, "cmp-json", ["kafka rebalance notes"], conversation_id=conversation
     )
@@ -87,7 +89,7 @@ async def test_reads_from_postgresql_print_the_http_apis_bodies_with_json(
     page = HistoryPage.model_validate_json(capsys.readouterr().out)
     assert page.tenant_id == "acme" and page.conversation_id == "conv-json"
     assert [m.id for m in page.messages] == [
-        m.id for m in await pg_store.load_history(conversation)
+        m.id for m in await pg_store.history.load_history(conversation)
     ]
     assert page.next_cursor is None
 

@@ -14,7 +14,7 @@ import pytest
 from core.adapters.llm.anthropic import AnthropicProvider
 from core.adapters.llm.openai_compat import OpenAICompatProvider
 from core.adapters.postgres.store import PostgresStore
-from core.domain.budget import BudgetConfig, needs_compaction
+from core.domain.budget import BudgetConfig, compaction_due
 from core.domain.clip_archive import is_clip_archive, parse_clip_archive
 from core.domain.compaction import CompactionConfig
 from core.domain.messages import ConversationMessage, ToolCall
@@ -31,6 +31,7 @@ from tests.support.llm_server import (
     Reply,
     ServerError,
 )
+from tests.support.stores import saved, totals
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def conversation(n: int, conv: str = "conv-1", start: int = 0) -> list[Conversat
 
 async def seed(store: PostgresStore, msgs: list[ConversationMessage]) -> None:
     for m in msgs:
-        await store.save_message(m, estimate_message_tokens(m))
+        await saved(store, m, estimate_message_tokens(m))
 
 
 def make(
@@ -133,7 +134,7 @@ async def test_over_budget_history_is_compressed__context_compaction_AC1_1(
     msgs = conversation(12)
     await seed(pg_store, msgs)
     budget = BudgetConfig(context_budget=0.5, model_max_tokens=600)
-    assert needs_compaction(msgs, budget)
+    assert compaction_due(estimate_history_tokens(msgs), budget)
     result = await make(pg_store, llm).compress(msgs, "conv-1")
     assert not result.failed
     assert result.batches_created >= 1
@@ -144,7 +145,7 @@ async def test_over_budget_history_is_compressed__context_compaction_AC1_1(
         == estimate_history_tokens(result.history)
         < result.tokens_estimate_before
     )
-    assert not needs_compaction(result.history, budget)
+    assert not compaction_due(estimate_history_tokens(result.history), budget)
 
 
 async def test_messages_are_chunked_by_chunk_size__context_compaction_AC1_2(
@@ -214,7 +215,7 @@ async def test_recent_messages_kept_verbatim__context_compaction_AC1_6(
     await seed(pg_store, msgs)
     result = await make(pg_store, llm, keep_recent=3).compress(msgs, "conv-1")
     assert result.history[1:] == tuple(msgs[-3:])
-    assert (await pg_store.load_history("conv-1"))[1:] == msgs[-3:]
+    assert (await pg_store.history.load_history("conv-1"))[1:] == msgs[-3:]
 
 
 @pytest.mark.parametrize(
@@ -225,7 +226,7 @@ async def test_failed_model_call_leaves_history_unchanged__context_compaction_AC
 ) -> None:
     msgs = conversation(12)
     await seed(pg_store, msgs)
-    before = await pg_store.load_history("conv-1")
+    before = await pg_store.history.load_history("conv-1")
     # The first chunk succeeds; the second fails on every attempt.
     llm.enqueue(Reply(text="chunk one summary"), failure, failure, failure)
     result = await make(pg_store, llm, max_retries=2).compress(msgs, "conv-1")
@@ -233,7 +234,7 @@ async def test_failed_model_call_leaves_history_unchanged__context_compaction_AC
     assert result.history == tuple(msgs)
     assert (result.batches_created, result.messages_compressed) == (0, 0)
     assert result.tokens_estimate_after == result.tokens_estimate_before
-    assert await pg_store.load_history("conv-1") == before
+    assert await pg_store.history.load_history("conv-1") == before
     assert await counts(pg_store) == (12, 0, 0)
 
 
@@ -257,7 +258,7 @@ async def test_clip_archive_is_first_system_message__context_compaction_AC3_3(
     result = await make(pg_store, llm).compress(msgs, "conv-1")
     clip = result.history[0]
     assert clip.role == "system" and is_clip_archive(clip)
-    stored = await pg_store.load_history("conv-1")
+    stored = await pg_store.history.load_history("conv-1")
     assert stored[0] == clip
     parsed = parse_clip_archive(clip.content)
     assert (parsed.messages_compressed, parsed.cycles, parsed.total_batches) == (10, 1, 4)
@@ -290,7 +291,7 @@ async def test_archived_batches_found_by_memory_read__context_compaction_AC4_3(
         Reply(text="The team agreed to move the payments deploy to Tuesday because of the freeze.")
     )
     await make(pg_store, llm, chunk_size=10).compress(msgs, "conv-1")
-    found = await pg_store.memory_read("payments freeze", conversation_id="conv-1")
+    found = await pg_store.memory.memory_read("payments freeze", conversation_id="conv-1")
     assert found.hits and "Tuesday" in found.hits[0].content
     assert found.hits[0].label.startswith("compaction-batch-conv-1-")
 
@@ -314,7 +315,7 @@ async def test_repeated_cycles_resummarize_and_keep_counting(
     assert (
         clip.messages_compressed == 16
     )  # 4 + (2 + 4 + 2)... every compressed original message once
-    live = await pg_store.live_batches("conv-1")
+    live = await pg_store.archive.live_batches("conv-1")
     assert len(live) <= 1 + 1 + 1
     assert max(b.batch.depth for b in live) >= 1
     assert sum(b.batch.message_count for b in live) == 16
@@ -335,7 +336,7 @@ async def test_repeated_cycles_resummarize_and_keep_counting(
         )
     assert superseded >= 2
     # only one clip-archive row survives
-    stored = await pg_store.load_history("conv-1")
+    stored = await pg_store.history.load_history("conv-1")
     assert sum(is_clip_archive(m) for m in stored) == 1
 
 
@@ -533,7 +534,7 @@ def at_the_cap(request: Any) -> str:
 
 
 async def stored_total(store: PostgresStore, conv: str = "conv-1") -> int:
-    return await store.conversation_token_total(conv)
+    return (await totals(store, conv)).tokens
 
 
 async def test_every_cycle_leaves_the_history_under_the_target(pg_store: PostgresStore) -> None:
@@ -559,14 +560,14 @@ async def test_every_cycle_leaves_the_history_under_the_target(pg_store: Postgre
             assert not result.failed and not result.over_target, result.reason
             assert result.tokens_estimate_after <= 960
             assert await stored_total(pg_store) == result.tokens_estimate_after
-            history = await pg_store.load_history("conv-1")
+            history = await pg_store.history.load_history("conv-1")
             assert history == list(result.history)
             fitted = [r for r in server.requests_to(ANTHROPIC_PATH) if r.body["max_tokens"] < 1024]
             assert fitted, "the clip-archive was re-summarised at a smaller max_tokens"
             server.reset()
     clip = parse_clip_archive(history[0].content)
     assert (clip.cycles, clip.messages_compressed, clip.total_batches) == (3, 33, 1)
-    live = await pg_store.live_batches("conv-1")
+    live = await pg_store.archive.live_batches("conv-1")
     assert len(live) == 1 and live[0].id.endswith(":fitted")
     assert sum(b.batch.message_count for b in live) == 33
     async with pg_store.pool.acquire() as conn:
@@ -575,7 +576,7 @@ async def test_every_cycle_leaves_the_history_under_the_target(pg_store: Postgre
         )
         total = await conn.fetchval("SELECT count(*) FROM archival_memory")
     assert superseded == total - 1  # every earlier batch is still searchable
-    found = await pg_store.memory_read("payments freeze", conversation_id="conv-1")
+    found = await pg_store.memory.memory_read("payments freeze", conversation_id="conv-1")
     assert found.hits
 
 
@@ -598,6 +599,6 @@ async def test_a_history_left_over_budget_is_refitted_on_its_next_command(
     assert not result.failed and not result.over_target, result.reason
     assert (result.messages_compressed, result.batches_created) == (0, 1)
     assert await stored_total(pg_store) == result.tokens_estimate_after <= 1600
-    assert await pg_store.load_history("conv-1") == list(result.history)
+    assert await pg_store.history.load_history("conv-1") == list(result.history)
     assert result.history[1:] == stuck.history[1:]
     assert await counts(pg_store) == (3, 4, 2)  # clip + 2 kept; 3 batches + the fitted one

@@ -160,9 +160,9 @@ async def test_memory_read_finds_a_paraphrase_with_the_local_embedder(
         tokens_estimate_after=0,
     )
     plan = await with_embeddings(store.embedder, plan, ())  # as the compactor embeds
-    assert await store.apply_compaction(plan) == Applied()
+    assert await store.compactions.apply_compaction(plan) == Applied()
 
-    result = await store.memory_read("vehicle repair", limit=1)
+    result = await store.memory.memory_read("vehicle repair", limit=1)
 
     assert result.mode == "hybrid"
     assert result.hits[0].batch_id == "cmp-1:0"

@@ -16,7 +16,8 @@ from core.adapters.postgres import memory as pg_memory
 from core.adapters.postgres.store import PostgresStore
 from core.domain.messages import ConversationMessage
 from core.ports.storage import Applied
-from tests.integration.test_postgres_store import make_plan, msg, save_all, stored
+from tests.support.plans import make_plan, msg, save_all, stored
+from tests.support.stores import saved
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +42,7 @@ async def compact(
     """Store ``texts`` as turns of ``conversation`` and compact all of them."""
     messages = [msg(first + i, text, conversation_id=conversation) for i, text in enumerate(texts)]
     for m in messages:
-        assert await store.save_message(m, 5)  # a key "acme/c1" is tenant acme's
+        assert await saved(store, m, 5)  # a key "acme/c1" is tenant acme's
     batches = [
         stored(
             compaction,
@@ -58,7 +59,7 @@ async def compact(
     )
     deleted = [m.id for m in messages] + ([previous] if previous else [])
     plan = make_plan(compaction, batches, deleted, conversation_id=conversation)
-    assert await store.apply_compaction(plan) == Applied()
+    assert await store.compactions.apply_compaction(plan) == Applied()
     return messages
 
 
@@ -105,7 +106,7 @@ async def test_figures_kept_by_compaction_and_retention_equal_a_rebuild(
         "WHERE conversation_id = 'conv-b' OR compaction_id = 'conv-a-c1'",
         datetime.now(UTC) - timedelta(days=31),
     )
-    assert await store.expire_raw_turns() == 33
+    assert await store.archive.expire_raw_turns() == 33
     after = await figures(store)
     assert [row[:2] for row in after[0]] == [("conv-a", 9)]
     assert {row[0] for row in after[1]} == {"conv-a"}
@@ -204,7 +205,7 @@ async def test_raw_turns_rank_by_bm25_as_a_reference_computes_it(
 
     for _ in range(25):
         question = rng.sample(COMMON, rng.randint(0, 2)) + rng.sample(RARE, rng.randint(1, 2))
-        result = await pg_store.memory_read(
+        result = await pg_store.memory.memory_read(
             " ".join(question),
             conversation_id="acme/c1" if scope == "conversation" else None,
             tenant_id="acme" if scope == "tenant" else None,
@@ -242,9 +243,9 @@ async def test_the_best_turn_comes_first_even_when_its_batch_summary_ranks_low(
         ],
         [m.id for m in messages],
     )
-    assert await pg_store.apply_compaction(plan) == Applied()
+    assert await pg_store.compactions.apply_compaction(plan) == Applied()
 
-    result = await pg_store.memory_read("when does the ferry to Porto leave", limit=1)
+    result = await pg_store.memory.memory_read("when does the ferry to Porto leave", limit=1)
 
     assert [h.batch_id for h in result.hits] == ["cmp-1:0"]  # its summary wins the batches
     assert [t.message_id for t in result.turns] == [messages[3].id]  # the turn wins the turns
@@ -257,9 +258,9 @@ async def test_each_hit_and_turn_says_why_it_matched(pg_store: PostgresStore) ->
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "Overdue invoices, harbour.", messages)], ["conv-a-m000"]
     )
-    assert await pg_store.apply_compaction(plan) == Applied()
+    assert await pg_store.compactions.apply_compaction(plan) == Applied()
 
-    result = await pg_store.memory_read("Which invoice is overdue?")
+    result = await pg_store.memory.memory_read("Which invoice is overdue?")
 
     hit = result.hits[0]
     assert [(m.via, m.rank, m.terms) for m in hit.matches] == [
@@ -280,7 +281,7 @@ async def test_turns_with_the_same_text_are_collapsed_into_the_latest(
     texts = ["Did I mention the piano lesson?"] * 6 + ["The piano lesson is on 3 June."]
     messages = await compact(pg_store, "conv-a", "cmp-1", texts, 0)
 
-    result = await pg_store.memory_read("When is the piano lesson?", limit=5)
+    result = await pg_store.memory.memory_read("When is the piano lesson?", limit=5)
 
     assert [t.message_id for t in result.turns] == [messages[5].id, messages[6].id]
     assert [t.duplicates for t in result.turns] == [5, 0]
@@ -295,7 +296,7 @@ async def test_a_question_with_matching_words_never_comes_back_empty(
     vocabulary = sorted({w for t in texts for w in t.split()[:-1]} - {"and", "the", "we"})
     for word in vocabulary:
         for sources in ("both", "raw"):
-            result = await pg_store.memory_read(
+            result = await pg_store.memory.memory_read(
                 f"what about {word}?",
                 conversation_id="conv-a",
                 sources=sources,  # type: ignore[arg-type]

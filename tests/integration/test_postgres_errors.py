@@ -14,15 +14,26 @@ import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
+from typing import Any, cast
 
 import asyncpg
 import pytest
 
+from core.adapters.postgres.archive import PostgresArchive
+from core.adapters.postgres.compaction import PostgresCompactions
+from core.adapters.postgres.history import PostgresHistory
+from core.adapters.postgres.ingest import PostgresIngest
+from core.adapters.postgres.memory import PostgresMemory
+from core.adapters.postgres.outbox import PostgresOutbox
+from core.adapters.postgres.privacy import PostgresPrivacy
 from core.adapters.postgres.store import PostgresStore
+from core.adapters.postgres.tallies import PostgresTallies
+from core.adapters.postgres.usage import PostgresUsage
 from core.domain.messages import ConversationMessage, ToolCall
 from core.ports.storage import (
     HistoryConflictError,
     IncomingMessage,
+    Storage,
     StoreRejected,
     StoreUnavailable,
     TenantConflictError,
@@ -31,6 +42,7 @@ from tests.integration.test_postgres_pool import plan_over
 from tests.support.builders import history
 from tests.support.builders import message as make_message
 from tests.support.pg_control import ControlledPostgres, own_server
+from tests.support.stores import saved
 from tests.support.worker import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -38,10 +50,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 Call = Callable[[PostgresStore], Awaitable[object]]
 
 CALLS: dict[str, Call] = {
-    "load_history": lambda store: store.load_history("conv-1"),
-    "save_messages": lambda store: store.save_messages([IncomingMessage(make_message(50), 10)]),
-    "save_message": lambda store: store.save_message(make_message(51), 10),
-    "compaction_inputs": lambda store: store.compaction_inputs("cmp-9", "conv-1", up_to_seq=None),
+    "load_history": lambda store: store.history.load_history("conv-1"),
+    "save_messages": lambda store: store.ingest.save_messages(
+        [IncomingMessage(make_message(50), 10)]
+    ),
+    "compaction_inputs": lambda store: store.history.compaction_inputs(
+        "cmp-9", "conv-1", up_to_seq=None
+    ),
 }
 
 
@@ -51,18 +66,35 @@ def _assert_unavailable(error: BaseException, call: str = "") -> None:
     assert isinstance(error.__cause__, OSError | asyncpg.PostgresError | asyncpg.InterfaceError)
 
 
-# -- the map covers the whole facade ------------------------------------------------
+# -- the map covers every role --------------------------------------------------------
+
+STORAGE_ROLES = [
+    name for name, member in inspect.getmembers(Storage) if isinstance(member, property)
+]
+
+ROLES = (
+    PostgresStore, PostgresIngest, PostgresHistory, PostgresCompactions, PostgresOutbox,
+    PostgresArchive, PostgresMemory, PostgresTallies, PostgresPrivacy, PostgresUsage,
+)  # fmt: skip
 
 
-def test_every_public_coroutine_of_the_store_goes_through_the_map() -> None:
+@pytest.mark.parametrize("role", ROLES, ids=[role.__name__ for role in ROLES])
+def test_every_public_coroutine_of_every_role_goes_through_the_map(role: type) -> None:
     coroutines = {
         name: member
-        for name, member in inspect.getmembers(PostgresStore)
+        for name, member in inspect.getmembers(role)
         if not name.startswith("_") and inspect.iscoroutinefunction(member)
     }
-    assert {"connect", "load_history", "save_messages", "apply_compaction"} <= set(coroutines)
+    assert coroutines  # each role has a call to map
     unwrapped = [name for name, member in coroutines.items() if not hasattr(member, "__wrapped__")]
     assert unwrapped == []
+
+
+def test_the_store_holds_one_object_of_each_role() -> None:
+    """The roles ``PostgresStore`` hands out are the classes checked above."""
+    store = PostgresStore(cast(Any, None))  # no pool needed: nothing is called
+    held = {type(getattr(store, role)) for role in STORAGE_ROLES}
+    assert held == set(ROLES[1:])
 
 
 # -- (a) nothing listening ------------------------------------------------------------
@@ -95,7 +127,7 @@ async def test_a_stopped_server_is_unavailable_and_the_store_recovers_after_rest
     dsn = await own_postgres.create_database("errors")
     store = await PostgresStore.connect(dsn, max_size=2)
     try:
-        await store.save_message(make_message(0), 10)
+        await saved(store, make_message(0), 10)
         await asyncio.to_thread(own_postgres.stop_immediate)
         for name, call in CALLS.items():
             try:
@@ -110,7 +142,7 @@ async def test_a_stopped_server_is_unavailable_and_the_store_recovers_after_rest
         # had not yet seen die may cost one more StoreUnavailable).
         for _ in range(3):
             try:
-                loaded = await store.load_history("conv-1")
+                loaded = await store.history.load_history("conv-1")
                 break
             except StoreUnavailable:
                 await asyncio.sleep(0.2)
@@ -141,7 +173,7 @@ async def test_a_backend_terminated_mid_query_is_unavailable(
         await blocker.rollback()
     finally:
         await locker.close()
-    assert await pg_store.load_history("nobody") == []  # the pool replaced the connection
+    assert await pg_store.history.load_history("nobody") == []  # the pool replaced the connection
 
 
 async def _backend_waiting_on_a_lock(
@@ -164,15 +196,15 @@ async def _backend_waiting_on_a_lock(
 
 async def test_a_history_conflict_comes_through_as_itself(pg_store: PostgresStore) -> None:
     messages = history(4)
-    await pg_store.save_message(messages[0], 10)  # the plan's second message was never stored
+    await saved(pg_store, messages[0], 10)  # the plan's second message was never stored
     with pytest.raises(HistoryConflictError) as caught:
-        await pg_store.apply_compaction(plan_over(messages[:2]))
+        await pg_store.compactions.apply_compaction(plan_over(messages[:2]))
     assert type(caught.value) is HistoryConflictError
 
 
 async def test_a_tenant_conflict_comes_through_as_itself(pg_store: PostgresStore) -> None:
     with pytest.raises(TenantConflictError) as caught:  # nothing to move
-        await pg_store.move_to_tenant("nobody", "acme")
+        await pg_store.privacy.move_to_tenant("nobody", "acme")
     assert type(caught.value) is TenantConflictError
 
 
@@ -181,10 +213,10 @@ async def test_bad_input_is_not_an_outage(pg_store: PostgresStore) -> None:
     through as ``StoreRejected`` (the driver's error as its cause), or the
     store's own ``ValueError``."""
     with pytest.raises(StoreRejected) as caught:
-        await pg_store.save_message(make_message(0), 2**40)  # token_estimate is an integer
+        await saved(pg_store, make_message(0), 2**40)  # token_estimate is an integer
     assert isinstance(caught.value.__cause__, asyncpg.DataError)
     with pytest.raises(ValueError, match="timezone-aware"):
-        await pg_store.load_history("conv-1", as_of=datetime(2026, 1, 1))
+        await pg_store.history.load_history("conv-1", as_of=datetime(2026, 1, 1))
 
 
 def unvalidated(content: str, **fields: object) -> ConversationMessage:
@@ -213,19 +245,14 @@ async def test_data_postgresql_refuses_is_store_rejected(
     pg_store: PostgresStore, content: str, tool_calls: object, driver_error: type
 ) -> None:
     message = unvalidated(content, tool_calls=tool_calls)
-    for save in (
-        lambda: pg_store.save_message(message, 10),
-        lambda: pg_store.save_messages([IncomingMessage(message, 10)]),
-    ):
-        with pytest.raises(StoreRejected) as caught:
-            await save()
-        assert isinstance(caught.value.__cause__, driver_error), caught.value.__cause__
-    assert await pg_store.load_history(message.conversation_id) == []
+    with pytest.raises(StoreRejected) as caught:
+        await pg_store.ingest.save_messages([IncomingMessage(message, 10)])
+    assert isinstance(caught.value.__cause__, driver_error), caught.value.__cause__
+    assert await pg_store.history.load_history(message.conversation_id) == []
 
 
-@pytest.mark.parametrize("save", ["save_message", "save_messages"])
 async def test_a_row_a_constraint_refuses_is_store_rejected_with_the_constraint_named(
-    pg_store: PostgresStore, pg_database: str, save: str
+    pg_store: PostgresStore, pg_database: str
 ) -> None:
     """A CHECK the record's data breaks (one added here, as a deployment might, or
     a later migration): refused for good, with PostgreSQL's reason, not an outage
@@ -239,21 +266,16 @@ async def test_a_row_a_constraint_refuses_is_store_rejected_with_the_constraint_
     finally:
         await admin.close()
     message = make_message(0).model_copy(update={"content": "a forbidden word"})
-    call = (
-        pg_store.save_message(message, 10)
-        if save == "save_message"
-        else pg_store.save_messages([IncomingMessage(message, 10)])
-    )
     with pytest.raises(StoreRejected, match="no_forbidden_words") as caught:
-        await call
+        await pg_store.ingest.save_messages([IncomingMessage(message, 10)])
     assert isinstance(caught.value.__cause__, asyncpg.CheckViolationError)
-    assert await pg_store.load_history(message.conversation_id) == []
+    assert await pg_store.history.load_history(message.conversation_id) == []
 
 
 async def test_a_missing_required_value_is_store_rejected(pg_store: PostgresStore) -> None:
     message = unvalidated("fine", role=None)  # messages.role is NOT NULL
     with pytest.raises(StoreRejected) as caught:
-        await pg_store.save_messages([IncomingMessage(message, 10)])
+        await pg_store.ingest.save_messages([IncomingMessage(message, 10)])
     assert isinstance(caught.value.__cause__, asyncpg.NotNullViolationError)
 
 

@@ -23,6 +23,7 @@ from core.adapters.postgres.store import PostgresStore
 from core.ports.storage import StoreUnavailable
 from tests.support.builders import message
 from tests.support.pg_replication import ReplicatedPostgres, replicated_pair
+from tests.support.stores import saved
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -45,7 +46,7 @@ async def _save_until_stored(store: PostgresStore, index: int, timeout: float = 
     failures = 0
     while True:
         try:
-            await store.save_message(message(index), 10)
+            await saved(store, message(index), 10)
             return failures
         except StoreUnavailable:
             failures += 1
@@ -64,16 +65,16 @@ async def test_the_store_follows_a_crashed_primary_to_the_promoted_standby(
     store = await _store(pair)
     try:
         for index in range(3):
-            await store.save_message(message(index), 10)
+            await saved(store, message(index), 10)
         old_port = await _server_port(store)
         await asyncio.to_thread(pair.crash_primary)
         # The primary is gone and the standby is read-only: nothing to write to yet.
         with pytest.raises(StoreUnavailable):
-            await store.save_message(message(3), 10)
+            await saved(store, message(3), 10)
         await pair.promote()
         await _save_until_stored(store, 4)
         assert await _server_port(store) == pair.primary.port != old_port
-        ids = [m.id for m in await store.load_history("conv-1")]
+        ids = [m.id for m in await store.history.load_history("conv-1")]
         assert ids == [message(i).id for i in (0, 1, 2, 4)]
     finally:
         await store.close()
@@ -88,7 +89,7 @@ async def test_the_pool_drops_connections_to_a_primary_fenced_read_only(
     pool_size = 3
     store = await _store(pair, max_size=pool_size)
     try:
-        await store.save_message(message(0), 10)
+        await saved(store, message(0), 10)
         fenced = await asyncpg.connect(pair.primary.dsn("postgres"))
         try:
             await fenced.execute("ALTER SYSTEM SET default_transaction_read_only = on")
@@ -102,7 +103,7 @@ async def test_the_pool_drops_connections_to_a_primary_fenced_read_only(
         failures = await _save_until_stored(store, 1)
         assert failures <= pool_size
         assert await _server_port(store) == pair.primary.port
-        assert [m.id for m in await store.load_history("conv-1")] == [
+        assert [m.id for m in await store.history.load_history("conv-1")] == [
             message(0).id,
             message(1).id,
         ]

@@ -19,6 +19,7 @@ from core.domain.compaction import CompactionPlan, StoredBatch, SummaryBatch
 from core.domain.messages import ConversationMessage
 from core.ports.storage import Applied
 from tests.support.builders import T0, history
+from tests.support.stores import saved
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -56,8 +57,8 @@ async def test_a_compaction_leaves_no_advisory_lock_on_its_connection(
     try:
         messages = history(3)
         for message in messages:
-            await store.save_message(message, 10)
-        assert await store.apply_compaction(plan_over(messages[:2])) == Applied()
+            await saved(store, message, 10)
+        assert await store.compactions.apply_compaction(plan_over(messages[:2])) == Applied()
         taken = await other.fetchval(
             "SELECT pg_try_advisory_lock($1, hashtext($2))",
             CONVERSATION_LOCK_CLASS,

@@ -10,7 +10,6 @@ import hashlib
 import math
 import re
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -18,8 +17,8 @@ import pytest
 from core.adapters.postgres.migrate import applied_versions, load_migrations, migrate
 from core.adapters.postgres.store import PostgresStore
 from core.compaction.embedding import with_embeddings
-from core.domain.compaction import CompactionPlan, StoredBatch, StoredTokens, SummaryBatch
-from core.domain.messages import ConversationMessage, ToolCall
+from core.domain.compaction import CompactionPlan, StoredBatch, StoredTokens
+from core.domain.messages import ConversationMessage
 from core.domain.ranking import RRF_K
 from core.domain.tokens import estimate_message_tokens
 from core.ports.embedding import EmbeddingError
@@ -27,107 +26,14 @@ from core.ports.storage import (
     AlreadyApplied,
     Applied,
     CompactionOutbox,
-    HistoryConflictError,
     OutboxRecord,
 )
+from tests.support.plans import CONV, T0, make_plan, msg, save_all, stored
 
 pytestmark = pytest.mark.integration
 
-T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-CONV = "conv-a"
-
 
 # -- builders ------------------------------------------------------------------
-
-
-def msg(
-    index: int,
-    content: str | None = None,
-    *,
-    conversation_id: str = CONV,
-    role: str = "user",
-    seconds: int | None = None,
-    tool_calls: Sequence[ToolCall] | None = None,
-    tool_call_id: str | None = None,
-) -> ConversationMessage:
-    return ConversationMessage.model_validate(
-        {
-            "id": f"{conversation_id}-m{index:03d}",
-            "conversation_id": conversation_id,
-            "role": role,
-            "content": f"message {index}" if content is None else content,
-            "tool_calls": tuple(tool_calls) if tool_calls else None,
-            "tool_call_id": tool_call_id,
-            "created_at": T0 + timedelta(seconds=index if seconds is None else seconds),
-        }
-    )
-
-
-def stored(
-    compaction_id: str,
-    index: int | str,
-    content: str,
-    sources: Sequence[ConversationMessage] = (),
-    *,
-    conversation_id: str = CONV,
-    depth: int = 0,
-    start: int = 0,
-    end: int = 10,
-    superseded_by: str | None = None,
-) -> StoredBatch:
-    return StoredBatch(
-        id=f"{compaction_id}:{index}",
-        label=f"compaction-batch-{conversation_id}-{index}",
-        conversation_id=conversation_id,
-        batch=SummaryBatch(
-            content=content,
-            depth=depth,
-            start_time=T0 + timedelta(seconds=start),
-            end_time=T0 + timedelta(seconds=end),
-            message_count=len(sources),
-            source_message_ids=tuple(m.id for m in sources),
-        ),
-        compaction_id=compaction_id,
-        superseded_by=superseded_by,
-    )
-
-
-def clip(
-    compaction_id: str, *, conversation_id: str = CONV, seconds: int = 0
-) -> ConversationMessage:
-    return ConversationMessage(
-        id=f"clip-archive-{compaction_id}",
-        conversation_id=conversation_id,
-        role="system",
-        content=f"[Context Summary — written by {compaction_id}]",
-        created_at=T0 + timedelta(seconds=seconds),
-    ).as_clip_archive()  # as the compactor makes it, and the store reads it back
-
-
-def make_plan(
-    compaction_id: str,
-    batches: Sequence[StoredBatch],
-    deleted: Sequence[str],
-    *,
-    conversation_id: str = CONV,
-    superseded: Sequence[tuple[str, str]] = (),
-) -> CompactionPlan:
-    return CompactionPlan(
-        compaction_id=compaction_id,
-        conversation_id=conversation_id,
-        new_batches=tuple(batches),
-        superseded=tuple(superseded),
-        deleted_message_ids=tuple(deleted),
-        clip_archive=clip(compaction_id, conversation_id=conversation_id),
-        messages_compressed=len(deleted),
-        tokens_estimate_before=1000,
-        tokens_estimate_after=100,
-    )
-
-
-async def save_all(store: PostgresStore, messages: Sequence[ConversationMessage]) -> None:
-    for m in messages:
-        assert await store.save_message(m, estimate_message_tokens(m))
 
 
 async def archive(
@@ -168,7 +74,7 @@ async def archive(
     if previous is not None:
         plan = plan.model_copy(update={"deleted_message_ids": (previous,)})
     plan = await with_embeddings(store.embedder, plan, ())
-    assert await store.apply_compaction(plan) == Applied()
+    assert await store.compactions.apply_compaction(plan) == Applied()
     return batches
 
 
@@ -287,64 +193,15 @@ async def test_migrate_accepts_a_pool(pg_database: str) -> None:
 # -- messages --------------------------------------------------------------------
 
 
-async def test_save_message_is_idempotent_and_round_trips(pg_store: PostgresStore) -> None:
-    call = ToolCall(id="call-1", name="search", arguments={"q": "kafka", "n": [1, 2]})
-    assistant = msg(1, "let me look", role="assistant", tool_calls=[call])
-    tool = msg(2, '{"hits": 3}', role="tool", tool_call_id="call-1")
-
-    assert await pg_store.save_message(assistant, 7) is True
-    assert await pg_store.save_message(assistant, 7) is False
-    assert await pg_store.save_message(tool, 3) is True
-
-    assert await pg_store.load_history(CONV) == [assistant, tool]
-    assert (await counts(pg_store))["messages"] == 2
-    assert await pg_store.conversation_token_total(CONV) == 10
-
-
-async def test_empty_tool_calls_survive_the_round_trip(pg_store: PostgresStore) -> None:
-    message = ConversationMessage(
-        id="x", conversation_id=CONV, role="assistant", content="", tool_calls=(), created_at=T0
-    )
-    await pg_store.save_message(message, 0)
-    assert (await pg_store.load_history(CONV))[0].tool_calls == ()
-
-
-async def test_load_history_orders_by_time_then_id_with_clip_archive_first(
-    pg_store: PostgresStore,
-) -> None:
-    late = msg(3, seconds=30)
-    tie_b = msg(2, seconds=20)
-    tie_a = msg(1, seconds=20)
-    early = msg(0, seconds=5)
-    other = msg(9, conversation_id="conv-other")
-    await save_all(pg_store, [late, tie_b, tie_a, early, other])
-
-    assert await pg_store.load_history(CONV) == [early, tie_a, tie_b, late]
-
-    plan = make_plan("cmp-1", [stored("cmp-1", 0, "early summary", [early])], [early.id])
-    # The clip-archive is dated at the end of the history yet still comes first.
-    plan = plan.model_copy(
-        update={"clip_archive": clip("cmp-1", seconds=3600)},
-    )
-    assert await pg_store.apply_compaction(plan) == Applied()
-
-    assert await pg_store.load_history(CONV) == [plan.clip_archive, tie_a, tie_b, late]
-    cutoff = T0 + timedelta(seconds=20)
-    assert await pg_store.load_history(CONV, as_of=cutoff) == [plan.clip_archive, tie_a, tie_b]
-    assert await pg_store.load_history(CONV, as_of=T0) == [plan.clip_archive]
-
-
-async def test_load_history_rejects_a_naive_cutoff(pg_store: PostgresStore) -> None:
-    with pytest.raises(ValueError, match="timezone-aware"):
-        await pg_store.load_history(CONV, as_of=datetime(2026, 1, 1))
-
-
 # -- apply_compaction --------------------------------------------------------------
 
 
-async def test_apply_compaction_archives_deletes_and_inserts_clip_archive(
+async def test_a_compaction_records_its_clip_archive_row_and_its_ledger_row(
     pg_store: PostgresStore,
 ) -> None:
+    """The rows behind the contract (tests/contract/test_compactions.py): the
+    clip-archive is a ``kind = 'clip_archive'`` row naming its compaction, and the
+    ``compactions`` row records what it did."""
     history = [msg(i, f"turn {i}") for i in range(6)]
     await save_all(pg_store, history)
     batches = [
@@ -352,13 +209,7 @@ async def test_apply_compaction_archives_deletes_and_inserts_clip_archive(
         stored("cmp-1", 1, "second summary", history[2:4], start=2, end=3),
     ]
     plan = make_plan("cmp-1", batches, [m.id for m in history[:4]])
-
-    assert await pg_store.compaction_applied("cmp-1") is False
-    assert await pg_store.apply_compaction(plan) == Applied()
-    assert await pg_store.compaction_applied("cmp-1") is True
-
-    assert await pg_store.load_history(CONV) == [plan.clip_archive, *history[4:]]
-    assert await pg_store.live_batches(CONV) == batches
+    assert await pg_store.compactions.apply_compaction(plan) == Applied()
     row = await pg_store.pool.fetchrow(
         "SELECT kind, compaction_id, token_estimate FROM messages WHERE id = $1",
         plan.clip_archive.id,
@@ -373,25 +224,6 @@ async def test_apply_compaction_archives_deletes_and_inserts_clip_archive(
     assert ledger["batches_created"] == 2
     assert ledger["messages_compressed"] == 4
     assert (ledger["tokens_before"], ledger["tokens_after"]) == (1000, 100)
-    assert await pg_store.conversation_token_total(CONV) == sum(
-        estimate_message_tokens(m) for m in [plan.clip_archive, *history[4:]]
-    )
-
-
-async def test_reapplying_a_plan_is_already_applied_and_writes_nothing(
-    pg_store: PostgresStore,
-) -> None:
-    history = [msg(i) for i in range(4)]
-    await save_all(pg_store, history)
-    plan = make_plan(
-        "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
-    )
-    assert await pg_store.apply_compaction(plan) == Applied()
-    before = await counts(pg_store)
-
-    assert await pg_store.apply_compaction(plan) == AlreadyApplied()
-    assert await counts(pg_store) == before
-    assert len(await pg_store.live_batches(CONV)) == 1
 
 
 async def test_concurrent_applies_of_one_plan_apply_it_once(pg_store: PostgresStore) -> None:
@@ -401,7 +233,9 @@ async def test_concurrent_applies_of_one_plan_apply_it_once(pg_store: PostgresSt
         "cmp-1", [stored("cmp-1", 0, "summary", history[:3])], [m.id for m in history[:3]]
     )
 
-    outcomes = await asyncio.gather(*(pg_store.apply_compaction(plan) for _ in range(3)))
+    outcomes = await asyncio.gather(
+        *(pg_store.compactions.apply_compaction(plan) for _ in range(3))
+    )
 
     assert sorted(type(o).__name__ for o in outcomes) == [
         "AlreadyApplied",
@@ -409,55 +243,6 @@ async def test_concurrent_applies_of_one_plan_apply_it_once(pg_store: PostgresSt
         "Applied",
     ]
     assert await counts(pg_store) == {"messages": 2, "archival_memory": 1, "compactions": 1}
-
-
-async def test_plan_over_a_deleted_message_conflicts_and_writes_nothing(
-    pg_store: PostgresStore,
-) -> None:
-    history = [msg(i) for i in range(8)]
-    await save_all(pg_store, history)
-    first = make_plan(
-        "cmp-1", [stored("cmp-1", 0, "first", history[:4])], [m.id for m in history[:4]]
-    )
-    assert await pg_store.apply_compaction(first) == Applied()
-    before = await counts(pg_store)
-    history_before = await pg_store.load_history(CONV)
-
-    # Computed from the history before cmp-1: m002 and m003 are gone now.
-    stale = make_plan(
-        "cmp-2",
-        [stored("cmp-2", 0, "stale", history[2:6])],
-        [m.id for m in history[2:6]],
-    )
-    with pytest.raises(HistoryConflictError, match="no longer in conversation"):
-        await pg_store.apply_compaction(stale)
-
-    assert await counts(pg_store) == before
-    assert await pg_store.load_history(CONV) == history_before
-    assert await pg_store.compaction_applied("cmp-2") is False
-    assert [b.id for b in await pg_store.live_batches(CONV)] == ["cmp-1:0"]
-
-
-async def test_second_clip_archive_the_plan_did_not_replace_conflicts(
-    pg_store: PostgresStore,
-) -> None:
-    history = [msg(i) for i in range(6)]
-    await save_all(pg_store, history)
-    assert await pg_store.apply_compaction(make_plan("cmp-1", [], [history[0].id])) == Applied()
-    before = await counts(pg_store)
-
-    # Omits clip-archive-cmp-1 from deleted_message_ids.
-    stale = make_plan("cmp-2", [stored("cmp-2", 0, "x", history[1:3])], [history[1].id])
-    with pytest.raises(HistoryConflictError, match="clip-archive"):
-        await pg_store.apply_compaction(stale)
-    assert await counts(pg_store) == before
-
-
-async def test_plan_writing_into_another_conversation_is_rejected(pg_store: PostgresStore) -> None:
-    plan = make_plan("cmp-1", [stored("cmp-1", 0, "x", conversation_id="conv-b")], [])
-    with pytest.raises(ValueError, match="outside conversation"):
-        await pg_store.apply_compaction(plan)
-    assert await counts(pg_store) == {"messages": 0, "archival_memory": 0, "compactions": 0}
 
 
 async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
@@ -469,7 +254,7 @@ async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
     b1 = stored("cmp-1", 1, "beta summary", history[2:4], start=2, end=3)
     b2 = stored("cmp-1", 2, "gamma summary", history[4:6], start=4, end=5)
     first = make_plan("cmp-1", [b0, b1, b2], [m.id for m in history[:6]])
-    assert await pg_store.apply_compaction(first) == Applied()
+    assert await pg_store.compactions.apply_compaction(first) == Applied()
 
     # As the compactor plans it: fresh batches first (one of them folded in
     # straight away), the merged batch last, although it covers the oldest time.
@@ -491,9 +276,9 @@ async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
         [*(m.id for m in history[6:10]), first.clip_archive.id],
         superseded=[(b0.id, merged_id), (b1.id, merged_id)],
     )
-    assert await pg_store.apply_compaction(second) == Applied()
+    assert await pg_store.compactions.apply_compaction(second) == Applied()
 
-    live = await pg_store.live_batches(CONV)
+    live = await pg_store.archive.live_batches(CONV)
     assert [b.id for b in live] == [merged_id, b2.id, f1.id]
     assert live[0] == merged
     superseded = await pg_store.pool.fetch(
@@ -506,7 +291,7 @@ async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
     ]
 
     # Superseded batches leave the clip-archive but stay searchable.
-    result = await pg_store.memory_read("beta", conversation_id=CONV)
+    result = await pg_store.memory.memory_read("beta", conversation_id=CONV)
     beta = {hit.batch_id: hit for hit in result.hits}[b1.id]
     assert beta.superseded is True
 
@@ -516,48 +301,13 @@ async def test_resummarisation_supersedes_and_takes_the_earliest_slot(
         [stored("cmp-3", 0, "zeta summary", history[10:12], start=10, end=11)],
         [history[10].id, history[11].id, second.clip_archive.id],
     )
-    assert await pg_store.apply_compaction(third) == Applied()
-    assert [b.id for b in await pg_store.live_batches(CONV)] == [
+    assert await pg_store.compactions.apply_compaction(third) == Applied()
+    assert [b.id for b in await pg_store.archive.live_batches(CONV)] == [
         merged_id,
         b2.id,
         f1.id,
         "cmp-3:0",
     ]
-
-
-async def test_superseding_an_already_superseded_batch_conflicts(pg_store: PostgresStore) -> None:
-    await archive(pg_store, "cmp-1", ["one", "two"])
-    await archive(pg_store, "cmp-2", [])
-    merged = stored("cmp-3", "m", "merged", depth=1)
-    clip_id = "clip-archive-cmp-2"
-    ok = make_plan("cmp-3", [merged], [clip_id], superseded=[("cmp-1:0", merged.id)])
-    assert await pg_store.apply_compaction(ok) == Applied()
-    before = await counts(pg_store)
-
-    again = make_plan(
-        "cmp-4",
-        [stored("cmp-4", "m", "merged again", depth=1)],
-        ["clip-archive-cmp-3"],
-        superseded=[("cmp-1:0", "cmp-4:m")],
-    )
-    with pytest.raises(HistoryConflictError, match="already superseded"):
-        await pg_store.apply_compaction(again)
-    assert await counts(pg_store) == before
-
-
-async def test_live_batches_keep_plan_order_not_time_order(pg_store: PostgresStore) -> None:
-    # Importance-based chunking can produce batches whose time ranges are out of
-    # order; the clip-archive shows them in the order the compactor wrote them.
-    later = stored("cmp-1", 0, "later", start=50, end=60)
-    earlier = stored("cmp-1", 1, "earlier", start=0, end=10)
-    assert await pg_store.apply_compaction(make_plan("cmp-1", [later, earlier], [])) == Applied()
-    next_one = stored("cmp-2", 0, "next", start=70, end=80)
-    plan = make_plan("cmp-2", [next_one], ["clip-archive-cmp-1"])
-    assert await pg_store.apply_compaction(plan) == Applied()
-    await archive(pg_store, "cmp-x", ["other conversation"], conversation_id="conv-b")
-
-    assert [b.id for b in await pg_store.live_batches(CONV)] == ["cmp-1:0", "cmp-1:1", "cmp-2:0"]
-    assert await pg_store.live_batches("nobody") == []
 
 
 # -- memory_read: full text ------------------------------------------------------------
@@ -578,7 +328,7 @@ async def test_ac4_3_archived_batches_are_retrievable_via_memory_read_search(
         ],
     )
 
-    result = await pg_store.memory_read("postgresql replication lag")
+    result = await pg_store.memory.memory_read("postgresql replication lag")
 
     assert result.mode == "full_text"
     assert [hit.batch_id for hit in result.hits][:1] == ["cmp-1:2"]
@@ -604,11 +354,11 @@ async def test_memory_read_ranks_the_denser_match_first(pg_store: PostgresStore)
             "Kafka consumer group rebalancing: the Kafka consumer kept rebalancing.",
         ],
     )
-    result = await pg_store.memory_read("kafka consumer")
+    result = await pg_store.memory.memory_read("kafka consumer")
     assert [hit.batch_id for hit in result.hits] == ["cmp-1:1", "cmp-1:0"]
 
     # Stemming: "rebalanced" finds "rebalancing".
-    stemmed = await pg_store.memory_read("rebalanced")
+    stemmed = await pg_store.memory.memory_read("rebalanced")
     assert [hit.batch_id for hit in stemmed.hits] == ["cmp-1:1"]
 
 
@@ -616,12 +366,12 @@ async def test_memory_read_filters_by_conversation(pg_store: PostgresStore) -> N
     await archive(pg_store, "cmp-a", ["Deploy the gateway on Friday."], conversation_id="conv-a")
     await archive(pg_store, "cmp-b", ["Gateway deploy postponed."], conversation_id="conv-b")
 
-    everywhere = await pg_store.memory_read("gateway deploy")
+    everywhere = await pg_store.memory.memory_read("gateway deploy")
     assert {hit.conversation_id for hit in everywhere.hits} == {"conv-a", "conv-b"}
 
-    only_b = await pg_store.memory_read("gateway deploy", conversation_id="conv-b")
+    only_b = await pg_store.memory.memory_read("gateway deploy", conversation_id="conv-b")
     assert [hit.batch_id for hit in only_b.hits] == ["cmp-b:0"]
-    assert (await pg_store.memory_read("gateway", conversation_id="nobody")).hits == ()
+    assert (await pg_store.memory.memory_read("gateway", conversation_id="nobody")).hits == ()
 
 
 async def test_memory_read_honours_limit_and_search_syntax(pg_store: PostgresStore) -> None:
@@ -630,12 +380,12 @@ async def test_memory_read_honours_limit_and_search_syntax(pg_store: PostgresSto
         "cmp-1",
         [f"incident {i}: the cache was flushed" for i in range(5)] + ["cache warmed, not flushed"],
     )
-    assert len((await pg_store.memory_read("cache", limit=2)).hits) == 2
-    assert len((await pg_store.memory_read("cache", limit=100)).hits) == 6
+    assert len((await pg_store.memory.memory_read("cache", limit=2)).hits) == 2
+    assert len((await pg_store.memory.memory_read("cache", limit=100)).hits) == 6
     # websearch syntax is honoured when asked for: quoted phrase and exclusion.
-    phrase = await pg_store.memory_read('"cache warmed"', mode="websearch")
+    phrase = await pg_store.memory.memory_read('"cache warmed"', mode="websearch")
     assert [hit.batch_id for hit in phrase.hits] == ["cmp-1:5"]
-    excluded = await pg_store.memory_read("cache -warmed", mode="websearch")
+    excluded = await pg_store.memory.memory_read("cache -warmed", mode="websearch")
     assert "cmp-1:5" not in {hit.batch_id for hit in excluded.hits}
     assert len(excluded.hits) == 5
 
@@ -646,16 +396,16 @@ async def test_memory_read_with_only_stop_words_finds_nothing_without_error(
     await archive(pg_store, "cmp-1", ["The answer is in the logs."])
     odd = ("the", "and or not", "-", '"', "!!! ???", "a:b & c | d", "C:\\tmp\\x y", "O'Reilly's")
     for query in odd:
-        result = await pg_store.memory_read(query)
+        result = await pg_store.memory.memory_read(query)
         assert result.mode == "full_text"
-    assert (await pg_store.memory_read("the of and")).hits == ()
-    assert (await pg_store.memory_read("nothing matches this")).hits == ()
+    assert (await pg_store.memory.memory_read("the of and")).hits == ()
+    assert (await pg_store.memory.memory_read("nothing matches this")).hits == ()
 
 
 @pytest.mark.parametrize("query", ["", "   ", "\n\t"])
 async def test_memory_read_rejects_an_empty_query(pg_store: PostgresStore, query: str) -> None:
     with pytest.raises(ValueError, match="non-empty query"):
-        await pg_store.memory_read(query)
+        await pg_store.memory.memory_read(query)
 
 
 @pytest.mark.parametrize("limit", [0, -1, 101])
@@ -663,7 +413,7 @@ async def test_memory_read_rejects_a_limit_out_of_range(
     pg_store: PostgresStore, limit: int
 ) -> None:
     with pytest.raises(ValueError, match="between 1 and 100"):
-        await pg_store.memory_read("anything", limit=limit)
+        await pg_store.memory.memory_read("anything", limit=limit)
 
 
 # -- memory_read: hybrid ------------------------------------------------------------------
@@ -685,8 +435,8 @@ async def test_hybrid_search_finds_by_meaning_via_the_vector_half(
     assert {(r["embedding_model"], r["dims"]) for r in stored_models} == {("test-concepts-v1", 256)}
 
     # No batch contains "truck": full text alone finds nothing.
-    assert (await pg_store.memory_read("truck")).hits == ()
-    result = await store.memory_read("truck", limit=2)
+    assert (await pg_store.memory.memory_read("truck")).hits == ()
+    result = await store.memory.memory_read("truck", limit=2)
 
     assert result.mode == "hybrid"
     assert {hit.batch_id for hit in result.hits} == {"cmp-1:0", "cmp-1:1"}
@@ -698,7 +448,7 @@ async def test_hybrid_search_fuses_ranks_reciprocally(pg_store: PostgresStore) -
     store = PostgresStore(pg_store.pool, ConceptEmbedder())
     await archive(store, "cmp-1", [_CAR, _GARAGE, _BILLING])
 
-    result = await store.memory_read("automobile repair")
+    result = await store.memory.memory_read("automobile repair")
     hits = {hit.batch_id: hit for hit in result.hits}
 
     car, garage, billing = hits["cmp-1:0"], hits["cmp-1:1"], hits["cmp-1:2"]
@@ -721,7 +471,7 @@ async def test_vectors_from_another_embedding_model_are_never_compared(
     await archive(PostgresStore(pg_store.pool, ConceptEmbedder()), "cmp-1", [_CAR, _GARAGE])
     other = PostgresStore(pg_store.pool, ConceptEmbedder(model="test-concepts-v2", dims=64))
 
-    result = await other.memory_read("truck")
+    result = await other.memory.memory_read("truck")
     assert result.mode == "hybrid"
     assert result.hits == ()
 
@@ -738,12 +488,12 @@ async def test_embedder_failure_still_applies_the_compaction_without_vectors(
     plan = await with_embeddings(store.embedder, plan, history)
     assert plan.embeddings is None
 
-    assert await store.apply_compaction(plan) == Applied()
+    assert await store.compactions.apply_compaction(plan) == Applied()
 
     row = await pg_store.pool.fetchrow("SELECT embedding, embedding_model FROM archival_memory")
     assert (row["embedding"], row["embedding_model"]) == (None, None)
     # Search degrades to full text, rather than failing, while the embedder is down.
-    result = await store.memory_read("garage")
+    result = await store.memory.memory_read("garage")
     assert result.mode == "full_text"
     assert [hit.batch_id for hit in result.hits] == ["cmp-1:0"]
 
@@ -772,9 +522,9 @@ async def test_an_embedded_replay_is_already_applied_and_writes_nothing(
     embedder = ConceptEmbedder()
     store = PostgresStore(pg_store.pool, embedder)
     plan = await with_embeddings(embedder, make_plan("cmp-1", [stored("cmp-1", 0, _CAR)], []), ())
-    assert await store.apply_compaction(plan) == Applied()
+    assert await store.compactions.apply_compaction(plan) == Applied()
     before = await pg_store.pool.fetch("SELECT id, embedding_model FROM archival_memory")
-    assert await store.apply_compaction(plan) == AlreadyApplied()
+    assert await store.compactions.apply_compaction(plan) == AlreadyApplied()
     assert await pg_store.pool.fetch("SELECT id, embedding_model FROM archival_memory") == before
     assert await pg_store.pool.fetchval("SELECT count(*) FROM compactions") == 1
 
@@ -782,35 +532,7 @@ async def test_an_embedded_replay_is_already_applied_and_writes_nothing(
 # -- service helpers ------------------------------------------------------------------
 
 
-async def test_token_totals_and_conversations_over_a_threshold(pg_store: PostgresStore) -> None:
-    await pg_store.save_message(msg(1, conversation_id="big"), 600)
-    await pg_store.save_message(msg(2, conversation_id="big"), 500)
-    await pg_store.save_message(msg(1, conversation_id="edge"), 1000)
-    await pg_store.save_message(msg(1, conversation_id="small"), 10)
-
-    assert await pg_store.conversation_token_total("big") == 1100
-    assert await pg_store.conversation_token_total("nobody") == 0
-    # Strictly over, as core.domain.budget.over_budget decides.
-    assert await pg_store.conversations_over(1000) == [("big", 1100)]
-    assert await pg_store.conversations_over(5) == [("big", 1100), ("edge", 1000), ("small", 10)]
-
-
 # -- streaming support: arrival order, exact token deltas, outbox ----------------
-
-
-async def test_load_history_up_to_seq_excludes_later_arrivals(pg_store: PostgresStore) -> None:
-    history = [msg(i) for i in range(4)]
-    await save_all(pg_store, history[:3])
-    cut = await pg_store.last_seq(CONV)
-    # Arrives later but claims an earlier time: still excluded by arrival order.
-    late = history[3].model_copy(update={"created_at": history[0].created_at})
-    await pg_store.save_message(late, 1)
-    assert cut is not None
-    assert [m.id for m in await pg_store.load_history(CONV, up_to_seq=cut)] == [
-        m.id for m in history[:3]
-    ]
-    assert len(await pg_store.load_history(CONV)) == 4
-    assert await pg_store.last_seq("nobody") is None
 
 
 async def outbox_of(
@@ -818,110 +540,29 @@ async def outbox_of(
 ) -> CompactionOutbox:
     """``records`` with the stored token counts ``plan`` removes and adds, as the
     processor announces them (from ``compaction_inputs``)."""
-    inputs = await store.compaction_inputs(plan.compaction_id, CONV, up_to_seq=None)
+    inputs = await store.history.compaction_inputs(plan.compaction_id, CONV, up_to_seq=None)
     return CompactionOutbox(records, StoredTokens.of(plan, inputs.stored_tokens))
 
 
-async def test_apply_writes_the_outbox_and_its_announced_stored_tokens_atomically(
-    pg_store: PostgresStore,
-) -> None:
-    history = [msg(i) for i in range(3)]
-    for i, message in enumerate(history):
-        await pg_store.save_message(message, 100 + i)  # provider-reported counts
-    plan = make_plan(
-        "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
-    )
-    record = OutboxRecord(topic="clip_archives", key=CONV, payload="cmp-1")
-    outbox = await outbox_of(pg_store, plan, record)
-    assert outbox.tokens == StoredTokens(201, estimate_message_tokens(plan.clip_archive))
-    assert await pg_store.apply_compaction(plan, outbox) == Applied()
-    rows = await pg_store.pending_outbox()
-    assert [(r.topic, r.key, r.payload) for r in rows] == [("clip_archives", CONV, "cmp-1")]
-    # The relay timer's view: a row younger than its grace is the processor's to send.
-    assert await pg_store.pending_outbox(older_than_seconds=3600) == []
-    await pg_store.mark_published([r.id for r in rows])
-    assert await pg_store.pending_outbox() == []
-    # a replay writes no second outbox row
-    assert await pg_store.apply_compaction(plan, outbox) == AlreadyApplied()
-    assert await pg_store.pool.fetchval("SELECT count(*) FROM outbox") == 1
-
-
-async def test_stored_tokens_other_than_announced_roll_back_the_whole_compaction(
-    pg_store: PostgresStore,
-) -> None:
+async def test_a_rows_first_publication_time_stays(pg_store: PostgresStore) -> None:
+    """Marking again keeps ``published_at`` (the contract: tests/contract/test_outbox.py)."""
     history = [msg(i) for i in range(3)]
     await save_all(pg_store, history)
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
     )
-    outbox = await outbox_of(pg_store, plan, OutboxRecord(topic="control", key=CONV, payload="x"))
-    for tokens in (
-        StoredTokens(outbox.tokens.removed - 1, outbox.tokens.added),
-        StoredTokens(outbox.tokens.removed, outbox.tokens.added + 1),
-    ):
-        with pytest.raises(HistoryConflictError, match="stored tokens"):
-            await pg_store.apply_compaction(plan, CompactionOutbox(outbox.records, tokens))
-        assert await counts(pg_store) == {"messages": 3, "archival_memory": 0, "compactions": 0}
-        assert await pg_store.pool.fetchval("SELECT count(*) FROM outbox") == 0
-
-
-async def test_a_compacted_message_does_not_come_back_when_redelivered(
-    pg_store: PostgresStore,
-) -> None:
-    history = [msg(i) for i in range(3)]
-    await save_all(pg_store, history)
-    plan = make_plan(
-        "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
-    )
-    assert await pg_store.apply_compaction(plan) == Applied()
-    # Kafka redelivers the first message after a crash: it is covered by a batch.
-    assert not await pg_store.save_message(history[0], estimate_message_tokens(history[0]))
-    assert [m.id for m in await pg_store.load_history(CONV)] == [
-        plan.clip_archive.id,
-        history[2].id,
-    ]
-    # the same id in another conversation is not affected
-    other = msg(0, conversation_id="other-conv").model_copy(update={"id": history[0].id + "-x"})
-    assert await pg_store.save_message(other, 1)
-
-
-async def test_outbox_rows_returns_published_rows_too_and_first_publication_time_stays(
-    pg_store: PostgresStore,
-) -> None:
-    history = [msg(i) for i in range(3)]
-    await save_all(pg_store, history)
-    plan = make_plan(
-        "cmp-1", [stored("cmp-1", 0, "summary", history[:2])], [history[0].id, history[1].id]
-    )
-
     outbox = await outbox_of(
         pg_store,
         plan,
         OutboxRecord(topic="clip_archives", key=CONV, payload="a"),
         OutboxRecord(topic="control", key=CONV, payload="b"),
     )
-    await pg_store.apply_compaction(plan, outbox)
-    rows = await pg_store.outbox_rows("cmp-1")
-    assert [(r.payload, r.published) for r in rows] == [("a", False), ("b", False)]
-    await pg_store.mark_published([rows[0].id])
-    first = await pg_store.pool.fetchval(
-        "SELECT published_at FROM outbox WHERE id = $1", rows[0].id
-    )
-    await pg_store.mark_published([r.id for r in rows])
-    assert (
-        await pg_store.pool.fetchval("SELECT published_at FROM outbox WHERE id = $1", rows[0].id)
-        == first
-    )
-    assert [(r.payload, r.published) for r in await pg_store.outbox_rows("cmp-1")] == [
-        ("a", True),
-        ("b", True),
-    ]
-    assert await pg_store.pending_outbox() == []
-
-
-async def test_conversation_totals_count_tokens_and_rows(pg_store: PostgresStore) -> None:
-    for i in range(3):
-        await pg_store.save_message(msg(i), 10 + i)
-    assert await pg_store.conversation_totals(CONV) == (33, 3)
-    assert await pg_store.conversation_totals("nobody") == (0, 0)
-    assert await pg_store.conversation_token_total(CONV) == 33
+    await pg_store.compactions.apply_compaction(plan, outbox)
+    rows = await pg_store.outbox.outbox_rows("cmp-1")
+    await pg_store.outbox.mark_published([rows[0].id])
+    published_at = "SELECT published_at FROM outbox WHERE id = $1"
+    first = await pg_store.pool.fetchval(published_at, rows[0].id)
+    await pg_store.outbox.mark_published([r.id for r in rows])
+    assert await pg_store.pool.fetchval(published_at, rows[0].id) == first
+    await pg_store.outbox.mark_compaction_published("cmp-1")
+    assert await pg_store.pool.fetchval(published_at, rows[0].id) == first

@@ -3,8 +3,6 @@ and raw turns, expand, and retention, on a real PostgreSQL."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import asyncpg
 import pytest
 
@@ -18,14 +16,8 @@ from core.ports.storage import (
     HistoryConflictError,
     OutboxRecord,
 )
-from tests.integration.test_postgres_store import (
-    CONV,
-    ConceptEmbedder,
-    make_plan,
-    msg,
-    save_all,
-    stored,
-)
+from tests.integration.test_postgres_store import ConceptEmbedder
+from tests.support.plans import CONV, make_plan, msg, save_all, stored
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +42,7 @@ async def _compact_all(store: PostgresStore) -> CompactionPlan:
         ],
         [m.id for m in messages],
     )
-    assert await store.apply_compaction(plan) == Applied()
+    assert await store.compactions.apply_compaction(plan) == Applied()
     return plan
 
 
@@ -86,7 +78,7 @@ async def test_a_replaced_clip_archive_is_not_archived_as_a_raw_turn(
         [stored("cmp-2", 0, "Hotel confirmed.", later, start=10, end=10)],
         [later[0].id, "clip-archive-cmp-1"],
     )
-    assert await pg_store.apply_compaction(plan) == Applied()
+    assert await pg_store.compactions.apply_compaction(plan) == Applied()
     ids = [r["id"] for r in await _archived(pg_store)]
     assert "clip-archive-cmp-1" not in ids
     assert later[0].id in ids
@@ -95,7 +87,7 @@ async def test_a_replaced_clip_archive_is_not_archived_as_a_raw_turn(
 async def test_replaying_a_compaction_archives_nothing_twice(pg_store: PostgresStore) -> None:
     plan = await _compact_all(pg_store)
     before = await _archived(pg_store)
-    assert await pg_store.apply_compaction(plan) == AlreadyApplied()
+    assert await pg_store.compactions.apply_compaction(plan) == AlreadyApplied()
     assert await _archived(pg_store) == before
 
 
@@ -108,7 +100,7 @@ async def test_a_conflicting_compaction_moves_nothing(pg_store: PostgresStore) -
         [*(m.id for m in messages), "conv-a-m999"],  # one is not there
     )
     with pytest.raises(HistoryConflictError):
-        await pg_store.apply_compaction(plan)
+        await pg_store.compactions.apply_compaction(plan)
     assert await _archived(pg_store) == []
     assert await pg_store.pool.fetchval("SELECT count(*) FROM messages") == len(TURNS)
 
@@ -121,7 +113,7 @@ async def test_a_refused_outbox_write_rolls_the_archive_back_too(pg_store: Postg
     announced = StoredTokens(removed=0, added=0)  # not what the rows carry
 
     with pytest.raises(HistoryConflictError):
-        await pg_store.apply_compaction(plan, CompactionOutbox((record,), announced))
+        await pg_store.compactions.apply_compaction(plan, CompactionOutbox((record,), announced))
     assert await _archived(pg_store) == []
     assert await pg_store.pool.fetchval("SELECT count(*) FROM messages") == len(TURNS)
 
@@ -133,7 +125,7 @@ async def test_memory_read_returns_the_batch_with_its_matching_raw_turns(
     pg_store: PostgresStore,
 ) -> None:
     await _compact_all(pg_store)
-    result = await pg_store.memory_read("Who is Margarethe?", conversation_id=CONV)
+    result = await pg_store.memory.memory_read("Who is Margarethe?", conversation_id=CONV)
     assert result.sources == "both" and result.query_mode == "plain"
     top = result.hits[0]
     assert top.batch_id == "cmp-1:0"
@@ -142,9 +134,9 @@ async def test_memory_read_returns_the_batch_with_its_matching_raw_turns(
     assert [t.message_id for t in top.turns] == ["conv-a-m001"]
     assert "Margarethe" in top.turns[0].text and top.turns[0].role == "user"
 
-    summaries = await pg_store.memory_read("Margarethe", sources="summaries")
+    summaries = await pg_store.memory.memory_read("Margarethe", sources="summaries")
     assert summaries.hits == ()
-    raw = await pg_store.memory_read("budget euros", sources="raw")
+    raw = await pg_store.memory.memory_read("budget euros", sources="raw")
     assert raw.hits[0].batch_id == "cmp-1:1"
     assert raw.hits[0].text_rank is None
     assert raw.hits[0].turns[0].message_id == "conv-a-m003"
@@ -152,7 +144,7 @@ async def test_memory_read_returns_the_batch_with_its_matching_raw_turns(
 
 async def test_a_batch_found_by_summary_and_raw_turn_ranks_first(pg_store: PostgresStore) -> None:
     await _compact_all(pg_store)
-    result = await pg_store.memory_read("Lisbon", conversation_id=CONV)
+    result = await pg_store.memory.memory_read("Lisbon", conversation_id=CONV)
     top = result.hits[0]
     assert top.batch_id == "cmp-1:0"
     assert top.text_rank == 1 and top.turns
@@ -167,8 +159,8 @@ async def test_raw_ranking_weighs_rare_words_above_common_ones(pg_store: Postgre
     plan = make_plan(
         "cmp-1", [stored("cmp-1", 0, "beach photos", everything)], [m.id for m in everything]
     )
-    await pg_store.apply_compaction(plan)
-    result = await pg_store.memory_read("which photo did Dana like", sources="raw")
+    await pg_store.compactions.apply_compaction(plan)
+    result = await pg_store.memory.memory_read("which photo did Dana like", sources="raw")
     assert result.hits[0].turns[0].message_id == answer.id
 
 
@@ -187,7 +179,7 @@ async def test_plain_questions_with_punctuation_still_find_their_answer(
     pg_store: PostgresStore, question: str
 ) -> None:
     await _compact_all(pg_store)
-    result = await pg_store.memory_read(question, conversation_id=CONV)
+    result = await pg_store.memory.memory_read(question, conversation_id=CONV)
     turns = [t.message_id for hit in result.hits for t in hit.turns]
     assert result.hits, question
     assert "conv-a-m001" in turns or "conv-a-m005" in turns
@@ -195,9 +187,9 @@ async def test_plain_questions_with_punctuation_still_find_their_answer(
 
 async def test_websearch_mode_is_strict_when_asked_for(pg_store: PostgresStore) -> None:
     await _compact_all(pg_store)
-    phrase = await pg_store.memory_read('"offsite moves"', mode="websearch", sources="raw")
+    phrase = await pg_store.memory.memory_read('"offsite moves"', mode="websearch", sources="raw")
     assert [t.message_id for h in phrase.hits for t in h.turns] == ["conv-a-m005"]
-    excluded = await pg_store.memory_read("offsite -Porto", mode="websearch", sources="raw")
+    excluded = await pg_store.memory.memory_read("offsite -Porto", mode="websearch", sources="raw")
     turns = {t.message_id for h in excluded.hits for t in h.turns}
     assert "conv-a-m005" not in turns and "conv-a-m000" in turns
     assert excluded.query_mode == "websearch"
@@ -208,64 +200,16 @@ async def test_raw_turns_are_embedded_and_found_by_meaning(pg_store: PostgresSto
     messages = [msg(0, "The mechanic fixed my car."), msg(1, "Invoice paid.")]
     await save_all(store, messages)
     plan = make_plan("cmp-1", [stored("cmp-1", 0, "errands", messages)], [m.id for m in messages])
-    await store.apply_compaction(await with_embeddings(store.embedder, plan, messages))
+    await store.compactions.apply_compaction(await with_embeddings(store.embedder, plan, messages))
     models = await store.pool.fetch("SELECT embedding_model FROM archived_messages")
     assert {r["embedding_model"] for r in models} == {"test-concepts-v1"}
-    result = await store.memory_read("truck", sources="raw")
+    result = await store.memory.memory_read("truck", sources="raw")
     assert result.mode == "hybrid"
     assert result.hits[0].turns[0].message_id == messages[0].id
     assert result.hits[0].turns[0].vector_rank == 1
 
 
 # -- expand and retention -----------------------------------------------------------------
-
-
-async def test_expand_returns_every_raw_turn_of_a_batch_in_order(pg_store: PostgresStore) -> None:
-    await _compact_all(pg_store)
-    expanded = await pg_store.expand_batch(CONV, "cmp-1:1")
-    assert expanded is not None
-    assert [t.content for t in expanded.turns] == TURNS[3:]
-    assert expanded.turns_missing == 0
-    assert await pg_store.expand_batch(CONV, "nope") is None
-    assert await pg_store.expand_batch("other-conversation", "cmp-1:1") is None
-
-
-async def test_expand_of_a_resummarised_batch_covers_its_sources_turns(
-    pg_store: PostgresStore,
-) -> None:
-    await _compact_all(pg_store)
-    sources = [f"{CONV}-m{i:03d}" for i in range(len(TURNS))]
-    merged = stored("cmp-2", "resummarized", "All of it.", depth=1, end=5)
-    merged = merged.model_copy(
-        update={"batch": merged.batch.model_copy(update={"source_message_ids": tuple(sources)})}
-    )
-    plan = make_plan(
-        "cmp-2",
-        [merged],
-        ["clip-archive-cmp-1"],
-        superseded=[("cmp-1:0", merged.id), ("cmp-1:1", merged.id)],
-    )
-    await pg_store.apply_compaction(plan)
-    expanded = await pg_store.expand_batch(CONV, merged.id)
-    assert expanded is not None and [t.content for t in expanded.turns] == TURNS
-
-
-async def test_retention_removes_old_raw_turns_only(pg_store: PostgresStore) -> None:
-    await _compact_all(pg_store)
-    assert await pg_store.expire_raw_turns() == 0  # 0 days = forever
-    store = PostgresStore(pg_store.pool, raw_retention_days=30)
-    assert await store.expire_raw_turns() == 0  # all archived just now
-    await store.pool.execute(
-        "UPDATE archived_messages SET archived_at = $1 WHERE batch_id = 'cmp-1:0'",
-        datetime.now(UTC) - timedelta(days=31),
-    )
-    assert await store.expire_raw_turns() == 3
-    expanded = await store.expand_batch(CONV, "cmp-1:0")
-    assert expanded is not None and expanded.turns == () and expanded.turns_missing == 3
-    assert len(await _archived(store)) == 3
-    # The summary stays searchable, and a redelivered compacted message stays out.
-    assert (await store.memory_read("Lisbon")).hits
-    assert not await store.save_message(msg(1, TURNS[1]), 10)
 
 
 async def test_covered_days_round_trip(pg_store: PostgresStore) -> None:
@@ -276,6 +220,8 @@ async def test_covered_days_round_trip(pg_store: PostgresStore) -> None:
     batch = stored("cmp-1", 0, "s", messages)
     days = (date(2026, 1, 5), date(2026, 3, 1))
     batch = batch.model_copy(update={"batch": batch.batch.model_copy(update={"days": days})})
-    await pg_store.apply_compaction(make_plan("cmp-1", [batch], [m.id for m in messages]))
-    (live,) = await pg_store.live_batches(CONV)
+    await pg_store.compactions.apply_compaction(
+        make_plan("cmp-1", [batch], [m.id for m in messages])
+    )
+    (live,) = await pg_store.archive.live_batches(CONV)
     assert live.batch.days == days

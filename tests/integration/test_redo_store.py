@@ -18,7 +18,8 @@ from core.domain.compaction import (
     StoredTokens,
 )
 from core.ports.storage import AlreadyApplied, Applied, CompactionOutbox, HistoryConflictError
-from tests.integration.test_postgres_store import CONV, msg, save_all
+from tests.support.plans import CONV, msg, save_all
+from tests.support.stores import counts
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ BUDGET = BudgetConfig(context_budget=0.5, model_max_tokens=2000)  # 1,000 tokens
 def compactor(store: PostgresStore) -> PipelineCompactor:
     config = CompactionConfig(keep_recent=2, chunk_size=4, retry_backoff_seconds=0)
     return create_compactor(
-        model=ExtractiveProvider(), memory_store=store, config=config, model_name="x",
+        model=ExtractiveProvider(), memory=store.archive, config=config, model_name="x",
         budget=BUDGET,
     )  # fmt: skip
 
@@ -39,7 +40,7 @@ async def _compacted(store: PostgresStore) -> PipelineCompactor:
     ]
     await save_all(store, turns)
     pipeline = compactor(store)
-    outcome = await pipeline.plan(await store.load_history(CONV), CONV, compaction_id="c-1")
+    outcome = await pipeline.plan(await store.history.load_history(CONV), CONV, compaction_id="c-1")
     await _apply(store, _plan_of(outcome))
     return pipeline
 
@@ -52,20 +53,20 @@ def _plan_of(outcome: PlanOutcome) -> CompactionPlan:
 async def _apply(store: PostgresStore, plan: CompactionPlan) -> None:
     """As the processor applies it: with the stored token counts its completion
     announces, which the store checks (a restore's turns with their own)."""
-    inputs = await store.compaction_inputs(plan.compaction_id, CONV, up_to_seq=None)
+    inputs = await store.history.compaction_inputs(plan.compaction_id, CONV, up_to_seq=None)
     outbox = CompactionOutbox((), StoredTokens.of(plan, inputs.stored_tokens))
-    assert await store.apply_compaction(plan, outbox) == Applied()
+    assert await store.compactions.apply_compaction(plan, outbox) == Applied()
 
 
 async def test_recompact_supersedes_the_live_batches_and_relinks_their_raw_turns(
     pg_store: PostgresStore,
 ) -> None:
     pipeline = await _compacted(pg_store)
-    before = await pg_store.live_batches(CONV)
-    history = await pg_store.load_history(CONV)
+    before = await pg_store.archive.live_batches(CONV)
+    history = await pg_store.history.load_history(CONV)
     plan = _plan_of(await pipeline.recompact(history, CONV, compaction_id="r-1"))
     await _apply(pg_store, plan)
-    after = await pg_store.live_batches(CONV)
+    after = await pg_store.archive.live_batches(CONV)
     assert after and all(b.compaction_id == "r-1" for b in after)
     rows = await pg_store.pool.fetch(
         "SELECT id, superseded_by FROM archival_memory WHERE id = ANY($1::text[])",
@@ -76,24 +77,24 @@ async def test_recompact_supersedes_the_live_batches_and_relinks_their_raw_turns
         r["batch_id"] for r in await pg_store.pool.fetch("SELECT batch_id FROM archived_messages")
     }
     assert links <= {b.id for b in after}  # every raw turn points at a live batch
-    live = await pg_store.load_history(CONV)
+    live = await pg_store.history.load_history(CONV)
     assert [m.id for m in live][1:] == [m.id for m in history][1:]  # the kept messages stay
-    tokens, _ = await pg_store.conversation_totals(CONV)
+    tokens, _ = await counts(pg_store, CONV)
     assert tokens <= BUDGET.budget_tokens
-    assert await pg_store.apply_compaction(plan) == AlreadyApplied()
+    assert await pg_store.compactions.apply_compaction(plan) == AlreadyApplied()
 
 
 async def test_restore_moves_the_newest_turns_back_with_their_arrival_numbers(
     pg_store: PostgresStore,
 ) -> None:
     pipeline = await _compacted(pg_store)
-    *_, newest = await pg_store.live_batches(CONV)
+    *_, newest = await pg_store.archive.live_batches(CONV)
     seqs = {
         r["id"]: r["seq"]
         for r in await pg_store.pool.fetch("SELECT id, seq FROM archived_messages")
     }
     outcome = await pipeline.restore(
-        await pg_store.load_history(CONV), CONV, compaction_id="u-1", batch_id=newest.id
+        await pg_store.history.load_history(CONV), CONV, compaction_id="u-1", batch_id=newest.id
     )
     plan = _plan_of(outcome)
     assert plan.restored_message_ids
@@ -113,7 +114,7 @@ async def test_restore_moves_the_newest_turns_back_with_their_arrival_numbers(
         list(plan.restored_message_ids),
     )
     assert archived == 0
-    tokens, _ = await pg_store.conversation_totals(CONV)
+    tokens, _ = await counts(pg_store, CONV)
     assert tokens <= BUDGET.target_tokens
     superseded = await pg_store.pool.fetchval(
         "SELECT superseded_by FROM archival_memory WHERE id = $1", newest.id
@@ -121,4 +122,6 @@ async def test_restore_moves_the_newest_turns_back_with_their_arrival_numbers(
     assert superseded is not None
     # A second restore of the same turns (a stale plan) changes nothing.
     with pytest.raises(HistoryConflictError):
-        await pg_store.apply_compaction(plan.model_copy(update={"compaction_id": "u-2"}))
+        await pg_store.compactions.apply_compaction(
+            plan.model_copy(update={"compaction_id": "u-2"})
+        )

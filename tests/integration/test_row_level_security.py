@@ -28,7 +28,8 @@ from core.adapters.postgres.connection import (
 from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import StoredTokens
 from core.ports.storage import Applied, CompactionOutbox, IncomingMessage, OutboxRecord, ReadScope
-from tests.integration.test_postgres_store import make_plan, msg, stored
+from tests.support.plans import make_plan, msg, stored
+from tests.support.stores import counts
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +71,7 @@ async def _conversation(
     (``batch_id``: the same id in several conversations is allowed, ids are
     unique per conversation)."""
     messages = [msg(i, f"{word} turn {i} about {word}", conversation_id=cid) for i in range(4)]
-    outcomes = await store.save_messages([IncomingMessage(m, 10) for m in messages])
+    outcomes = await store.ingest.save_messages([IncomingMessage(m, 10) for m in messages])
     assert {o.status for o in outcomes} == {"inserted"}
     plan = make_plan(
         f"cmp-{cid}",
@@ -91,9 +92,9 @@ async def _conversation(
     )
 
     record = OutboxRecord(topic="clip_archives", key=cid, payload="{}")
-    inputs = await store.compaction_inputs(plan.compaction_id, cid, up_to_seq=None)
+    inputs = await store.history.compaction_inputs(plan.compaction_id, cid, up_to_seq=None)
     outbox = CompactionOutbox((record,), StoredTokens.of(plan, inputs.stored_tokens))
-    assert await store.apply_compaction(plan, outbox) == Applied()
+    assert await store.compactions.apply_compaction(plan, outbox) == Applied()
 
 
 async def _two_tenants(store: PostgresStore) -> None:
@@ -180,23 +181,23 @@ async def test_the_views_reads_hold_without_their_filters(
 ) -> None:
     await _two_tenants(pg_store)
     # The store's reads, asked by acme for globex's rows: nothing.
-    assert await pg_store.load_history("globex/shared", scope=ACME) == []
-    assert await pg_store.load_history("loose-1", scope=ACME) == []
-    assert await pg_store.expand_batch("globex/shared", "batch-1", scope=ACME) is None
-    assert len(await pg_store.load_history("acme/shared", scope=ACME)) == 3  # clip + 2 live
-    assert len(await pg_store.load_history("globex/shared", scope=EVERYTHING)) == 3
-    expanded = await pg_store.expand_batch("acme/shared", "batch-1", scope=ACME)
+    assert await pg_store.history.load_history("globex/shared", scope=ACME) == []
+    assert await pg_store.history.load_history("loose-1", scope=ACME) == []
+    assert await pg_store.archive.expand_batch("globex/shared", "batch-1", scope=ACME) is None
+    assert len(await pg_store.history.load_history("acme/shared", scope=ACME)) == 3  # clip + 2 live
+    assert len(await pg_store.history.load_history("globex/shared", scope=EVERYTHING)) == 3
+    expanded = await pg_store.archive.expand_batch("acme/shared", "batch-1", scope=ACME)
     assert expanded is not None and len(expanded.turns) == 2
 
     # A search with neither conversation_id nor tenant_id: no filter at all in its SQL.
     for sources in ("both", "summaries", "raw"):
-        unscoped = await pg_store.memory_read("orchid", sources=sources)
+        unscoped = await pg_store.memory.memory_read("orchid", sources=sources)
         assert {h.conversation_id for h in unscoped.hits} == {
             "acme/shared",
             "globex/shared",
             "loose-1",
         }
-        scoped = await pg_store.memory_read("orchid", sources=sources, scope=ACME)
+        scoped = await pg_store.memory.memory_read("orchid", sources=sources, scope=ACME)
         assert {h.conversation_id for h in scoped.hits} == {"acme/shared"}, sources
 
     # Strip the tenant filter out of every search statement and ask as acme for globex's tenant.
@@ -208,7 +209,7 @@ async def test_the_views_reads_hold_without_their_filters(
         for kind in ((False, True), (True, True)):
             for builder in memory_statements.STATEMENTS:
                 assert "conversations AS t" not in builder(kind), builder.__name__
-        stripped = await pg_store.memory_read("orchid", tenant_id="globex", scope=ACME)
+        stripped = await pg_store.memory.memory_read("orchid", tenant_id="globex", scope=ACME)
         assert {h.conversation_id for h in stripped.hits} == {"acme/shared"}
         assert {t.conversation_id for t in stripped.turns} <= {"acme/shared"}
     finally:
@@ -231,7 +232,7 @@ async def test_raw_turns_lead_to_their_own_conversations_batch(pg_store: Postgre
     in the other's batch (the fill-in query was by batch id alone)."""
     await _conversation(pg_store, "acme/shared", "orchid")
     await _conversation(pg_store, "acme/c2", "falcon")
-    result = await pg_store.memory_read("falcon", sources="raw", tenant_id="acme")
+    result = await pg_store.memory.memory_read("falcon", sources="raw", tenant_id="acme")
     assert [(h.conversation_id, h.content) for h in result.hits] == [
         ("acme/c2", "Summary of falcon.")
     ]
@@ -305,14 +306,16 @@ async def test_the_worker_writes_as_an_owner_that_is_not_a_superuser(owner_dsn: 
             is False
         )
         await _two_tenants(store)  # save_messages, apply_compaction, outbox
-        assert (await store.conversation_totals("acme/shared"))[1] == 3
-        assert len(await store.pending_outbox()) == 3
-        assert len(await store.load_history("globex/shared")) == 3  # the worker sees everything
-        hits = (await store.memory_read("orchid")).hits
+        assert (await counts(store, "acme/shared"))[1] == 3
+        assert len(await store.outbox.pending_outbox()) == 3
+        assert (
+            len(await store.history.load_history("globex/shared")) == 3
+        )  # the worker sees everything
+        hits = (await store.memory.memory_read("orchid")).hits
         assert {h.conversation_id for h in hits} == {"acme/shared", "globex/shared", "loose-1"}
         # and its scoped reads are held to their tenant, as for a superuser
-        assert await store.load_history("globex/shared", scope=ACME) == []
-        scoped = await store.memory_read("orchid", scope=GLOBEX)
+        assert await store.history.load_history("globex/shared", scope=ACME) == []
+        scoped = await store.memory.memory_read("orchid", scope=GLOBEX)
         assert {h.conversation_id for h in scoped.hits} == {"globex/shared"}
         seen = await _visible(store.pool, ACME)
         assert all(ids <= {"acme/shared"} for ids in seen.values()), seen
@@ -324,15 +327,17 @@ async def test_a_scoped_read_leaves_its_pooled_connection_as_it_was(pg_database:
     store = await PostgresStore.connect(pg_database, max_size=1)  # one connection, reused
     try:
         await _two_tenants(store)
-        assert len(await store.load_history("acme/shared", scope=ACME)) == 3
+        assert len(await store.history.load_history("acme/shared", scope=ACME)) == 3
         with pytest.raises(ValueError):
-            await store.memory_read("  ", scope=ACME)  # fails inside the transaction
+            await store.memory.memory_read("  ", scope=ACME)  # fails inside the transaction
         row = await store.pool.fetchrow(
             "SELECT current_user = session_user AS same_user, current_setting($1, true) AS tenant",
             TENANT_SETTING,
         )
         assert row["same_user"] and row["tenant"] in (None, "")
-        assert len(await store.load_history("globex/shared")) == 3  # the worker's reads see all
+        assert (
+            len(await store.history.load_history("globex/shared")) == 3
+        )  # the worker's reads see all
     finally:
         await store.close()
 
@@ -341,14 +346,17 @@ async def test_the_compaction_log_is_read_through_the_scope(pg_store: PostgresSt
     """GET /conversations/{id}/compactions reads compaction_log with the caller's scope:
     a tenant sees its own conversation's compactions and batches, never another's."""
     await _two_tenants(pg_store)
-    acme = await pg_store.compaction_log("acme/shared", scope=ReadScope.of_tenant("acme"))
+    acme = await pg_store.archive.compaction_log("acme/shared", scope=ReadScope.of_tenant("acme"))
     assert [r.compaction_id for r in acme] == ["cmp-acme/shared"]
     (record,) = acme
     assert record.messages_compressed == 2 and record.batches_created == 1
     assert [b.batch_id for b in record.batches] == ["batch-1"]
     assert record.usage is not None and record.usage.summarizer == "extractive"
-    assert await pg_store.compaction_log("globex/shared", scope=ReadScope.of_tenant("acme")) == []
-    assert await pg_store.compaction_log("loose-1", scope=ReadScope.of_tenant("acme")) == []
+    assert (
+        await pg_store.archive.compaction_log("globex/shared", scope=ReadScope.of_tenant("acme"))
+        == []
+    )
+    assert await pg_store.archive.compaction_log("loose-1", scope=ReadScope.of_tenant("acme")) == []
     everything = ReadScope.everything()
-    assert len(await pg_store.compaction_log("loose-1", scope=everything)) == 1
-    assert await pg_store.compaction_log("nobody", scope=everything) == []
+    assert len(await pg_store.archive.compaction_log("loose-1", scope=everything)) == 1
+    assert await pg_store.archive.compaction_log("nobody", scope=everything) == []

@@ -7,12 +7,20 @@ from datetime import timedelta
 
 import pytest
 
+from core.adapters.postgres.ingest import PostgresIngest
 from core.adapters.postgres.privacy import ERASED_TABLES, KEPT_TABLES
 from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import StoredTokens
 from core.domain.tenancy import conversation_key
-from core.ports.storage import Applied, CompactionOutbox, Erasure, IncomingMessage, OutboxRecord
-from tests.integration.test_postgres_store import T0, make_plan, msg, stored
+from core.ports.storage import (
+    Applied,
+    CompactionOutbox,
+    Erasure,
+    IncomingMessage,
+    OutboxRecord,
+)
+from tests.support.plans import T0, make_plan, msg, stored
+from tests.support.stores import counts, saved
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +50,7 @@ async def _conversation(store: PostgresStore, bare: str, tenant: str | None, wor
     cid = conversation_key(tenant, bare)
     messages = [msg(i, f"{word} turn {i} about {word}", conversation_id=cid) for i in range(4)]
     for m in messages:
-        assert await store.save_message(m, 10)
+        assert await saved(store, m, 10)
     plan = make_plan(
         f"cmp-{cid}",
         [stored(f"cmp-{cid}", 0, f"Summary of {word}.", messages[:2], end=1)],
@@ -62,24 +70,10 @@ async def _conversation(store: PostgresStore, bare: str, tenant: str | None, wor
     )
 
     record = OutboxRecord(topic="clip_archives", key=cid, payload="{}")
-    inputs = await store.compaction_inputs(plan.compaction_id, cid, up_to_seq=None)
+    inputs = await store.history.compaction_inputs(plan.compaction_id, cid, up_to_seq=None)
     outbox = CompactionOutbox((record,), StoredTokens.of(plan, inputs.stored_tokens))
-    assert await store.apply_compaction(plan, outbox) == Applied()
+    assert await store.compactions.apply_compaction(plan, outbox) == Applied()
     return cid
-
-
-async def test_the_conversations_row_holds_the_tenant_its_key_names(
-    pg_store: PostgresStore,
-) -> None:
-    assert await pg_store.save_message(msg(0, conversation_id="acme/a"), 5)
-    assert not await pg_store.save_message(msg(0, conversation_id="acme/a"), 5)
-    assert await pg_store.save_message(msg(0, conversation_id="globex/a"), 5)  # not acme's
-    assert await pg_store.save_message(msg(0, conversation_id="a"), 5)
-    assert await pg_store.conversation_totals("acme/a") == (5, 1)
-    assert await tenant_row(pg_store, "acme/a") == (True, "acme")
-    assert await tenant_row(pg_store, "globex/a") == (True, "globex")
-    assert await tenant_row(pg_store, "a") == (True, None)
-    assert await tenant_row(pg_store, "nobody") == (False, None)
 
 
 async def test_memory_read_by_tenant_sees_only_that_tenants_memory(pg_store: PostgresStore) -> None:
@@ -87,10 +81,10 @@ async def test_memory_read_by_tenant_sees_only_that_tenants_memory(pg_store: Pos
     await _conversation(pg_store, "shared-1", "globex", "orchid")
     for tenant in ("acme", "globex"):
         for sources in ("both", "summaries", "raw"):
-            result = await pg_store.memory_read("orchid", tenant_id=tenant, sources=sources)
+            result = await pg_store.memory.memory_read("orchid", tenant_id=tenant, sources=sources)
             assert result.hits
             assert {h.conversation_id for h in result.hits} == {f"{tenant}/shared-1"}
-    scoped = await pg_store.memory_read(
+    scoped = await pg_store.memory.memory_read(
         "orchid", conversation_id="globex/shared-1", tenant_id="acme"
     )
     assert scoped.hits == ()
@@ -132,88 +126,37 @@ async def test_erase_leaves_no_row_with_the_conversation_id_in_any_table(
 
     before = await rows("doomed")
     assert all(before.values()), before  # every table held some of it
-    removed = (await pg_store.erase_conversation("doomed", erasure())).removed
+    removed = (await pg_store.privacy.erase_conversation("doomed", erasure())).removed
     assert removed == before
     assert set((await rows("doomed")).values()) == {0}
     assert all((await rows(kept)).values())
     # Anywhere else the id could hide: outbox keys and payloads, batch sources.
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE key = 'doomed'") == 0
-    again = await pg_store.erase_conversation("doomed", erasure("req-2"))
+    again = await pg_store.privacy.erase_conversation("doomed", erasure("req-2"))
     assert again.removed == dict.fromkeys(ERASED_TABLES, 0) and again.epoch == 2
     # A later message starts a new conversation.
-    assert await pg_store.save_message(msg(0, conversation_id="doomed"), 5)
+    assert await saved(pg_store, msg(0, conversation_id="doomed"), 5)
     assert await tenant_row(pg_store, "doomed") == (True, None)
-    assert await pg_store.conversation_totals("doomed") == (5, 1)
+    assert await counts(pg_store, "doomed") == (5, 1)
 
 
-async def test_the_erase_mark_is_checked_inside_the_ingest_transaction(
+async def test_the_erase_mark_holds_in_the_per_conversation_layout_too(
     pg_store: PostgresStore,
 ) -> None:
-    async def group(*items: tuple[int, int | None, int | None, int]) -> list[str]:
-        """(index, partition, offset, seconds after T0) → the outcomes' statuses."""
+    """One transaction per conversation (the distributed layout) reads the mark
+    under the lock as the group transaction does (tests/contract/test_ingest.py)."""
+    per_conversation = PostgresIngest(pg_store.pool, per_conversation=True)
+
+    async def group(*items: tuple[int, int, int]) -> list[str]:
+        """(index, partition, offset) → the outcomes' statuses."""
         batch = [
-            IncomingMessage(msg(i, conversation_id="doomed", seconds=at), 10, partition, offset)
-            for i, partition, offset, at in items
+            IncomingMessage(msg(i, conversation_id="doomed", seconds=i), 10, partition, offset)
+            for i, partition, offset in items
         ]
-        return [o.status for o in await pg_store.save_messages(batch)]
+        batch.append(IncomingMessage(msg(99, conversation_id="other"), 10, 1, 1))  # alongside
+        return [o.status for o in await per_conversation.save_messages(batch)]
 
-    assert await group((0, 1, 5, 0), (1, 1, 6, 1)) == ["inserted", "inserted"]
-    assert await group((9, 0, 3, 9)) == ["inserted"]  # another conversation's id space
-    outcome = await pg_store.erase_conversation("doomed", erasure(p1=6, p3=100))
-    assert outcome.epoch == 1 and outcome.removed["messages"] == 3
-    # At or below the mark (redelivered, lagging, a new consumer group): not stored,
-    # and no conversations row (tenant claim) either.
-    assert await group((0, 1, 5, 0), (1, 1, 6, 1), (2, 3, 100, 2)) == ["erased"] * 3
-    assert await pg_store.conversation_totals("doomed") == (0, 0)
-    assert await tenant_row(pg_store, "doomed") == (False, None)
-    assert (
-        await pg_store.pool.fetchval(
-            "SELECT count(*) FROM conversations WHERE conversation_id = 'doomed'"
-        )
-        == 0
-    )
-    # Created before the erase was asked (a replay, at new offsets): not stored either.
-    assert await group((4, 1, 50, -2 * 86_400)) == ["erased"]
-    assert not await pg_store.save_message(
-        msg(5, conversation_id="doomed", seconds=-2 * 86_400), 10, partition=2, offset=1
-    )
-    assert not await pg_store.save_message(
-        msg(6, conversation_id="doomed"), 10, partition=1, offset=6
-    )
-    # Above the mark and after the cutoff: a new conversation, with the erase's epoch.
-    assert await group((7, 1, 7, 7), (8, 2, 0, 8)) == ["inserted", "inserted"]
-    assert await pg_store.save_message(msg(10, conversation_id="doomed"), 10, partition=1, offset=8)
-    totals = await pg_store.totals_of(["doomed", "never"])
-    assert (totals["doomed"].rows, totals["doomed"].epoch) == (3, 1)
-    assert (totals["never"].rows, totals["never"].epoch) == (0, 0)
-    # Per conversation transactions (the distributed layout) apply the same rule.
-    pg_store._single_conversation_transactions = True
-    try:
-        assert await group((0, 1, 5, 0), (11, 1, 9, 11)) == ["erased", "inserted"]
-    finally:
-        pg_store._single_conversation_transactions = False
-
-
-async def test_the_audit_survives_the_erase_and_a_redelivered_request_is_audited_once(
-    pg_store: PostgresStore,
-) -> None:
-    await _conversation(pg_store, "doomed", None, "orchid")
-    first = await pg_store.erase_conversation("doomed", erasure(p0=9))
-    repeated = await pg_store.erase_conversation("doomed", erasure(p0=4))
-    assert repeated.repeated and repeated.removed == first.removed and repeated.epoch == 1
-    assert first.removed["messages"] > 0
-    (entry,) = await pg_store.erase_audit("doomed")
-    assert (entry.request_id, entry.requester, entry.reason) == (
-        "req-1",
-        "ops@example",
-        "subject access request #42",
-    )
-    assert entry.counts == first.removed and entry.epoch == 1
-    later = await pg_store.erase_conversation("doomed", erasure("req-2", p0=2, p1=7))
-    assert later.epoch == 2 and not later.repeated
-    assert [e.request_id for e in await pg_store.erase_audit("doomed")] == ["req-1", "req-2"]
-    # A later erase never lowers an earlier mark.
-    offsets = await pg_store.pool.fetchval(
-        "SELECT offsets FROM erasures WHERE conversation_id = 'doomed'"
-    )
-    assert offsets == {"0": 9, "1": 7}
+    assert await group((0, 1, 5), (1, 1, 6)) == ["inserted"] * 3
+    await pg_store.privacy.erase_conversation("doomed", erasure(p1=6))
+    assert await group((0, 1, 5), (11, 1, 9)) == ["erased", "inserted", "duplicate"]
+    assert await tenant_row(pg_store, "doomed") == (True, None)

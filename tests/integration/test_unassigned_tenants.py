@@ -24,11 +24,12 @@ from core.adapters.postgres.migrate import load_migrations, migrate
 from core.adapters.postgres.store import PostgresStore
 from core.domain.clip_archive import clip_archive_message, is_clip_archive
 from core.domain.split import split_history
-from core.ports.storage import IncomingMessage, TenantConflictError
+from core.ports.storage import IncomingMessage
 from streams import cli
 from streams.database import POSTGRES_DSN_ENV
 from tests.integration.test_postgres_pool import plan_over
 from tests.support.builders import T0, message
+from tests.support.stores import saved
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -42,17 +43,17 @@ def incoming(index: int, key: str, *, partition: int | None = None) -> IncomingM
 async def test_the_same_id_under_two_tenants_is_two_conversations(
     pg_store: PostgresStore, pg_database: str
 ) -> None:
-    outcomes = await pg_store.save_messages(
+    outcomes = await pg_store.ingest.save_messages(
         [incoming(0, "globex/c1"), incoming(1, "acme/c1"), incoming(2, "c1")]
     )
     assert [o.status for o in outcomes] == ["inserted"] * 3
-    assert await pg_store.save_message(message(3, conversation_id="acme/c1"), 10)
+    assert await saved(pg_store, message(3, conversation_id="acme/c1"), 10)
     for key, ids in (
         ("acme/c1", ["m00001", "m00003"]),
         ("globex/c1", ["m00000"]),
         ("c1", ["m00002"]),
     ):
-        assert [m.id for m in await pg_store.load_history(key)] == ids
+        assert [m.id for m in await pg_store.history.load_history(key)] == ids
     conn = await asyncpg.connect(pg_database)
     try:
         rows = await conn.fetch("SELECT conversation_id, tenant_id FROM conversations")
@@ -63,28 +64,6 @@ async def test_the_same_id_under_two_tenants_is_two_conversations(
         "acme/c1": "acme",
         "c1": None,
     }
-
-
-async def test_a_history_without_a_tenant_is_moved_into_one_explicitly(
-    pg_store: PostgresStore,
-) -> None:
-    await pg_store.save_messages([incoming(0, "legacy-1"), incoming(1, "legacy-1")])
-    plan = plan_over(await pg_store.load_history("legacy-1"))
-    await pg_store.apply_compaction(plan)
-    assert await pg_store.move_to_tenant("legacy-1", "acme") is True
-    assert await pg_store.move_to_tenant("legacy-1", "acme") is False
-    assert await pg_store.load_history("legacy-1") == []
-    moved = await pg_store.load_history("acme/legacy-1")
-    assert moved and {m.conversation_id for m in moved} == {"acme/legacy-1"}
-    assert await pg_store.live_batches("acme/legacy-1")
-    assert await pg_store.compaction_applied(plan.compaction_id)
-    (outcome,) = await pg_store.save_messages([incoming(6, "acme/legacy-1")])
-    assert outcome.status == "inserted"
-    await pg_store.save_messages([incoming(7, "legacy-1")])  # a new one without a tenant
-    with pytest.raises(TenantConflictError, match="never merged"):
-        await pg_store.move_to_tenant("legacy-1", "acme")
-    with pytest.raises(TenantConflictError, match="to move"):
-        await pg_store.move_to_tenant("nobody", "acme")
 
 
 async def test_migration_0010_rekeys_what_was_stored_before_it(pg_empty_database: str) -> None:
@@ -168,7 +147,7 @@ async def test_migration_0010_rekeys_what_was_stored_before_it(pg_empty_database
         later = message(1, conversation_id="globex/gone-1").model_copy(
             update={"created_at": T0 + timedelta(days=36500)}
         )
-        outcomes = await store.save_messages(
+        outcomes = await store.ingest.save_messages(
             [
                 IncomingMessage(old, 1, 0, 100),
                 IncomingMessage(later, 1, 0, 41),
@@ -187,7 +166,7 @@ async def test_the_tenants_command_moves_a_history(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    await pg_store.save_messages([incoming(0, "legacy-1")])
+    await pg_store.ingest.save_messages([incoming(0, "legacy-1")])
     config = tmp_path / "config.toml"
     config.write_text("")
     monkeypatch.setenv(POSTGRES_DSN_ENV, pg_database)
@@ -207,7 +186,7 @@ async def test_the_tenants_command_moves_a_history(
     assert code == 1 and "not a tenant id" in err
     code, _, err = await run("assign", "nobody", "acme")
     assert code == 1 and "to move" in err
-    assert [m.id for m in await pg_store.load_history("acme/legacy-1")] == ["m00000"]
+    assert [m.id for m in await pg_store.history.load_history("acme/legacy-1")] == ["m00000"]
 
 
 LOOKALIKE = (
@@ -219,8 +198,8 @@ LOOKALIKE = (
 async def test_load_history_marks_only_the_stored_clip_archive(pg_store: PostgresStore) -> None:
     lookalike = message(0, "system", LOOKALIKE, conversation_id="c-look")
     rest = [message(i, conversation_id="c-look") for i in range(1, 5)]
-    await pg_store.save_messages([IncomingMessage(m, 10) for m in (lookalike, *rest)])
-    history = await pg_store.load_history("c-look")
+    await pg_store.ingest.save_messages([IncomingMessage(m, 10) for m in (lookalike, *rest)])
+    history = await pg_store.history.load_history("c-look")
     assert history[0].content == LOOKALIKE and not is_clip_archive(history[0])
     split = split_history(history, keep_recent=2)
     assert split.prior_summary is None and lookalike in split.to_compress
@@ -234,10 +213,10 @@ async def test_load_history_marks_only_the_stored_clip_archive(pg_store: Postgre
         content="[Context Summary — 3 messages compressed across 1 compaction cycles]",
         created_at=T0 - timedelta(seconds=1),
     )
-    await pg_store.apply_compaction(plan.model_copy(update={"clip_archive": clip}))
+    await pg_store.compactions.apply_compaction(plan.model_copy(update={"clip_archive": clip}))
     for loaded in (
-        await pg_store.load_history("c-look"),
-        (await pg_store.compaction_inputs("other", "c-look", up_to_seq=None)).history,
+        await pg_store.history.load_history("c-look"),
+        (await pg_store.history.compaction_inputs("other", "c-look", up_to_seq=None)).history,
     ):
         assert [is_clip_archive(m) for m in loaded] == [True, False, False]
         assert loaded[0] == clip

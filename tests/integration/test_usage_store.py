@@ -4,15 +4,13 @@ security, a tenant's LLM tokens today, and batches that remember their specifics
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
-
 import pytest
 
 from core.adapters.postgres.store import PostgresStore
 from core.domain.specifics import Specific
 from core.domain.usage import LlmUsage
-from core.ports.storage import Applied, ReadScope
-from tests.integration.test_postgres_store import make_plan, msg, save_all, stored
+from core.ports.storage import Applied
+from tests.support.plans import make_plan, msg, save_all, stored
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +40,7 @@ async def _compact(
     plan = make_plan(
         compaction_id, [batch], [m.id for m in messages], conversation_id=conversation
     ).model_copy(update={"usage": usage})
-    assert await store.apply_compaction(plan) == Applied()
+    assert await store.compactions.apply_compaction(plan) == Applied()
 
 
 async def test_a_compaction_records_its_usage_and_tenant(pg_store: PostgresStore) -> None:
@@ -63,37 +61,7 @@ async def test_a_compaction_records_its_usage_and_tenant(pg_store: PostgresStore
     assert row["cost_usd"] == pytest.approx(0.00249) and row["budget_fallback"] is False
 
 
-async def test_usage_by_day_sums_per_tenant_through_the_read_scope(
-    pg_store: PostgresStore,
-) -> None:
-    await _compact(pg_store, "acme/c1", "cmp-1", LLM)
-    await _compact(pg_store, "acme/c2", "cmp-2", EXTRACTIVE)
-    await _compact(pg_store, "globex/c1", "cmp-3", LLM)
-    everything = await pg_store.usage_by_day(scope=ReadScope.everything())
-    assert [(d.tenant_id, d.compactions) for d in everything] == [("acme", 2), ("globex", 1)]
-    (acme,) = await pg_store.usage_by_day(scope=ReadScope.of_tenant("acme"))
-    assert (acme.llm_calls, acme.input_tokens, acme.fallback_compactions) == (5, 1600, 1)
-    assert acme.cost_usd == pytest.approx(0.00249)
-    assert acme.day == datetime.now(UTC).date()
-    # Row-level security: acme's scope sees nothing of globex, whatever it asks for.
-    assert await pg_store.usage_by_day(scope=ReadScope.of_tenant("acme"), tenant_id="globex") == []
-    tomorrow = datetime.now(UTC).date() + timedelta(days=1)
-    assert await pg_store.usage_by_day(scope=ReadScope.everything(), since=tomorrow) == []
-    assert await pg_store.usage_by_day(scope=ReadScope.everything(), since=date(2000, 1, 1))
-
-
-async def test_a_tenant_s_llm_tokens_count_no_extractive_compaction(
-    pg_store: PostgresStore,
-) -> None:
-    await _compact(pg_store, "acme/c1", "cmp-1", LLM)
-    await _compact(pg_store, "acme/c2", "cmp-2", EXTRACTIVE)
-    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    assert await pg_store.tenant_llm_tokens("acme", today) == LLM.total_tokens
-    assert await pg_store.tenant_llm_tokens("acme", today + timedelta(days=1)) == 0
-    assert await pg_store.tenant_llm_tokens("globex", today) == 0
-
-
 async def test_a_batch_remembers_its_specifics_and_its_ledger(pg_store: PostgresStore) -> None:
     await _compact(pg_store, "acme/c1", "cmp-1", LLM)
-    (live,) = await pg_store.live_batches("acme/c1")
+    (live,) = await pg_store.archive.live_batches("acme/c1")
     assert live.batch.specifics == LEDGER and live.batch.ledger == LEDGER

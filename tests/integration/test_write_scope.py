@@ -12,7 +12,7 @@ accounting, processor, outbox relay, reconciliation, erase) over the store,
 model and embedder ``streams.bootstrap`` opens from the configuration, and the
 test fails naming every transaction that touched two conversations.
 
-The batch ingest (``PostgresStore.save_messages``) is the one known
+The batch ingest (``PostgresIngest.save_messages``) is the one known
 exception: by default it writes a whole batch, of many conversations, in one
 transaction and one statement, for throughput. With
 ``[postgres].single_conversation_transactions = true`` it writes one
@@ -57,7 +57,7 @@ KEYS = {c: conversation_key(t, c) for c, t in CONVERSATIONS.items()}
 EXPECTED_WRITES = {
     ("conversations", "INSERT"),  # the tenant of a conversation's first message
     ("conversations", "DELETE"),  # erase
-    ("messages", "INSERT"),  # save_message, save_messages, the clip-archive
+    ("messages", "INSERT"),  # save_messages, the clip-archive
     ("messages", "DELETE"),  # a compaction moves messages out; erase
     ("archival_memory", "INSERT"),  # batches
     ("archival_memory", "UPDATE"),  # superseded by a re-summary, its archive_order
@@ -195,7 +195,7 @@ async def drive_every_write_path(
         IncomingMessage(batch_message("acme-1", 5), 40),
         IncomingMessage(other_tenant, 40),
     ]
-    outcomes = await store.save_messages(batch + extra)
+    outcomes = await store.ingest.save_messages(batch + extra)
     assert [o.status for o in outcomes] == ["inserted"] * (len(batch) + 1) + [
         "duplicate",
         "inserted",
@@ -223,14 +223,14 @@ async def drive_every_write_path(
     with monkeypatch.context() as patched:
         patched.setattr(relay, "send", crashed)
         await run.replay(interleaved(30, 40))
-    assert await store.pending_outbox(), "the crash left no unpublished outbox rows"
+    assert await store.outbox.pending_outbox(), "the crash left no unpublished outbox rows"
     # What the relay timer's tick runs, once the rows are older than its grace.
     timer = OutboxRelay(
         StaticRuntime(store, run.compactor), run.publisher, run.components.metrics,
         grace_seconds=0,
     )  # fmt: skip
     assert await timer.drain() > 0
-    assert not await store.pending_outbox()
+    assert not await store.outbox.pending_outbox()
     await run.replay([event("plain-1", 40)])  # delivers the completions the relay published
 
     # 4. Reconciliation's store pass: conversations over budget, and raw turns
@@ -276,7 +276,7 @@ async def test_no_write_transaction_touches_two_conversations(
         assert runtime.resolved_model.kind == "anthropic"  # over HTTP to the test server
         assert store.embedder is not None  # archived turns get embedded (an UPDATE)
         windows = write_audit.TxidWindows.on(store.pool)
-        monkeypatch.setattr(store, "save_messages", windows.wrap(store.save_messages))
+        monkeypatch.setattr(store.ingest, "save_messages", windows.wrap(store.ingest.save_messages))
         run = OfflineRun(settings, store, runtime.compactor)
         await drive_every_write_path(run, store, monkeypatch)
 

@@ -15,7 +15,7 @@ from core.domain.clip_archive import is_clip_archive
 from core.domain.compaction import CompactionPlan, Failed, Planned, StoredBatch, Unchanged
 from core.domain.messages import ConversationMessage
 from core.domain.tokens import estimate_history_tokens
-from core.ports.storage import AlreadyApplied, MessageStore
+from core.ports.storage import AlreadyApplied, Storage
 from streams.worker.processor import write_plan
 
 _ids = itertools.count(1)
@@ -70,7 +70,7 @@ class Compressed:
 
 
 class PlanAndApply:
-    def __init__(self, compactor: PipelineCompactor, store: MessageStore) -> None:
+    def __init__(self, compactor: PipelineCompactor, store: Storage) -> None:
         self.compactor = compactor
         self.store = store
 
@@ -86,7 +86,7 @@ class PlanAndApply:
         found = tuple(history)
         cid = compaction_id or f"cmp-{next(_ids)}"
         target = self.compactor.target_tokens
-        if await self.store.compaction_applied(cid):
+        if await self.store.compactions.compaction_applied(cid):
             return Compressed(found, cid, target, reason="compaction already applied",
                               already_applied=True)  # fmt: skip
         match await self.compactor.plan(found, conversation_id, compaction_id=cid):
@@ -104,7 +104,7 @@ class PlanAndApply:
         target: int | None,
         planned: Planned,
     ) -> Compressed:
-        match await write_plan(self.store, planned.plan):
+        match await write_plan(self.store.compactions, planned.plan):
             case Failed(detail=detail):
                 return Compressed(found, cid, target, failed=True, reason=detail)
             case AlreadyApplied():
@@ -119,5 +119,5 @@ class PlanAndApply:
 
 
 def applying_compactor(*, store: Any, **options: Any) -> PlanAndApply:
-    """``create_compactor(memory_store=store, **options)``, applied to ``store``."""
-    return PlanAndApply(create_compactor(memory_store=store, **options), store)
+    """``create_compactor(memory=store.archive, **options)``, applied to ``store``."""
+    return PlanAndApply(create_compactor(memory=store.archive, **options), store)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from streams.metrics import Metrics
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -37,3 +39,10 @@ def label_values(text: str, name: str, label: str) -> dict[str, float]:
         if sample == name and label in sample_labels:
             out[sample_labels[label]] = out.get(sample_labels[label], 0.0) + value
     return out
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    """The sample ``name`` with ``labels`` in ``metrics``' own registry
+    (``Metrics.registry``), as ``/metrics`` exposes it; 0 when it has none yet."""
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value

@@ -17,7 +17,8 @@ from core.domain.compaction import CompactionConfig, SummaryBatch
 from core.domain.messages import ConversationMessage
 from tests.support.compaction import applying_compactor
 from tests.support.memory_store import InMemoryStore
-from tests.unit.worker.harness import harness
+from tests.support.stores import saved
+from tests.unit.worker.harness import harness, over_budget
 
 pytestmark = pytest.mark.unit
 
@@ -75,7 +76,7 @@ def _history(n: int) -> list[ConversationMessage]:
 async def test_chunk_order_decides_what_a_batch_spans(order: str) -> None:
     store = InMemoryStore()
     for m in _history(30):
-        await store.save_message(m, 10)
+        await saved(store, m, 10)
     config = CompactionConfig(chunk_size=5, keep_recent=5, chunk_order=order)  # type: ignore[arg-type]
     compactor = applying_compactor(
         store=store,
@@ -83,7 +84,7 @@ async def test_chunk_order_decides_what_a_batch_spans(order: str) -> None:
         config=config,
         model_name="x",
     )
-    result = await compactor.compress(await store.load_history("c1"), "c1")
+    result = await compactor.compress(await store.history.load_history("c1"), "c1")
     depth0 = [b for b in result.batches if b.batch.depth == 0]
     assert depth0
     ids = [list(b.batch.source_message_ids) for b in depth0]
@@ -102,5 +103,9 @@ async def test_chunk_order_decides_what_a_batch_spans(order: str) -> None:
 async def test_the_reconciliation_timer_expires_old_raw_turns() -> None:
     h = harness()
     h.store.raw_retention_days = 30
+    await h.components.processor.compact(await over_budget(h))
+    archived = set(h.store.archived)
+    assert archived  # the compacted turns, kept raw for memory_read
+    h.clock.now += 31 * 86_400  # past the retention
     await h.components.reconciler.tick()  # the first pass asks the store
-    assert "expire_raw_turns" in h.store.calls
+    assert not archived & set(h.store.archived)

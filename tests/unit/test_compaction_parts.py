@@ -22,7 +22,8 @@ from core.compaction.attempt import failure_kind
 from core.compaction.batches import CompactionIds
 from core.compaction.embedding import with_embeddings
 from core.compaction.fitting import ClipFitter
-from core.compaction.summarizer import LlmSpend, Summarizer
+from core.compaction.spend import LlmSpend
+from core.compaction.summarizer import Summarizer
 from core.domain.compaction import (
     CompactionConfig,
     CompactionPlan,

@@ -27,6 +27,7 @@ from core.ports.model import ModelRequest, ModelResponse
 from tests.support.builders import T0
 from tests.support.compaction import Compressed, PlanAndApply, applying_compactor
 from tests.support.memory_store import InMemoryStore
+from tests.support.stores import saved
 
 pytestmark = pytest.mark.unit
 
@@ -75,7 +76,7 @@ def messages(sizes: list[int], start: int = 0, conv: str = "c1") -> list[Convers
 
 async def seeded(store: InMemoryStore, history: list[ConversationMessage]) -> None:
     for m in history:
-        await store.save_message(m, estimate_message_tokens(m))
+        await saved(store, m, estimate_message_tokens(m))
 
 
 def compactor(
@@ -121,10 +122,10 @@ async def test_the_clip_archive_is_resummarised_to_fit_beside_the_kept_messages(
     fitted = model.requests[-1]
     assert fitted.max_tokens < 1600 - kept < 1024  # asked for no more than fits
     # Archival memory keeps every batch: the earlier ones superseded by the fitted one.
-    live = await store.live_batches("c1")
+    live = await store.archive.live_batches("c1")
     assert [b.id for b in live] == [f"{result.compaction_id}:fitted"]
     assert len(store.batches) == result.batches_created == 8 + 1 + 1
-    assert await store.load_history("c1") == list(result.history)
+    assert await store.history.load_history("c1") == list(result.history)
 
 
 async def test_a_model_that_overshoots_max_tokens_is_shortened_in_the_clip_archive_only() -> None:
@@ -137,7 +138,7 @@ async def test_a_model_that_overshoots_max_tokens_is_shortened_in_the_clip_archi
     assert estimate_history_tokens(result.history) <= 800
     shown = parse_clip_archive(result.history[0].content).shown[0].content
     assert shown.endswith(SHORTENED_NOTE)
-    (fitted,) = await store.live_batches("c1")
+    (fitted,) = await store.archive.live_batches("c1")
     assert len(fitted.batch.content) >= 5990  # all of it is in archival memory
 
 
@@ -161,7 +162,7 @@ async def test_a_history_left_over_the_target_is_refitted_though_nothing_is_left
     assert estimate_history_tokens(result.history) <= 1200
     assert result.history[1:] == stuck.history[1:]
     assert parse_clip_archive(result.history[0].content).cycles == 2
-    assert await store.load_history("c1") == list(result.history)
+    assert await store.history.load_history("c1") == list(result.history)
 
 
 async def test_kept_messages_alone_over_the_target_are_reported_not_hidden(
@@ -266,7 +267,7 @@ def test_every_compaction_ends_at_or_under_the_target_or_says_why(
                 assert after > target
             else:
                 assert after <= target, result
-            history = list(await store.load_history("c1"))
+            history = list(await store.history.load_history("c1"))
             assert history == list(result.history)
 
     asyncio.run(run())

@@ -18,6 +18,7 @@ from core.ports.model import ModelRequest, ModelResponse, ModelServerError
 from tests.support.builders import history
 from tests.support.compaction import PlanAndApply, applying_compactor
 from tests.support.memory_store import InMemoryStore
+from tests.support.stores import saved
 
 pytestmark = pytest.mark.unit
 
@@ -76,7 +77,7 @@ async def seeded(
             for m in msgs
         ]
         for m in msgs:
-            await store.save_message(m, 10)
+            await saved(store, m, 10)
         out[conv] = msgs
     return out
 

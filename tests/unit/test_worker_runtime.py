@@ -1,7 +1,8 @@
 """The worker's runtime is opened once, at start-up, and waited out while it cannot be.
 
-Why: the components are handed the runtime once and read ``runtime.store`` on
-each call; before it is open that must look like a database outage
+Why: the components are handed the runtime once and look their store role up
+(``runtime.outbox``, …) on each call; before it is open that must look like a
+database outage
 (``StoreUnavailable``: accounting retries the same record, the watchdog does
 not take the still partition for a stuck one), and a database that is not up
 yet when the worker starts must delay the worker, never stop it.
@@ -10,6 +11,7 @@ yet when the worker starts must delay the worker, never stop it.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.unit
 
 class FakeOpened:
     def __init__(self) -> None:
-        self.store = object()
+        self.store = SimpleNamespace(outbox=object(), history=object())
         self.compactor = object()
         self.closed = False
 
@@ -42,8 +44,10 @@ async def test_the_runtime_is_an_outage_until_open_then_opens_once_through_failu
         return opened
 
     runtime = WorkerRuntime(Settings(), open_all)
+    with pytest.raises(StoreUnavailable):  # every role is an outage until open
+        _ = runtime.outbox
     with pytest.raises(StoreUnavailable):
-        _ = runtime.store
+        _ = runtime.history
     assert not runtime.is_open
 
     failures: list[Exception] = []
@@ -58,7 +62,8 @@ async def test_the_runtime_is_an_outage_until_open_then_opens_once_through_failu
     assert len(attempts) == 3 and len(failures) == 2 and len(slept) == 2
     # Full jitter: each wait is drawn below 0.2 s, 0.4 s, … (as the fixed backoff was).
     assert 0 <= slept[0] <= 0.2 and 0 <= slept[1] <= 0.4
-    assert runtime.is_open and runtime.store is opened.store
+    assert runtime.is_open and runtime.opened_store() is opened.store
+    assert runtime.outbox is opened.store.outbox  # a role of the opened store
     assert runtime.compactor is opened.compactor
 
     await runtime.open(sleep=sleep)  # opened once: a second call opens nothing

@@ -1,4 +1,6 @@
-"""Archived batches and raw turns: the clip-archive's batches, one batch expanded, retention."""
+"""Archived batches and raw turns (``PostgresArchive``): the clip-archive's batches,
+one batch expanded, the compaction log, retention. A read with a ``ReadScope``
+runs as the scope (``connection.read_as``)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,19 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
+from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS, read_as
+from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.rows import BATCH_COLUMNS, row_to_batch, row_to_message
 from core.domain.compaction import StoredBatch
 from core.domain.usage import LlmUsage
-from core.ports.storage import CompactedBatch, CompactionRecord, ExpandedBatch, MessageKey
+from core.ports.storage import (
+    Archive,
+    CompactedBatch,
+    CompactionRecord,
+    ExpandedBatch,
+    MessageKey,
+    ReadScope,
+)
 
 if TYPE_CHECKING:
     from core.adapters.postgres.connection import Queryable
@@ -24,17 +34,48 @@ log = logging.getLogger(__name__)
 EXPIRE_BATCH = 1000
 
 
-async def live_batches(pool: asyncpg.Pool, conversation_id: str) -> list[StoredBatch]:
-    rows = await pool.fetch(
-        f"""
-        SELECT {BATCH_COLUMNS}
-          FROM archival_memory
-         WHERE conversation_id = $1 AND superseded_by IS NULL
-         ORDER BY coalesce(archive_order, seq), seq
-        """,
-        conversation_id,
-    )
-    return [row_to_batch(row) for row in rows]
+@port_errors_on_methods
+class PostgresArchive:
+    """``raw_retention_days``: how long archived raw turns are kept (0: forever)."""
+
+    def __init__(self, pool: asyncpg.Pool, *, raw_retention_days: int = 0) -> None:
+        if raw_retention_days < 0:
+            raise ValueError("raw_retention_days must be >= 0 (0 keeps raw turns forever)")
+        self._pool = pool
+        self._raw_retention_days = raw_retention_days
+
+    async def live_batches(self, conversation_id: str) -> list[StoredBatch]:
+        rows = await self._pool.fetch(
+            f"""
+            SELECT {BATCH_COLUMNS}
+              FROM archival_memory
+             WHERE conversation_id = $1 AND superseded_by IS NULL
+             ORDER BY coalesce(archive_order, seq), seq
+            """,
+            conversation_id,
+        )
+        return [row_to_batch(row) for row in rows]
+
+    async def expand_batch(
+        self,
+        conversation_id: str,
+        batch_id: str,
+        *,
+        scope: ReadScope | None = None,
+        after: MessageKey | None = None,
+        limit: int | None = None,
+    ) -> ExpandedBatch | None:
+        async with read_as(self._pool, scope) as conn:
+            return await _expand_batch(conn, conversation_id, batch_id, after=after, limit=limit)
+
+    async def compaction_log(
+        self, conversation_id: str, *, scope: ReadScope | None = None
+    ) -> list[CompactionRecord]:
+        async with read_as(self._pool, scope) as conn:
+            return await _compaction_log(conn, conversation_id)
+
+    async def expire_raw_turns(self) -> int:
+        return await _expire_raw_turns(self._pool, self._raw_retention_days)
 
 
 _BATCH_TURNS_SQL = """
@@ -48,7 +89,7 @@ SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at,
 """
 
 
-async def expand_batch(
+async def _expand_batch(
     pool: Queryable,
     conversation_id: str,
     batch_id: str,
@@ -96,7 +137,7 @@ async def _archived_count(pool: Queryable, conversation_id: str, ids: list[str])
     return int(count)
 
 
-async def expire_raw_turns(pool: asyncpg.Pool, retention_days: int) -> int:
+async def _expire_raw_turns(pool: asyncpg.Pool, retention_days: int) -> int:
     """Remove raw turns archived more than ``retention_days`` ago.
 
     One index range scan names the conversations with expired turns (at
@@ -146,7 +187,7 @@ async def _expire_conversation(pool: asyncpg.Pool, conversation_id: str, cutoff:
     return int(status.rsplit(" ", 1)[-1])
 
 
-async def compaction_log(pool: Queryable, conversation_id: str) -> list[CompactionRecord]:
+async def _compaction_log(pool: Queryable, conversation_id: str) -> list[CompactionRecord]:
     """The conversation's compactions, oldest first, each with the batches it archived
     (one query: the batches aggregated per compaction, in plan order)."""
     rows = await pool.fetch(
@@ -205,3 +246,10 @@ def _json(value: object) -> list[dict[str, object]]:
     """A jsonb column as asyncpg hands it over (text unless a codec is set)."""
     parsed = json.loads(value) if isinstance(value, str) else value
     return parsed if isinstance(parsed, list) else []
+
+
+if TYPE_CHECKING:
+
+    def _implements(archive: PostgresArchive) -> Archive:
+        """Never called: makes mypy prove the class implements its port."""
+        return archive

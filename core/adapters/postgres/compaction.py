@@ -1,4 +1,4 @@
-"""``apply_compaction``: everything one compaction writes, in one transaction.
+"""``PostgresCompactions``: everything one compaction writes, in one transaction.
 
 Keyed by ``compaction_id`` so a redelivered command is a no-op, and
 serialised per conversation by an advisory lock so two compactions of one
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from core.adapters.postgres import ingest as pg_ingest
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
-from core.adapters.postgres.rows import specifics_json
+from core.adapters.postgres.errors import port_errors_on_methods
+from core.adapters.postgres.rows import batch_rows, tool_calls_json
 from core.domain.compaction import CompactionPlan, StoredTokens
 from core.domain.tenancy import tenant_of
 from core.domain.tokens import estimate_message_tokens
@@ -25,6 +25,7 @@ from core.ports.storage import (
     AlreadyApplied,
     Applied,
     CompactionOutbox,
+    Compactions,
     HistoryConflictError,
     OutboxRecord,
 )
@@ -33,32 +34,40 @@ if TYPE_CHECKING:
     from core.adapters.postgres.migrate import AnyConnection
 
 
-async def apply(
-    pool: asyncpg.Pool, plan: CompactionPlan, outbox: CompactionOutbox | None = None
-) -> Applied | AlreadyApplied:
-    """``PostgresStore.apply_compaction``.
+@port_errors_on_methods
+class PostgresCompactions:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
 
-    The insert into ``compactions`` decides whether this is a replay: callers
-    ask ``compaction_inputs`` before planning (it saves the LLM calls).
-    """
-    plan.check_consistent()
-    # Every round trip here is paid by every compaction: steps that can share
-    # a statement do (the lock and the record; the clip-archive and the
-    # outbox), and a step with nothing to do sends nothing.
-    async with pool.acquire() as conn, conn.transaction():
-        if not await _lock_and_record(conn, plan):
-            return AlreadyApplied()
-        await _supersede(conn, plan)
-        await _insert_batches(conn, plan)
-        await _place_resummarised(conn, plan)
-        removed = await _archive_compacted(conn, plan)
-        restored = await _restore_turns(conn, plan)
-        await _relink_archived_turns(conn, plan)
-        await _store_turn_vectors(conn, plan)
-        if outbox is not None:
-            _check_tokens(plan, outbox.tokens, removed, restored)
-        await _insert_clip_archive(conn, plan, outbox.records if outbox is not None else ())
-    return Applied()
+    async def apply_compaction(
+        self, plan: CompactionPlan, outbox: CompactionOutbox | None = None
+    ) -> Applied | AlreadyApplied:
+        """The insert into ``compactions`` decides whether this is a replay: callers
+        ask ``compaction_inputs`` before planning (it saves the LLM calls)."""
+        plan.check_consistent()
+        # Every round trip here is paid by every compaction: steps that can share
+        # a statement do (the lock and the record; the clip-archive and the
+        # outbox), and a step with nothing to do sends nothing.
+        async with self._pool.acquire() as conn, conn.transaction():
+            if not await _lock_and_record(conn, plan):
+                return AlreadyApplied()
+            await _supersede(conn, plan)
+            await _insert_batches(conn, plan)
+            await _place_resummarised(conn, plan)
+            removed = await _archive_compacted(conn, plan)
+            restored = await _restore_turns(conn, plan)
+            await _relink_archived_turns(conn, plan)
+            await _store_turn_vectors(conn, plan)
+            if outbox is not None:
+                _check_tokens(plan, outbox.tokens, removed, restored)
+            await _insert_clip_archive(conn, plan, outbox.records if outbox is not None else ())
+        return Applied()
+
+    async def compaction_applied(self, compaction_id: str) -> bool:
+        found = await self._pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM compactions WHERE compaction_id = $1)", compaction_id
+        )
+        return bool(found)
 
 
 def _check_tokens(
@@ -149,12 +158,8 @@ async def _supersede(conn: AnyConnection, plan: CompactionPlan) -> None:
 
 
 async def _insert_batches(conn: AnyConnection, plan: CompactionPlan) -> None:
-    batches = plan.new_batches
-    if not batches:
+    if not plan.new_batches:
         return
-    embeddings = plan.embeddings
-    vectors = None if embeddings is None else embeddings.batches
-    model = None if embeddings is None else embeddings.model
     await conn.executemany(
         """
         INSERT INTO archival_memory (id, label, conversation_id, content, depth, start_time,
@@ -164,27 +169,7 @@ async def _insert_batches(conn: AnyConnection, plan: CompactionPlan) -> None:
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
         ON CONFLICT (conversation_id, id) DO NOTHING
         """,
-        [
-            (
-                stored.id,
-                stored.label,
-                stored.conversation_id,
-                stored.batch.content,
-                stored.batch.depth,
-                stored.batch.start_time,
-                stored.batch.end_time,
-                stored.batch.message_count,
-                list(stored.batch.source_message_ids),
-                stored.compaction_id,
-                stored.superseded_by,
-                vectors[index] if vectors is not None else None,
-                model if vectors is not None else None,
-                list(stored.batch.days) or None,
-                specifics_json(stored.batch.specifics),
-                specifics_json(stored.batch.ledger),
-            )
-            for index, stored in enumerate(batches)
-        ],
+        batch_rows(plan),
     )
 
 
@@ -371,7 +356,7 @@ async def _insert_clip_archive(
             {rows}
             """,
             clip.id, clip.conversation_id, clip.role, clip.content,
-            pg_ingest.tool_calls_json(clip.tool_calls), clip.tool_call_id, clip.created_at,
+            tool_calls_json(clip.tool_calls), clip.tool_call_id, clip.created_at,
             estimate_message_tokens(clip), plan.compaction_id, *columns,
         )  # fmt: skip
     except asyncpg.UniqueViolationError as error:
@@ -389,3 +374,10 @@ async def _insert_clip_archive(
 def _preview(ids: Sequence[str], shown: int = 5) -> str:
     head = ", ".join(ids[:shown])
     return head if len(ids) <= shown else f"{head}, … ({len(ids) - shown} more)"
+
+
+if TYPE_CHECKING:
+
+    def _implements(compactions: PostgresCompactions) -> Compactions:
+        """Never called: makes mypy prove the class implements its port."""
+        return compactions

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
@@ -113,3 +113,10 @@ async def reading(pool: asyncpg.Pool, scope: ReadScope) -> AsyncIterator[Queryab
     async with pool.acquire() as conn, conn.transaction(readonly=True):
         await conn.execute(_ENTER_SCOPE, tenant_setting(scope))
         yield conn
+
+
+def read_as(pool: asyncpg.Pool, scope: ReadScope | None) -> AbstractAsyncContextManager[Queryable]:
+    """Where a read runs: with a ``scope`` (a read on a caller's behalf) in a
+    scoped transaction (``reading``), without one on the pool, as the tables'
+    owner, whom the ``compactor_writer`` policy lets see everything."""
+    return nullcontext(pool) if scope is None else reading(pool, scope)

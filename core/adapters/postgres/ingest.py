@@ -1,14 +1,23 @@
 """Storing a group of incoming messages in a few statements: the accounting hot path.
 
-``save_message`` costs five round trips per message (a transaction, the
-conversation's advisory lock, the erase mark, the tenant, the insert); at the rate a
-worker reads a topic that is the bottleneck. A group goes in with the same
-rules and the same guarantees in one transaction of five statements, whatever
-its size: lock every conversation of the group (sorted, so two ingests cannot
-deadlock; ``apply_compaction`` takes one of them), read the erase marks of
-those that were erased (a message an erase covers is ``erased``, nothing of it
-written: ``core.domain.erasure``), record new conversations' tenants, insert
-with ``unnest`` and read the arrival numbers back.
+One message at a time would cost five round trips per message (a transaction,
+the conversation's advisory lock, the erase mark, the tenant, the insert); at
+the rate a worker reads a topic that is the bottleneck. A group goes in with the
+same guarantees in one transaction of five statements, whatever its size: lock
+every conversation of the group (sorted, so two ingests cannot deadlock;
+``apply_compaction`` takes one of them), read the erase marks of those that were
+erased (a message an erase covers is ``erased``, nothing of it written:
+``core.domain.erasure``), record new conversations' tenants, insert with
+``unnest`` and read the arrival numbers back.
+
+A message that a compaction already summarised and deleted must not come back
+when it is delivered again (Kafka redelivers after a crash, a producer
+retries, a transcript is replayed): it would sit in the history next to the
+summary that covers it and be compacted twice. Archived batches keep their
+source message ids, so they are the record of what was compacted; the check
+runs under the conversation's advisory lock, the one ``apply_compaction``
+holds while it deletes, so a redelivery racing a compaction sees either the
+row or its batch.
 
 With ``single_conversation_transactions`` the group is split into one such
 transaction per conversation, run side by side on the pool's connections,
@@ -21,14 +30,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
+from core.adapters.postgres.errors import port_errors_on_methods
+from core.adapters.postgres.rows import tool_calls_json
 from core.domain.erasure import EraseMark
-from core.domain.messages import ToolCall
 from core.domain.tenancy import conversation_id_of, tenant_of
-from core.ports.storage import IncomingMessage, SaveOutcome
+from core.ports.storage import IncomingMessage, IngestStore, SaveOutcome
 
 _LOCK_SQL = """
 SELECT pg_advisory_xact_lock($1, h)
@@ -61,7 +72,7 @@ ON CONFLICT (conversation_id) DO NOTHING
 """
 
 # A message an archived batch already covers was compacted and deleted: a
-# redelivery must not bring it back (see PostgresStore.save_message).
+# redelivery must not bring it back (see the module's docstring).
 _INSERT_SQL = """
 INSERT INTO messages (id, conversation_id, role, content, tool_calls,
                       tool_call_id, created_at, token_estimate)
@@ -78,13 +89,6 @@ SELECT r.id, r.conversation_id, r.role, r.content, r.tool_calls::jsonb,
 ON CONFLICT (conversation_id, id) DO NOTHING
 RETURNING conversation_id, id, seq
 """
-
-
-def tool_calls_json(tool_calls: tuple[ToolCall, ...] | None) -> list[dict[str, Any]] | None:
-    """A message's tool calls as the ``tool_calls`` jsonb column holds them."""
-    if tool_calls is None:
-        return None
-    return [call.model_dump(mode="json") for call in tool_calls]
 
 
 def _tool_calls_text(incoming: IncomingMessage) -> str | None:
@@ -105,40 +109,43 @@ async def record_tenants(conn: Any, conversation_ids: Sequence[str]) -> None:
         await conn.execute(_RECORD_TENANTS_SQL, list(conversation_ids), tenants)
 
 
-async def save_group(
-    pool: asyncpg.Pool,
-    batch: Sequence[IncomingMessage],
-    *,
-    lock_class: int,
-    per_conversation: bool,
-) -> list[SaveOutcome]:
-    """The outcome of every message of ``batch``, in its order. ``lock_class`` is the
-    advisory-lock class every writer of a conversation's history takes."""
-    for incoming in batch:
-        if incoming.tokens < 0:
-            raise ValueError("token counts must be >= 0")
-    if not batch:
-        return []
-    outcomes: dict[int, SaveOutcome] = {}
-    if not per_conversation:
-        async with pool.acquire() as conn, conn.transaction():
-            outcomes.update(await _save_in_transaction(conn, list(enumerate(batch)), lock_class))
-    else:
+@port_errors_on_methods
+class PostgresIngest:
+    """``per_conversation``: one transaction per conversation of a group
+    (``[postgres].single_conversation_transactions``)."""
+
+    def __init__(self, pool: asyncpg.Pool, *, per_conversation: bool = False) -> None:
+        self._pool = pool
+        self._per_conversation = per_conversation
+
+    async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
+        """The outcome of every message of ``batch``, in its order."""
+        for incoming in batch:
+            if incoming.tokens < 0:
+                raise ValueError("token counts must be >= 0")
+        if not batch:
+            return []
+        if not self._per_conversation:
+            return _in_order(len(batch), [await self._save(list(enumerate(batch)))])
         # One transaction per conversation, side by side on the pool's connections:
         # one after the other they cost 18x the single transaction (docs/scaling.md).
         # Each locks one conversation, so they cannot deadlock one another.
-        async def one(group: list[tuple[int, IncomingMessage]]) -> dict[int, SaveOutcome]:
-            async with pool.acquire() as conn, conn.transaction():
-                return await _save_in_transaction(conn, group, lock_class)
-
         results = await asyncio.gather(
-            *(one(group) for group in _by_conversation(batch)), return_exceptions=True
+            *(self._save(group) for group in _by_conversation(batch)), return_exceptions=True
         )
         for result in results:
             if isinstance(result, BaseException):
                 raise result  # the others committed: every write is idempotent, so a retry is safe
-            outcomes.update(result)
-    return [outcomes[position] for position in range(len(batch))]
+        return _in_order(len(batch), [r for r in results if not isinstance(r, BaseException)])
+
+    async def _save(self, group: list[tuple[int, IncomingMessage]]) -> dict[int, SaveOutcome]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            return await _save_in_transaction(conn, group, CONVERSATION_LOCK_CLASS)
+
+
+def _in_order(size: int, found: Sequence[dict[int, SaveOutcome]]) -> list[SaveOutcome]:
+    outcomes = {position: outcome for part in found for position, outcome in part.items()}
+    return [outcomes[position] for position in range(size)]
 
 
 def _by_conversation(batch: Sequence[IncomingMessage]) -> list[list[tuple[int, IncomingMessage]]]:
@@ -226,3 +233,10 @@ async def _insert(
         list(range(len(rows))),
     )
     return {(row["conversation_id"], row["id"]): int(row["seq"]) for row in inserted}
+
+
+if TYPE_CHECKING:
+
+    def _implements(ingest: PostgresIngest) -> IngestStore:
+        """Never called: makes mypy prove the class implements its port."""
+        return ingest

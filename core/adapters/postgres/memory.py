@@ -1,4 +1,5 @@
-"""``memory_read`` over PostgreSQL: summaries and archived raw turns, fused by rank.
+"""``memory_read`` over PostgreSQL (``PostgresMemory``): summaries and archived raw
+turns, fused by rank.
 
 Four candidate lists at most: summaries by full text, summaries by vector,
 raw turns by full text, raw turns by vector (vectors only with an embedder).
@@ -31,11 +32,15 @@ lists, turns their rows into the domain's rows, and hands them over.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
+
 from core.adapters.postgres import term_stats
+from core.adapters.postgres.connection import reading
+from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.memory_statements import (
     Scope,
     batches_by_id_sql,
@@ -46,11 +51,10 @@ from core.adapters.postgres.memory_statements import (
     terms_sql,
     tsquery_any,
 )
+from core.adapters.postgres.rows import found_in, summary_of, turn_of
 from core.domain.ranking import (
     Candidates,
-    Found,
     Key,
-    Row,
     Summary,
     Turn,
     fuse,
@@ -64,7 +68,13 @@ from core.domain.ranking import (
 )
 from core.domain.vectors import check_vectors
 from core.ports.embedding import Embedder
-from core.ports.storage import MemorySearchResult, QueryMode, SearchSources
+from core.ports.storage import (
+    MemorySearch,
+    MemorySearchResult,
+    QueryMode,
+    ReadScope,
+    SearchSources,
+)
 
 if TYPE_CHECKING:
     from core.adapters.postgres.connection import Queryable
@@ -78,48 +88,6 @@ MAX_LIMIT = 100
 CONVERSATION_SCAN_TURNS = 5000
 """A conversation with at most this many archived turns is searched by reading
 its turns (``memory_statements._matching``), not through the table-wide GIN index."""
-
-
-# -- rows at the edge ------------------------------------------------------------------
-
-
-def turn_of(row: Any) -> Turn:
-    """An ``archived_messages`` row of a raw-turn list."""
-    return Turn(
-        conversation_id=row["conversation_id"],
-        id=row["id"],
-        seq=int(row["seq"]),
-        batch_id=row["batch_id"],
-        role=row["role"],
-        content=row["content"],
-        created_at=row["created_at"],
-    )
-
-
-def summary_of(row: Any) -> Summary:
-    """An ``archival_memory`` row (``memory_statements.HIT_COLUMNS``)."""
-    return Summary(
-        conversation_id=row["conversation_id"],
-        id=row["id"],
-        seq=int(row["seq"]),
-        label=row["label"],
-        content=row["content"],
-        depth=row["depth"],
-        start_time=row["start_time"],
-        end_time=row["end_time"],
-        message_count=row["message_count"],
-        superseded=row["superseded"],
-    )
-
-
-def found_in(
-    rows: Sequence[Any], score_column: str, row_of: Callable[[Any], Row]
-) -> list[Found[Row]]:
-    """A list's rows, best first, with that list's score and the lexemes they hold."""
-    return [
-        Found(row_of(row), float(row[score_column]), tuple(row.get("matched") or ()))
-        for row in rows
-    ]
 
 
 # -- the query's terms -----------------------------------------------------------------
@@ -259,29 +227,67 @@ class _CandidateLists:
 # -- the search ------------------------------------------------------------------------
 
 
-async def search(
-    pool: Queryable,
-    embedder: Embedder | None,
-    query: str,
-    *,
-    conversation_id: str | None,
-    limit: int,
-    sources: SearchSources,
-    mode: QueryMode,
-    tenant_id: str | None,
-    candidates_per_half: int,
+@port_errors_on_methods
+class PostgresMemory:
+    """With an ``embedder``, ``memory_read`` embeds its query and fuses vector and
+    full-text ranks; without one, search is full-text only. (What a compaction
+    archives comes with its vectors on the plan, ``CompactionPlan.embeddings``.)"""
+
+    def __init__(
+        self, pool: asyncpg.Pool, embedder: Embedder | None = None, *, candidates_per_half: int = 50
+    ) -> None:
+        if candidates_per_half < 1:
+            raise ValueError("candidates_per_half must be >= 1")
+        self._pool = pool
+        self._embedder = embedder
+        self._candidates_per_half = candidates_per_half
+
+    async def memory_read(
+        self,
+        query: str,
+        conversation_id: str | None = None,
+        limit: int = 5,
+        *,
+        sources: SearchSources = "both",
+        mode: QueryMode = "plain",
+        tenant_id: str | None = None,
+        scope: ReadScope | None = None,
+    ) -> MemorySearchResult:
+        """With a ``scope``, in one READ ONLY transaction as ``compactor_reader``
+        (``connection.reading``): row-level security holds the search to the
+        scope whatever its own filters say."""
+        text = query.strip()
+        if not text:
+            raise ValueError("memory_read needs a non-empty query")
+        if not 1 <= limit <= MAX_LIMIT:
+            raise ValueError(f"memory_read limit must be between 1 and {MAX_LIMIT}, got {limit}")
+        vector = await _embed_query(self._embedder, text)
+        asked = Asked(text, Scope(conversation_id, tenant_id), limit, sources, mode, vector)
+        # One connection for the search's 3-5 statements (not one each).
+        connection = self._pool.acquire() if scope is None else reading(self._pool, scope)
+        async with connection as conn:
+            return await _search(conn, asked, self._embedder, self._candidates_per_half)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One search as asked, its query embedded (None: full text only)."""
+
+    text: str
+    scope: Scope
+    limit: int
+    sources: SearchSources
+    mode: QueryMode
+    vector: list[float] | None
+
+
+async def _search(
+    conn: Queryable, asked: Asked, embedder: Embedder | None, candidates_per_half: int
 ) -> MemorySearchResult:
-    """``PostgresStore.memory_read``."""
-    text = query.strip()
-    if not text:
-        raise ValueError("memory_read needs a non-empty query")
-    if not 1 <= limit <= MAX_LIMIT:
-        raise ValueError(f"memory_read limit must be between 1 and {MAX_LIMIT}, got {limit}")
-    scope = Scope(conversation_id, tenant_id)
-    vector = await _embed_query(embedder, text)
-    terms = await read_terms(pool, text, mode == "websearch", scope)
+    text, scope, limit, sources = asked.text, asked.scope, asked.limit, asked.sources
+    terms = await read_terms(conn, text, asked.mode == "websearch", scope)
     per_half = max(candidates_per_half, limit)
-    lists = _CandidateLists(pool, terms, scope, per_half, limit, embedder, vector)
+    lists = _CandidateLists(conn, terms, scope, per_half, limit, embedder, asked.vector)
     summaries = (
         fuse(await lists.summaries_by_text(), await lists.summaries_by_vector())
         if sources != "raw"
@@ -296,9 +302,9 @@ async def search(
     return MemorySearchResult(
         hits=tuple(hits(summaries, turns, batches, text, limit)),
         turns=tuple(turn_hit(t, text) for t in ranked_turns(turns)[:limit]),
-        mode="hybrid" if vector is not None else "full_text",
+        mode="hybrid" if asked.vector is not None else "full_text",
         sources=sources,
-        query_mode=mode,
+        query_mode=asked.mode,
     )
 
 
@@ -348,3 +354,10 @@ async def explained_statements(
 async def rebuild_statistics(conn: AnyConnection) -> None:
     """Recompute the BM25 figures from the archived turns (``term_stats.rebuild``)."""
     await term_stats.rebuild(conn)
+
+
+if TYPE_CHECKING:
+
+    def _implements(memory: PostgresMemory) -> MemorySearch:
+        """Never called: makes mypy prove the class implements its port."""
+        return memory

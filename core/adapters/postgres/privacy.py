@@ -1,15 +1,27 @@
-"""Tenants and erasure."""
+"""Tenants and erasure (``PostgresPrivacy``): a conversation erased, and a
+conversation without a tenant moved into one.
+
+A conversation is (tenant, id) and its key says so (``core.domain.tenancy``),
+so a message never changes a conversation's tenant: a message naming a tenant
+names that tenant's conversation. Conversations stored before tenants existed
+are conversations without one (migration 0010); when their producers start
+naming a tenant, an operator moves each history into it (``compactor tenants
+assign``), re-keyed in one transaction, so the next message continues it
+instead of starting anew.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
+from core.adapters.postgres.errors import port_errors_on_methods
 from core.domain.erasure import merged_offsets
-from core.ports.storage import AuditEntry, EraseOutcome, Erasure
+from core.domain.tenancy import conversation_key
+from core.ports.storage import EraseOutcome, Erasure, PrivacyStore, TenantConflictError
 
 # Every table holding a conversation's rows, children first; erase_conversation
 # empties them (tests/integration/test_tenants_and_erase.py checks this list,
@@ -30,6 +42,17 @@ ERASED_TABLES = (
 # Tables an erase writes rather than empties: they hold ids, offsets, times and
 # counts, never content, and are what make an erase hold and answer for it.
 KEPT_TABLES = ("erasures", "erase_audit", "legacy_erasures")
+
+# Every table re-keyed with the conversation: its rows, and the erase mark and
+# audit that make an earlier erase hold and answer for it. (legacy_erasures is
+# keyed by the bare id and covers every tenant already.)
+MOVED_TABLES = (*ERASED_TABLES, "erasures", "erase_audit")
+
+_HAS_ROWS_SQL = """
+SELECT EXISTS (SELECT 1 FROM messages WHERE conversation_id = $1)
+    OR EXISTS (SELECT 1 FROM archival_memory WHERE conversation_id = $1)
+    OR EXISTS (SELECT 1 FROM archived_messages WHERE conversation_id = $1)
+"""
 
 _MARK_SQL = """
 INSERT INTO erasures AS e (conversation_id, epoch, offsets, cutoff, erased_at)
@@ -54,42 +77,71 @@ def _jsonb(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-async def erase_conversation(
-    pool: asyncpg.Pool, conversation_id: str, erasure: Erasure
-) -> EraseOutcome:
-    """Delete the conversation from every table in ``ERASED_TABLES`` and record the
-    erase (``erasures``: its mark and epoch; ``erase_audit``), in one transaction
-    under its advisory lock (a compaction racing it either committed before,
-    and is erased too, or finds its messages gone and writes nothing; an
-    ingest racing it either committed before, and is erased, or reads the
-    mark after it).
+@port_errors_on_methods
+class PostgresPrivacy:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
 
-    A request id applied before (a redelivered request) deletes again but
-    neither raises the epoch nor audits twice; it answers the first
-    application's counts, so a retried ``EraseCompleted`` says what was erased."""
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-            CONVERSATION_LOCK_CLASS,
-            conversation_id,
-        )
-        removed = await _delete_rows(conn, conversation_id)
-        applied_before = await _applied_before(conn, conversation_id, erasure.request_id)
-        if applied_before is not None:
-            return applied_before
-        epoch = await _mark(conn, conversation_id, erasure)
-        await conn.execute(
-            _AUDIT_SQL,
-            erasure.request_id,
-            conversation_id,
-            erasure.requester,
-            erasure.reason,
-            erasure.requested_at,
-            erasure.erased_at,
-            epoch,
-            removed,
-        )
-    return EraseOutcome(removed, epoch, erasure.erased_at)
+    async def erase_conversation(self, conversation_id: str, erasure: Erasure) -> EraseOutcome:
+        """Delete the conversation from every table in ``ERASED_TABLES`` and record the
+        erase (``erasures``: its mark and epoch; ``erase_audit``), in one transaction
+        under its advisory lock (a compaction racing it either committed before,
+        and is erased too, or finds its messages gone and writes nothing; an
+        ingest racing it either committed before, and is erased, or reads the
+        mark after it).
+
+        A request id applied before (a redelivered request) deletes again but
+        neither raises the epoch nor audits twice; it answers the first
+        application's counts, so a retried ``EraseCompleted`` says what was erased."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                CONVERSATION_LOCK_CLASS,
+                conversation_id,
+            )
+            removed = await _delete_rows(conn, conversation_id)
+            applied_before = await _applied_before(conn, conversation_id, erasure.request_id)
+            if applied_before is not None:
+                return applied_before
+            epoch = await _mark(conn, conversation_id, erasure)
+            await conn.execute(
+                _AUDIT_SQL,
+                erasure.request_id,
+                conversation_id,
+                erasure.requester,
+                erasure.reason,
+                erasure.requested_at,
+                erasure.erased_at,
+                epoch,
+                removed,
+            )
+        return EraseOutcome(removed, epoch, erasure.erased_at)
+
+    async def move_to_tenant(self, conversation_id: str, tenant_id: str) -> bool:
+        """Under both keys' locks (sorted), so no message is being stored for either
+        meanwhile."""
+        source = conversation_key(None, conversation_id)
+        target = conversation_key(tenant_id, conversation_id)
+        async with self._pool.acquire() as conn, conn.transaction():
+            for key in sorted((source, target)):
+                await conn.execute(
+                    "SELECT pg_advisory_xact_lock($1, hashtext($2))", CONVERSATION_LOCK_CLASS, key
+                )
+            moving = await conn.fetchval(_HAS_ROWS_SQL, source)
+            there = await conn.fetchval(_HAS_ROWS_SQL, target)
+            if not moving:
+                if there:
+                    return False  # moved before
+                raise TenantConflictError(
+                    f"no conversation {conversation_id[:80]!r} without a tenant to move"
+                )
+            if there:
+                raise TenantConflictError(
+                    f"tenant {tenant_id!r} has a conversation {conversation_id[:80]!r} already; "
+                    "two histories are never merged (erase one of them first)"
+                )
+            await _rekey(conn, source, target, tenant_id)
+        return True
 
 
 async def _delete_rows(conn: asyncpg.Connection, conversation_id: str) -> dict[str, int]:
@@ -136,21 +188,50 @@ async def _mark(conn: asyncpg.Connection, conversation_id: str, erasure: Erasure
     return int(epoch)
 
 
-async def erase_audit(pool: asyncpg.Pool, conversation_id: str) -> list[AuditEntry]:
-    rows = await pool.fetch(
-        "SELECT * FROM erase_audit WHERE conversation_id = $1 ORDER BY erased_at, request_id",
-        conversation_id,
-    )
-    return [
-        AuditEntry(
-            request_id=row["request_id"],
-            conversation_id=row["conversation_id"],
-            requester=row["requester"],
-            reason=row["reason"],
-            requested_at=row["requested_at"],
-            erased_at=row["erased_at"],
-            epoch=int(row["epoch"]),
-            counts={str(k): int(v) for k, v in _jsonb(row["counts"]).items()},
+async def _rekey(conn: asyncpg.Connection, source: str, target: str, tenant_id: str) -> None:
+    """Every row of ``source`` re-keyed to ``target``, its erase marks merged."""
+    await _merge_erase_marks(conn, source, target)
+    await conn.execute("DELETE FROM conversations WHERE conversation_id = $1", target)
+    for table in MOVED_TABLES:
+        await conn.execute(
+            f"UPDATE {table} SET conversation_id = $2 WHERE conversation_id = $1", source, target
         )
-        for row in rows
-    ]
+    await conn.execute(
+        "UPDATE conversations SET tenant_id = $2 WHERE conversation_id = $1", target, tenant_id
+    )
+    await conn.execute(
+        "UPDATE outbox SET key = $1 WHERE conversation_id = $1 AND topic = 'clip_archives'",
+        target,
+    )
+
+
+# The tenant's key was erased before (no rows left, its mark kept): one mark
+# for the moved conversation that covers what either covered, counting both's
+# erases (so its compaction ids repeat neither's).
+_MERGE_MARKS_SQL = """
+WITH source AS (DELETE FROM erasures WHERE conversation_id = $1 RETURNING *)
+UPDATE erasures AS t
+   SET epoch = t.epoch + s.epoch,
+       offsets = (SELECT coalesce(jsonb_object_agg(p, greatest_offset), '{}'::jsonb)
+                    FROM (SELECT p, max(o::bigint) AS greatest_offset
+                            FROM (SELECT * FROM jsonb_each_text(t.offsets)
+                                  UNION ALL
+                                  SELECT * FROM jsonb_each_text(s.offsets)) AS both_marks(p, o)
+                           GROUP BY p) AS merged),
+       cutoff = greatest(t.cutoff, s.cutoff),
+       erased_at = greatest(t.erased_at, s.erased_at)
+  FROM source AS s
+ WHERE t.conversation_id = $2
+"""
+
+
+async def _merge_erase_marks(conn: asyncpg.Connection, source: str, target: str) -> None:
+    if await conn.fetchval("SELECT 1 FROM erasures WHERE conversation_id = $1", target):
+        await conn.execute(_MERGE_MARKS_SQL, source, target)
+
+
+if TYPE_CHECKING:
+
+    def _implements(privacy: PostgresPrivacy) -> PrivacyStore:
+        """Never called: makes mypy prove the class implements its port."""
+        return privacy

@@ -1,12 +1,14 @@
-"""The store's own token counts, which the worker's token table caches."""
+"""The store's own token counts, which the worker's token table caches (``PostgresTallies``)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 import asyncpg
 
-from core.ports.storage import StoreTotals
+from core.adapters.postgres.errors import port_errors_on_methods
+from core.ports.storage import StoreTotals, TallySource
 
 _TOTALS_SQL = """
 SELECT i.conversation_id, coalesce(m.tokens, 0) AS tokens, coalesce(m.rows, 0) AS rows,
@@ -21,63 +23,53 @@ SELECT i.conversation_id, coalesce(m.tokens, 0) AS tokens, coalesce(m.rows, 0) A
 """
 
 
-async def last_seq(pool: asyncpg.Pool, conversation_id: str) -> int | None:
-    """The arrival number of the conversation's newest message, if any."""
-    value = await pool.fetchval(
-        "SELECT max(seq) FROM messages WHERE conversation_id = $1", conversation_id
-    )
-    return None if value is None else int(value)
+@port_errors_on_methods
+class PostgresTallies:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
 
-
-async def conversation_token_total(pool: asyncpg.Pool, conversation_id: str) -> int:
-    """Estimated tokens of the conversation as the model would now see it."""
-    total = await pool.fetchval(
-        "SELECT coalesce(sum(token_estimate), 0) FROM messages WHERE conversation_id = $1",
-        conversation_id,
-    )
-    return int(total)
-
-
-async def conversation_totals(pool: asyncpg.Pool, conversation_id: str) -> tuple[int, int]:
-    """(estimated tokens, rows) of the conversation, in one round trip."""
-    row = await pool.fetchrow(
-        "SELECT coalesce(sum(token_estimate), 0) AS tokens, count(*) AS rows "
-        "FROM messages WHERE conversation_id = $1",
-        conversation_id,
-    )
-    assert row is not None
-    return int(row["tokens"]), int(row["rows"])
-
-
-async def totals_of(
-    pool: asyncpg.Pool, conversation_ids: Collection[str]
-) -> dict[str, StoreTotals]:
-    ids = list(dict.fromkeys(conversation_ids))
-    found = {
-        row["conversation_id"]: StoreTotals(
-            int(row["tokens"]),
-            int(row["rows"]),
-            None if row["last_seq"] is None else int(row["last_seq"]),
-            int(row["epoch"]),
+    async def last_seq(self, conversation_id: str) -> int | None:
+        """The arrival number of the conversation's newest message, if any."""
+        value = await self._pool.fetchval(
+            "SELECT max(seq) FROM messages WHERE conversation_id = $1", conversation_id
         )
-        for row in await pool.fetch(_TOTALS_SQL, ids)
-    }
-    return {conversation_id: found.get(conversation_id, StoreTotals()) for conversation_id in ids}
+        return None if value is None else int(value)
 
+    async def totals_of(self, conversation_ids: Collection[str]) -> dict[str, StoreTotals]:
+        ids = list(dict.fromkeys(conversation_ids))
+        found = {
+            row["conversation_id"]: StoreTotals(
+                int(row["tokens"]),
+                int(row["rows"]),
+                None if row["last_seq"] is None else int(row["last_seq"]),
+                int(row["epoch"]),
+            )
+            for row in await self._pool.fetch(_TOTALS_SQL, ids)
+        }
+        return {
+            conversation_id: found.get(conversation_id, StoreTotals()) for conversation_id in ids
+        }
 
-async def conversations_over(pool: asyncpg.Pool, threshold: int) -> list[tuple[str, int]]:
-    """Conversations whose estimate exceeds ``threshold``, largest first.
+    async def conversations_over(self, threshold: int) -> list[tuple[str, int]]:
+        """Conversations whose estimate exceeds ``threshold``, largest first.
 
-    Strictly greater, as ``core.domain.budget.over_budget`` decides.
-    """
-    rows = await pool.fetch(
+        Strictly greater, as ``core.domain.budget.over_budget`` decides.
         """
-        SELECT conversation_id, sum(token_estimate) AS total
-          FROM messages
-         GROUP BY conversation_id
-        HAVING sum(token_estimate) > $1
-         ORDER BY total DESC, conversation_id
-        """,
-        threshold,
-    )
-    return [(str(row["conversation_id"]), int(row["total"])) for row in rows]
+        rows = await self._pool.fetch(
+            """
+            SELECT conversation_id, sum(token_estimate) AS total
+              FROM messages
+             GROUP BY conversation_id
+            HAVING sum(token_estimate) > $1
+             ORDER BY total DESC, conversation_id
+            """,
+            threshold,
+        )
+        return [(str(row["conversation_id"]), int(row["total"])) for row in rows]
+
+
+if TYPE_CHECKING:
+
+    def _implements(tallies: PostgresTallies) -> TallySource:
+        """Never called: makes mypy prove the class implements its port."""
+        return tallies

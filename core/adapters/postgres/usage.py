@@ -1,14 +1,17 @@
-"""What compactions cost, per tenant and UTC day, read from ``compactions`` (0012)."""
+"""What compactions cost, per tenant and UTC day, read from ``compactions`` (0012):
+``PostgresUsage``."""
 
 from __future__ import annotations
 
 from datetime import date, datetime
 from typing import TYPE_CHECKING
 
-from core.domain.usage import UsageDay
+import asyncpg
 
-if TYPE_CHECKING:
-    from core.adapters.postgres.connection import Queryable
+from core.adapters.postgres.connection import reading
+from core.adapters.postgres.errors import port_errors_on_methods
+from core.domain.usage import UsageDay
+from core.ports.storage import ReadScope, UsageStore
 
 #: Tokens a tenant's LLM budget counts: every token an LLM processed (the
 #: extractive summariser's, and rows from before 0012, are no LLM's).
@@ -35,26 +38,39 @@ SELECT tenant_id, (created_at AT TIME ZONE 'UTC')::date AS day,
 """
 
 
-async def tenant_llm_tokens(conn: Queryable, tenant_id: str, since: datetime) -> int:
-    return int(await conn.fetchval(_SPENT_SQL, tenant_id, since))
+@port_errors_on_methods
+class PostgresUsage:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def tenant_llm_tokens(self, tenant_id: str, since: datetime) -> int:
+        return int(await self._pool.fetchval(_SPENT_SQL, tenant_id, since))
+
+    async def usage_by_day(
+        self, *, scope: ReadScope, tenant_id: str | None = None, since: date | None = None
+    ) -> list[UsageDay]:
+        """Read as ``scope`` (row-level security), like the other views' reads."""
+        async with reading(self._pool, scope) as conn:
+            rows = await conn.fetch(_BY_DAY_SQL, tenant_id, since)
+        return [
+            UsageDay(
+                tenant_id=row["tenant_id"],
+                day=row["day"],
+                compactions=row["compactions"],
+                llm_calls=int(row["llm_calls"]),
+                input_tokens=int(row["input_tokens"]),
+                output_tokens=int(row["output_tokens"]),
+                cache_read_tokens=int(row["cache_read_tokens"]),
+                cache_write_tokens=int(row["cache_write_tokens"]),
+                cost_usd=round(float(row["cost_usd"]), 9),
+                fallback_compactions=row["fallback_compactions"],
+            )
+            for row in rows
+        ]
 
 
-async def usage_by_day(
-    conn: Queryable, tenant_id: str | None, since: date | None
-) -> list[UsageDay]:
-    rows = await conn.fetch(_BY_DAY_SQL, tenant_id, since)
-    return [
-        UsageDay(
-            tenant_id=row["tenant_id"],
-            day=row["day"],
-            compactions=row["compactions"],
-            llm_calls=int(row["llm_calls"]),
-            input_tokens=int(row["input_tokens"]),
-            output_tokens=int(row["output_tokens"]),
-            cache_read_tokens=int(row["cache_read_tokens"]),
-            cache_write_tokens=int(row["cache_write_tokens"]),
-            cost_usd=round(float(row["cost_usd"]), 9),
-            fallback_compactions=row["fallback_compactions"],
-        )
-        for row in rows
-    ]
+if TYPE_CHECKING:
+
+    def _implements(usage: PostgresUsage) -> UsageStore:
+        """Never called: makes mypy prove the class implements its port."""
+        return usage

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.domain.budget import BudgetConfig, needs_compaction, over_budget
+from core.domain.budget import BudgetConfig, compaction_due, over_budget
 from core.domain.messages import ToolCall
 from core.domain.tokens import (
     CharRatioTokenCounter,
@@ -42,7 +42,7 @@ def test_trigger_when_estimate_exceeds_budget__context_compaction_AC1_1() -> Non
     budget = BudgetConfig(context_budget=0.5, model_max_tokens=100)  # 50 tokens
     at_budget = [message(0, "user", "x" * 200)]  # exactly 50
     over = [message(0, "user", "x" * 201)]  # 51
-    assert not needs_compaction(at_budget, budget)
-    assert needs_compaction(over, budget)
+    assert not compaction_due(estimate_history_tokens(at_budget), budget)
+    assert compaction_due(estimate_history_tokens(over), budget)
     assert budget.budget_tokens == 50
     assert over_budget(51, budget) and not over_budget(50, budget)

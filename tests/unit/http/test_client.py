@@ -59,7 +59,7 @@ async def test_every_view_is_a_typed_method(worker: tuple[Site, str]) -> None:
     site, url = worker
     async with CompactorClient(url, ACME) as client:
         messages = [m async for m in client.history("acme-c0")]
-        stored = await site.store.load_history("acme/acme-c0")
+        stored = await site.store.history.load_history("acme/acme-c0")
         assert [m.id for m in messages] == [m.id for m in stored]  # every page, in order
         first = await client.history_page("acme-c0", limit=2)
         assert first.clip_archive is not None and first.clip_archive.id == messages[0].id
@@ -193,7 +193,7 @@ async def test_cli_reads_from_a_worker_print_the_apis_json_and_text(
     monkeypatch.setenv("COMPACTOR_TOKEN", ACME)
     assert await cmd_history(config, args(conversation_id="acme-c0", url=url, json=True)) == 0
     body = json.loads(capsys.readouterr().out)
-    stored = await site.store.load_history("acme/acme-c0")
+    stored = await site.store.history.load_history("acme/acme-c0")
     assert [m["id"] for m in body["messages"]] == [m.id for m in stored]  # all pages
     assert body["clip_archive"]["id"] == stored[0].id and body["next_cursor"] is None
     assert await cmd_history(config, args(conversation_id="acme-c0", url=url)) == 0

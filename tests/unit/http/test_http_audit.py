@@ -163,12 +163,12 @@ async def test_a_view_that_forgot_its_tenant_check_still_reads_nothing_of_anothe
     store, acme = site.store, ReadScope.of_tenant("acme")
     globex = "globex/globex-c0"
     globex_batch = next(b for b, s in store.batches.items() if s.conversation_id == globex)
-    assert await store.load_history(globex, scope=acme) == []
-    assert await store.expand_batch(globex, globex_batch, scope=acme) is None
-    result = await store.memory_read("globexsecret1 acmesecret1", limit=20, scope=acme)
+    assert await store.history.load_history(globex, scope=acme) == []
+    assert await store.archive.expand_batch(globex, globex_batch, scope=acme) is None
+    result = await store.memory.memory_read("globexsecret1 acmesecret1", limit=20, scope=acme)
     assert result.hits
     assert {h.conversation_id for h in result.hits} <= {"acme/acme-c0", "acme/acme-c1"}
-    assert await store.load_history(globex, scope=ReadScope.everything())
+    assert await store.history.load_history(globex, scope=ReadScope.everything())
 
 
 def test_read_scopes_are_one_tenant_or_all() -> None:

@@ -20,17 +20,18 @@ from faust.exceptions import SameNode
 
 from core.domain.compaction import StoredBatch
 from core.domain.tenancy import ConversationRef, tenant_of
-from core.settings import ConfigError, ResolvedModel, Settings, parse_settings
+from core.settings import ConfigError, Settings, parse_settings
 from streams.events import MessageEvent
 from streams.http.access import Forbidden
 from streams.http.auth import AuthPolicy, Principal, check_exposure, env_tokens
 from streams.http.redo import register_redo
-from streams.http.views import register_views, search_request
+from streams.http.search import search_request
+from streams.http.views import register_views
 from streams.worker.components import Components
 from streams.worker.records import Record
 from tests.support.builders import T0
 from tests.support.memory_store import InMemoryStore, RecordingPublisher
-from tests.unit.http.views_over_memory import components_over
+from tests.unit.http.views_over_memory import ViewRuntime, components_over
 
 pytestmark = pytest.mark.unit
 
@@ -55,18 +56,6 @@ SECURED = {
     "api_tokens": [ADMIN],
     "tokens": [{"token": ACME, "tenant": "acme"}, {"token": GLOBEX, "tenant": "globex"}],
 }
-
-
-class ViewRuntime:
-    is_open = True
-
-    def __init__(self, store: InMemoryStore) -> None:
-        self._store = store
-        self.resolved_model = ResolvedModel(kind="extractive", model="x", reason="test")
-
-    @property
-    def store(self) -> InMemoryStore:
-        return self._store
 
 
 class Site:

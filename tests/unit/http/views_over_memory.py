@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from core.adapters.llm.extractive import ExtractiveProvider
 from core.compaction.factory import create_compactor
-from core.settings import Settings
+from core.ports.storage import StoreUnavailable
+from core.settings import ResolvedModel, Settings
 from streams.bootstrap import build_components
 from streams.worker.components import Components
-from streams.worker.runtime import StaticRuntime
+from streams.worker.runtime import StaticRuntime, StorePorts
 from tests.support.memory_store import InMemoryStore, RecordingPublisher
 
 
@@ -22,7 +23,7 @@ def components_over(
     """``build_components`` with the extractive summariser and a recording publisher."""
     compactor = create_compactor(
         model=ExtractiveProvider(),
-        memory_store=store,
+        memory=store.archive,
         config=config.summarization.compaction(),
         model_name="test",
     )
@@ -33,3 +34,18 @@ def components_over(
         runtime=StaticRuntime(store, compactor),
         ack=_no_ack,
     )
+
+
+class ViewRuntime(StorePorts):
+    """The part of ``WorkerRuntime`` the views and probes read, over an in-memory
+    store; ``is_open`` settable (until it is, every role raises ``StoreUnavailable``)."""
+
+    def __init__(self, store: InMemoryStore, *, is_open: bool = True) -> None:
+        self.store = store
+        self.is_open = is_open
+        self.resolved_model = ResolvedModel(kind="extractive", model="x", reason="test")
+
+    def opened_store(self) -> InMemoryStore:
+        if not self.is_open:
+            raise StoreUnavailable("the worker has not opened PostgreSQL yet")
+        return self.store

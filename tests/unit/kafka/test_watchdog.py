@@ -15,6 +15,7 @@ from faust.types import TP
 from streams.kafka.watchdog import StallTracker, Watchdog, WatchdogLimits, WorkerStuckError
 from streams.metrics import Metrics
 from streams.worker.health import Health, Problem
+from tests.support.metrics_text import sample
 
 pytestmark = pytest.mark.unit
 
@@ -126,7 +127,7 @@ async def test_a_stuck_table_recovery_is_resought_where_recovery_would_seek() ->
     (problem,) = r.health.problems()
     assert problem.component == f"watchdog {CHANGELOG.topic}:3"
     assert "table recovery" in problem.detail
-    assert r.metrics.watchdog_heals.labels("table recovery")._value.get() == 1
+    assert sample(r.metrics, "compactor_watchdog_heals_total", what="table recovery") == 1
     r.app.tables.recovery.in_recovery = False  # the re-seek worked: recovery finished
     await r.at(33)
     assert r.health.ok
@@ -142,7 +143,7 @@ async def test_a_recovery_that_re_seeking_does_not_move_ends_the_worker() -> Non
     (reason,) = r.crashes[:1]
     assert isinstance(reason, WorkerStuckError)
     assert "after 3 re-seeks" in str(reason)
-    assert r.metrics.watchdog_exits._value.get() >= 1
+    assert sample(r.metrics, "compactor_watchdog_exits_total") >= 1
 
 
 async def test_a_rebalance_restarts_the_clock() -> None:

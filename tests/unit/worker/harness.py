@@ -168,7 +168,7 @@ def harness(
     store.now = lambda: datetime.fromtimestamp(clock.now, UTC)
     compactor = create_compactor(
         model=model or ExtractiveProvider(),
-        memory_store=store,
+        memory=store.archive,
         config=config.summarization.compaction(),
         model_name="test",
         fallback=ExtractiveProvider() if model is not None else None,

@@ -7,6 +7,7 @@ import pytest
 from core.domain.tally import compaction_id_for
 from streams.events import DeadLetterHeaders, MessageEvent, ReconcileRequest
 from tests.support.builders import T0
+from tests.support.metrics_text import sample
 from tests.unit.worker.harness import NAMES, compacted, harness
 
 pytestmark = pytest.mark.unit
@@ -31,7 +32,7 @@ async def test_a_redelivered_message_is_stored_and_counted_once() -> None:
     tally = h.tally()
     assert (tally.token_total, tally.message_count) == (6, 2)
     assert len(h.store.messages) == 2
-    duplicates = h.components.metrics.events_in.labels("duplicate")._value.get()
+    duplicates = sample(h.components.metrics, "compactor_events_in_total", outcome="duplicate")
     assert duplicates == 1
 
 
@@ -106,7 +107,7 @@ async def test_reconcile_reissues_the_same_command_id_after_the_timeout() -> Non
     first, again = h.commands()
     assert again.compaction_id == first.compaction_id
     assert again.reason == "reconcile"
-    assert h.components.metrics.commands_issued.labels("reconcile")._value.get() == 1
+    assert sample(h.components.metrics, "compactor_commands_issued_total", reason="reconcile") == 1
 
 
 @pytest.mark.parametrize(
@@ -141,7 +142,7 @@ async def test_a_malformed_record_is_dead_lettered_with_its_reason(
     assert reason in headers.reason
     assert (headers.source_topic, headers.source_offset) == (NAMES.messages, record.offset)
     assert h.store.messages == {} and h.table == {}
-    assert h.components.metrics.events_in.labels("dead_lettered")._value.get() == 1
+    assert sample(h.components.metrics, "compactor_events_in_total", outcome="dead_lettered") == 1
 
 
 async def test_an_oversized_message_is_dead_lettered_naming_the_setting() -> None:

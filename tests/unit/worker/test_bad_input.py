@@ -24,6 +24,7 @@ from core.ports.storage import IncomingMessage, SaveOutcome, StoreRejected
 from streams.events import DeadLetterHeaders, MessageEvent
 from streams.worker.records import InvalidRecord, Record, decode_message
 from tests.support.builders import T0
+from tests.support.stores import round_trips
 from tests.unit.worker.harness import NAMES, Harness, harness
 
 pytestmark = pytest.mark.unit
@@ -148,14 +149,18 @@ def message_record(h: Harness, index: int, content: str) -> Record:
     return h.record(NAMES.messages, "c1", value.encode("utf-8", "surrogatepass"))
 
 
-async def test_a_nul_record_is_dead_lettered_at_once_and_its_group_is_stored() -> None:
+async def test_a_nul_record_is_dead_lettered_at_once_and_its_group_is_stored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     h = harness()
     group = [message_record(h, 0, "before"), message_record(h, 1, "a\x00b")]
     group.append(message_record(h, 2, "after"))
+    trips = round_trips(h.store, monkeypatch)
     await h.components.accounting.handle_batch(group)
     assert dead_letter_types(h) == [INVALID_TEXT]
     assert h.store.message_ids("c1") == ["m0", "m2"]
-    assert h.slept == [] and h.store.calls.count("save_messages") == 1
+    # At once: caught before the store, so the group goes in one round trip, unsplit.
+    assert h.slept == [] and trips.count("ingest.save_messages") == 1
 
 
 async def test_data_the_store_rejects_is_dead_lettered_without_a_single_backoff(
@@ -164,15 +169,16 @@ async def test_data_the_store_rejects_is_dead_lettered_without_a_single_backoff(
     """``StoreRejected``: the group is split once to find the culprit, the culprit is
     dead-lettered, the others are stored, and nothing waits."""
     h = harness()
-    save = h.store.save_messages
+    save = h.store.ingest.save_messages
+    tries: list[int] = []  # the size of every group the store was asked to take
 
     async def refusing(batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
+        tries.append(len(batch))
         if any("poison" in incoming.message.content for incoming in batch):
-            h.store.calls.append("save_messages")
             raise StoreRejected("PostgreSQL refused the data (CharacterNotInRepertoireError)")
         return await save(batch)
 
-    monkeypatch.setattr(h.store, "save_messages", refusing)
+    monkeypatch.setattr(h.store.ingest, "save_messages", refusing)
     group = [message_record(h, 0, "fine"), message_record(h, 1, "poison")]
     group.append(message_record(h, 2, "fine too"))
     await h.components.accounting.handle_batch(group)
@@ -183,7 +189,7 @@ async def test_data_the_store_rejects_is_dead_lettered_without_a_single_backoff(
     )
     assert h.store.message_ids("c1") == ["m0", "m2"]
     assert h.slept == []  # no backoff: retrying gives the same answer
-    assert h.store.calls.count("save_messages") == 4  # the group, then each alone once
+    assert tries == [3, 1, 1, 1]  # the group, then each alone once
 
     alone = message_record(h, 3, "poison again")
     await h.components.accounting.handle_batch([alone])

@@ -18,7 +18,9 @@ from core.domain.tally import ConversationTally
 from streams.events import CompactionCommand, MessageEvent
 from streams.worker.records import Record
 from streams.worker.tally_table import TallyTable
-from tests.support.builders import T0
+from tests.support.builders import T0, message
+from tests.support.metrics_text import sample
+from tests.support.stores import round_trips, saved
 from tests.unit.worker.harness import NAMES, Harness, backed_off, harness
 
 pytestmark = pytest.mark.unit
@@ -46,21 +48,30 @@ def commands(h: Harness) -> list[CompactionCommand]:
     return h.commands()
 
 
-async def test_a_group_is_stored_with_one_call_and_counted_per_conversation() -> None:
+async def test_a_group_is_stored_with_one_call_and_counted_per_conversation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     h = harness()
     group = [message_record(h, i, f"c{i % 3}", 30) for i in range(12)]  # 4 x 30 per conversation
+    trips = round_trips(h.store, monkeypatch)
     await h.components.accounting.handle_batch(group)
-    assert h.store.calls.count("save_messages") == 1
-    assert h.store.calls.count("totals_of") == 1  # the three are new to this worker
+    # The promise is the round trips: one for the group, one for the counts of
+    # the three conversations (new to this worker), whatever the group's size.
+    assert trips == ["ingest.save_messages", "tallies.totals_of"]
     for conversation in ("c0", "c1", "c2"):
         tally = h.tally(conversation)
         assert (tally.token_total, tally.message_count) == (120, 4)
     assert h.table == {}  # not flushed yet: table_flush_seconds has not passed
     h.clock.now += 0  # the flush clock is the table's own (monotonic)
     assert h.components.table.flush(force=True) == 3  # one write per conversation
-    assert h.components.metrics.table_writes._value.get() == 3
+    assert sample(h.components.metrics, "compactor_table_writes_total") == 3
+    # c0 is synced: counted by adding, not re-read. A row the store has and this
+    # worker never counted (planted behind its back) stays out of the tally.
+    await saved(h.store, message(99, conversation_id="c0"), 1000)
+    trips.clear()
     await h.components.accounting.handle_batch([message_record(h, 20, "c0", 30)])
-    assert h.store.calls.count("totals_of") == 1  # c0 is synced: counted, not re-read
+    assert h.tally("c0").token_total == 150
+    assert trips == ["ingest.save_messages"]
 
 
 async def test_a_group_issues_one_command_per_conversation_that_crosses_its_budget() -> None:
@@ -95,7 +106,7 @@ async def test_a_redelivered_message_in_a_group_resyncs_from_the_store() -> None
     await h.components.accounting.handle_batch(again)
     tally = h.tally("c")
     assert (tally.token_total, tally.message_count) == (160, 4)
-    assert h.components.metrics.events_in.labels("duplicate")._value.get() == 1
+    assert sample(h.components.metrics, "compactor_events_in_total", outcome="duplicate") == 1
 
 
 async def test_bad_records_in_a_group_are_dead_lettered_and_the_rest_accounted() -> None:
@@ -126,14 +137,14 @@ async def test_an_outage_holds_the_group_until_it_is_durable() -> None:
 
 async def test_a_group_that_keeps_failing_is_retried_record_by_record() -> None:
     h = harness()
-    original = h.store.save_messages
+    original = h.store.ingest.save_messages
 
     async def poisoned(batch: Any) -> Any:
         if any(incoming.message.id == "c-m0001" for incoming in batch):
             raise ValueError("this one breaks an assumption")
         return await original(batch)
 
-    h.store.save_messages = poisoned  # type: ignore[method-assign]
+    h.store.ingest.save_messages = poisoned  # type: ignore[method-assign]
     await h.components.accounting.handle_batch([message_record(h, i, "c", 5) for i in range(3)])
     assert sorted(h.store.message_ids()) == ["c-m0000", "c-m0002"]
     (letter,) = h.publisher.on("dead_letters")
@@ -147,9 +158,10 @@ async def test_a_revoked_partition_drops_its_cached_entries_and_the_next_owner_r
     assert table.synced("c")
     assert table.forget({partition_of("c")}) == 1
     assert not table.synced("c") and h.table == {}  # never flushed: gone with the cache
+    # A row this worker never counted: only a count read from the store has it.
+    await saved(h.store, message(99, conversation_id="c"), 25)
     await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])
-    assert h.store.calls.count("totals_of") == 2  # read from the store again
-    assert h.tally("c").token_total == 100
+    assert h.tally("c").token_total == 50 + 25 + 50  # read from the store again
 
 
 @hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -265,26 +277,26 @@ async def test_a_reconciliation_pass_visits_the_index_not_the_table() -> None:
     h.clock.now += 3600
     assert await h.components.reconciler.tick() == 1
     assert looked == ["lost"]
-    assert h.components.metrics.reconcile_candidates._value.get() == 1
+    assert sample(h.components.metrics, "compactor_reconcile_candidates") == 1
 
 
 async def test_a_group_in_flight_when_its_partition_is_revoked_keeps_nothing_and_says_so() -> None:
     h = harness()
     await h.components.accounting.handle_batch([message_record(h, 0, "c", 50)])
     table = h.components.table
-    original = h.store.save_messages
+    original = h.store.ingest.save_messages
 
     async def revoked_meanwhile(batch: Any) -> Any:
         table.flush_partitions({partition_of("c")})  # what on_revoked does, mid-group
         table.forget({partition_of("c")})
         return await original(batch)
 
-    h.store.save_messages = revoked_meanwhile  # type: ignore[method-assign]
+    h.store.ingest.save_messages = revoked_meanwhile  # type: ignore[method-assign]
     revoked = await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])
     assert revoked == {partition_of("c")}  # not acked: re-read by the next owner
     assert not table.synced("c") and table.cached == 0
     assert h.table["c"]["token_total"] == 50  # flushed before the revocation, then left alone
-    h.store.save_messages = original  # type: ignore[method-assign]
+    h.store.ingest.save_messages = original  # type: ignore[method-assign]
     await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])  # redelivered
     assert h.tally("c").token_total == 100  # a duplicate: resynced from the store
 
@@ -303,7 +315,7 @@ class _Stream:
 
 
 async def test_events_are_acked_only_once_their_table_entries_are_flushed() -> None:
-    from streams.worker.batching import AcksAfterFlush
+    from streams.worker.tally_table import AcksAfterFlush
 
     now = [0.0]
     raw: dict[str, Any] = {}

@@ -21,6 +21,8 @@ from streams.worker.dead_letters import DeadLetters
 from streams.worker.records import InvalidRecord, Record, decode_control
 from tests.support.builders import T0
 from tests.support.memory_store import RecordingPublisher
+from tests.support.metrics_text import sample
+from tests.support.stores import saved
 from tests.unit.worker.harness import NAMES, Harness, harness, over_budget, words
 
 pytestmark = pytest.mark.unit
@@ -40,7 +42,7 @@ def message_record(h: Harness, index: int, conversation: str = "c1", *, at: time
 
 
 def erased_count(h: Harness) -> float:
-    return float(h.components.metrics.events_in.labels("erased")._value.get())
+    return float(sample(h.components.metrics, "compactor_events_in_total", outcome="erased"))
 
 
 async def test_redelivered_messages_after_an_erase_are_not_stored() -> None:
@@ -189,9 +191,9 @@ async def test_the_store_marks_cover_save_message_too() -> None:
         content="x",
         created_at=T0 + timedelta(hours=2),
     ).to_message()
-    assert not await h.store.save_message(late, 1, partition=3, offset=10 - 1)
-    assert await h.store.save_message(late, 1, partition=3, offset=10)
-    outcome = await h.store.save_messages([IncomingMessage(late, 1, 3, 5)])
+    assert not await saved(h.store, late, 1, partition=3, offset=10 - 1)
+    assert await saved(h.store, late, 1, partition=3, offset=10)
+    outcome = await h.store.ingest.save_messages([IncomingMessage(late, 1, 3, 5)])
     assert [o.status for o in outcome] == ["erased"]
 
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from core.ports.storage import OutboxRecord, OutboxRow
 from streams.metrics import Metrics
 from streams.worker.outbox import OutboxRelay
-from streams.worker.runtime import StaticRuntime
 
 pytestmark = pytest.mark.unit
 
@@ -96,9 +95,15 @@ def rows(compaction_id: str, first_id: int) -> list[OutboxRow]:
 GRACE = 30.0
 
 
+class OutboxPorts:
+    """The relay's one port (``streams.worker.outbox.OutboxPorts``): nothing else."""
+
+    def __init__(self, outbox: OutboxOnly) -> None:
+        self.outbox = outbox
+
+
 def relay_over(store: OutboxOnly, publisher: GatePublisher) -> OutboxRelay:
-    runtime = StaticRuntime(cast(Any, store), cast(Any, None))
-    return OutboxRelay(runtime, publisher, Metrics(), grace_seconds=GRACE)
+    return OutboxRelay(OutboxPorts(store), publisher, Metrics(), grace_seconds=GRACE)
 
 
 def records_of(committed: Sequence[OutboxRow]) -> list[OutboxRecord]:

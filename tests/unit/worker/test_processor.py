@@ -14,25 +14,34 @@ from streams.events import DeadLetterHeaders, ReconcileRequest
 from streams.worker.processor import Compacted, Noop, Replayed
 from streams.worker.runtime import StaticRuntime
 from tests.support.builders import T0
+from tests.support.metrics_text import sample
+from tests.support.stores import counts, round_trips
 from tests.unit.worker.harness import NAMES, FailingModel, harness, over_budget, words
 
 pytestmark = pytest.mark.unit
 
 
-async def test_a_command_compacts_and_publishes_its_events_asking_applied_once() -> None:
+async def test_a_command_compacts_and_publishes_its_events_asking_applied_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     h = harness()
     command = await over_budget(h)
+    trips = round_trips(h.store, monkeypatch)
     outcome = await h.components.processor.compact(command)
     assert isinstance(outcome, Compacted)
     # The messages up to the command's cut, less keep_recent=2; later ones are untouched.
     assert command.up_to_seq == 4
     assert outcome.plan.messages_compressed == 2
-    # Asked once, with the total and the history; the relay sends what the
-    # transaction wrote and marks it by compaction, reading nothing back.
-    assert h.store.calls.count("compaction_inputs") == 1
-    assert h.store.calls.count("compaction_applied") == 0
-    assert h.store.calls.count("load_history") == 0
-    assert "pending_outbox" not in h.store.calls and "mark_compaction_published" in h.store.calls
+    # Four round trips, the promise: asked once (applied?, the total and the
+    # history), the compactor's read of the live batches, written once, and the
+    # relay sends what the transaction wrote and marks it by compaction, reading
+    # nothing back.
+    assert trips == [
+        "history.compaction_inputs",
+        "archive.live_batches",
+        "compactions.apply_compaction",
+        "outbox.mark_compaction_published",
+    ]
     (clip,) = h.publisher.on("clip_archives")
     assert clip.key == b"c1"
     (completed,) = h.completions()
@@ -40,9 +49,9 @@ async def test_a_command_compacts_and_publishes_its_events_asking_applied_once()
     assert completed.status == "compacted"
     assert completed.rows_removed == 2 and completed.rows_added == 1
     assert len(h.store.messages) == 8 - 2 + 1
-    total, _ = await h.store.conversation_totals("c1")
+    total, _ = await counts(h.store, "c1")
     assert h.tally().token_total - completed.tokens_removed + completed.tokens_added == total
-    assert all(o.published for o in h.store.outbox)
+    assert all(o.published for o in h.store.outbox_entries)
 
 
 async def test_a_replayed_compaction_id_republishes_its_completion_not_its_clip_archive() -> None:
@@ -57,7 +66,7 @@ async def test_a_replayed_compaction_id_republishes_its_completion_not_its_clip_
     republished = h.publisher.sent[len(first) :]
     assert [p.topic for p in republished] == ["control"]
     assert [p.value for p in republished] == [p.value for p in first if p.topic == "control"]
-    assert h.components.metrics.compactions_noop.labels("replayed")._value.get() == 1
+    assert sample(h.components.metrics, "compactor_compactions_noop_total", reason="replayed") == 1
 
 
 async def test_a_replayed_compaction_never_published_publishes_both() -> None:
@@ -68,12 +77,12 @@ async def test_a_replayed_compaction_never_published_publishes_both() -> None:
     h.publisher.fail_next = PublisherUnavailable("the broker is away")
     with pytest.raises(PublisherUnavailable):
         await h.components.processor.compact(command)
-    assert h.store.outbox and not any(o.published for o in h.store.outbox)
+    assert h.store.outbox_entries and not any(o.published for o in h.store.outbox_entries)
     sent = len(h.publisher.sent)
     outcome = await h.components.processor.compact(command)
     assert outcome == Replayed()
     assert [p.topic for p in h.publisher.sent[sent:]] == ["clip_archives", "control"]
-    assert all(o.published for o in h.store.outbox)
+    assert all(o.published for o in h.store.outbox_entries)
 
 
 async def test_a_failed_compaction_writes_nothing_and_is_counted() -> None:
@@ -84,9 +93,9 @@ async def test_a_failed_compaction_writes_nothing_and_is_counted() -> None:
     assert isinstance(outcome, Failed) and outcome.kind == "model_auth"
     assert "ModelAuthError" in outcome.detail
     assert h.store.messages == before
-    assert h.store.batches == {} and h.store.compactions == set() and h.store.outbox == []
+    assert h.store.batches == {} and h.store.applied == set() and h.store.outbox_entries == []
     assert h.publisher.on("clip_archives") == [] and h.completions() == []
-    failed = h.components.metrics.compactions_failed.labels("model_auth")._value.get()
+    failed = sample(h.components.metrics, "compactor_compactions_failed_total", reason="model_auth")
     assert failed == 1
 
 
@@ -95,20 +104,22 @@ async def test_stored_tokens_other_than_its_completion_announces_fail_the_compac
     read; the store checks them, so the tally cannot move by other numbers."""
     h = harness()
     command = await over_budget(h)
-    read = h.store.compaction_inputs
+    read = h.store.history.compaction_inputs
 
     async def stale(*args: Any, **kwargs: Any) -> Any:
         inputs = await read(*args, **kwargs)
         counts = {i: n + 1 for i, n in inputs.stored_tokens.items()}
         return replace(inputs, stored_tokens=counts)
 
-    h.store.compaction_inputs = stale  # type: ignore[method-assign]
+    h.store.history.compaction_inputs = stale  # type: ignore[method-assign]
     before = dict(h.store.messages)
     outcome = await h.components.processor.compact(command)
     assert isinstance(outcome, Failed) and outcome.kind == "history_conflict"
-    assert h.store.messages == before and h.store.compactions == set() and h.store.outbox == []
+    assert h.store.messages == before and h.store.applied == set() and h.store.outbox_entries == []
     assert h.completions() == [] and h.publisher.on("clip_archives") == []
-    failed = h.components.metrics.compactions_failed.labels("history_conflict")._value.get()
+    failed = sample(
+        h.components.metrics, "compactor_compactions_failed_total", reason="history_conflict"
+    )
     assert failed == 1
 
 
@@ -142,7 +153,7 @@ async def test_the_completion_brings_the_tally_to_the_store_s_total() -> None:
     await h.components.processor.compact(command)
     (completed,) = h.completions()
     await h.control(completed)
-    total, count = await h.store.conversation_totals("c1")
+    total, count = await counts(h.store, "c1")
     tally = h.tally()
     assert (tally.token_total, tally.message_count) == (total, count)
     assert tally.generation == 1 and tally.compactions == 1
@@ -158,7 +169,7 @@ async def test_a_duplicate_between_commit_and_completion_leaves_the_tally_exact(
     await h.message(0, words(20, "topic0-"))  # redelivered; it was compacted
     (completed,) = h.completions()
     await h.control(completed)
-    total, count = await h.store.conversation_totals("c1")
+    total, count = await counts(h.store, "c1")
     tally = h.tally()
     assert (tally.token_total, tally.message_count) == (total, count)
 
@@ -172,7 +183,7 @@ async def test_a_reconcile_request_repairs_a_drifted_entry() -> None:
         await h.message(i, "x" * 40)  # 5 + 50 tokens in the table, 80 in the store
     assert h.commands() == []
     await h.control(ReconcileRequest(conversation_id="c1", requested_at=T0))
-    total, count = await h.store.conversation_totals("c1")
+    total, count = await counts(h.store, "c1")
     assert (h.tally().token_total, h.tally().message_count) == (total, count)
 
 
@@ -197,12 +208,12 @@ async def test_the_outbox_timer_publishes_rows_a_crash_left_behind() -> None:
     h.publisher.fail_next = ConnectionError("broker away")
     with pytest.raises(ConnectionError):
         await h.components.processor.compact(command)  # committed, not published
-    assert [o.published for o in h.store.outbox] == [False, False]
+    assert [o.published for o in h.store.outbox_entries] == [False, False]
     await h.components.relay.tick()  # within the grace: the processor's to send
-    assert [o.published for o in h.store.outbox] == [False, False]
+    assert [o.published for o in h.store.outbox_entries] == [False, False]
     h.clock.now += 60  # command_timeout_seconds: the relay's grace is over
     await h.components.relay.tick()
-    assert all(o.published for o in h.store.outbox)
+    assert all(o.published for o in h.store.outbox_entries)
     # A compaction's records are sent together: the one whose send did not fail
     # may be out already, and the tick sends both (delivery is at least once).
     sent = [p.topic for p in h.publisher.sent if p.topic != "commands"]
@@ -232,7 +243,7 @@ async def test_a_refitted_clip_archive_counts_as_a_compaction_not_a_noop() -> No
     h.components.processor._runtime = StaticRuntime(h.store, Refitting(real))
     outcome = await h.components.processor.compact(command)
     assert isinstance(outcome, Compacted)
-    assert h.components.metrics.compactions_over_target._value.get() == 1
+    assert sample(h.components.metrics, "compactor_compactions_over_target_total") == 1
     (completed,) = h.completions()  # its own, from its outbox: not a noop
     assert completed.status == "compacted" and completed.messages_compressed == 0
 
@@ -277,7 +288,7 @@ async def test_a_compaction_failed_in_an_outage_goes_again_when_the_provider_ans
     down.back.set()
     outcome = await running
     assert isinstance(outcome, Compacted) and down.plans == 2
-    assert h.components.metrics.compactions_retried_after_outage._value.get() == 1
+    assert sample(h.components.metrics, "compactor_compactions_retried_after_outage_total") == 1
     assert len(h.publisher.on("clip_archives")) == 1
 
 
@@ -299,4 +310,4 @@ async def test_an_outage_without_an_answer_is_held_until_the_command_times_out()
     command = await over_budget(h)
     outcome = await h.components.processor.compact(command)
     assert isinstance(outcome, Failed) and outcome.provider_down_at == 0
-    assert h.components.metrics.compactions_retried_after_outage._value.get() == 0
+    assert sample(h.components.metrics, "compactor_compactions_retried_after_outage_total") == 0

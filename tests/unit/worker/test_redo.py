@@ -16,6 +16,7 @@ from core.domain.tokens import estimate_history_tokens
 from streams.events import ClipArchiveEvent, CompactionCommand, RecompactRequest, RestoreRequest
 from streams.worker.processor import Noop
 from streams.worker.runtime import StaticRuntime
+from tests.support.metrics_text import sample
 from tests.unit.worker.harness import (
     BUDGET_TOKENS,
     NAMES,
@@ -43,7 +44,7 @@ def budgeted(
         update={"specifics_ratio": 0, "max_summary_tokens": max_summary_tokens}
     )
     compactor = create_compactor(
-        model=ExtractiveProvider(), memory_store=h.store,
+        model=ExtractiveProvider(), memory=h.store.archive,
         config=tuning, model_name="test", budget=budget,
     )  # fmt: skip
     h.components.processor._runtime = StaticRuntime(h.store, compactor)
@@ -100,17 +101,17 @@ def live_tokens(h: Harness) -> int:
 async def test_recompact_rebuilds_every_live_batch_from_its_raw_turns_as_one_compaction() -> None:
     h = budgeted()
     await _compacted(h)
-    before = await h.store.live_batches("c1")
+    before = await h.store.archive.live_batches("c1")
     await _request(h, recompact())
     command = h.commands()[-1]
     assert (command.action, command.request_id, command.reason) == ("recompact", "r-1", "request")
     assert command.compaction_id == request_compaction_id("c1", "r-1")
     await _run_last_command(h)
-    after = await h.store.live_batches("c1")
+    after = await h.store.archive.live_batches("c1")
     assert {b.id for b in after}.isdisjoint(b.id for b in before)
     assert all(b.compaction_id == command.compaction_id for b in after)
     assert all(h.store.batches[b.id].superseded_by for b in before)
-    assert h.store.compactions >= {command.compaction_id}
+    assert h.store.applied >= {command.compaction_id}
     event = clip_events(h)[-1]
     assert (event.action, event.request_id, event.compaction_id) == (
         "recompact", "r-1", command.compaction_id,
@@ -132,7 +133,7 @@ async def test_a_request_delivered_again_is_the_same_compaction_applied_once() -
     again = await _run_last_command(h)
     assert again.compaction_id == request_compaction_id("c1", "r-1")
     assert h.store.batches == batches  # replayed, not redone
-    assert h.components.metrics.compactions_noop.labels("replayed")._value.get() == 1
+    assert sample(h.components.metrics, "compactor_compactions_noop_total", reason="replayed") == 1
 
 
 async def test_a_request_waits_for_the_outstanding_command_then_goes() -> None:
@@ -150,7 +151,7 @@ async def test_a_request_waits_for_the_outstanding_command_then_goes() -> None:
 async def test_restore_brings_the_newest_turns_back_within_the_target_and_names_the_rest() -> None:
     h = budgeted()
     await _compacted(h)
-    *_, batch = await h.store.live_batches("c1")
+    *_, batch = await h.store.archive.live_batches("c1")
     # Room for some of its turns (target 320) beside a summary of the others of at
     # most 20 tokens: a summary as long as the turns it stands for leaves none.
     budgeted(h, model_max_tokens=800, max_summary_tokens=20)

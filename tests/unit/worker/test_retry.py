@@ -6,6 +6,7 @@ import pytest
 
 from core.ports.publisher import PublisherUnavailable
 from streams.events import DeadLetterHeaders
+from tests.support.metrics_text import sample
 from tests.unit.worker.harness import NAMES, backed_off, harness
 
 pytestmark = pytest.mark.unit
@@ -19,8 +20,8 @@ async def test_a_database_outage_is_waited_out_on_the_same_record() -> None:
     assert h.tally().token_total == 3
     assert len(h.slept) == 6 and backed_off(h.slept)  # backoff, never a give-up
     metrics = h.components.metrics
-    assert metrics.accounting_retries.labels("StoreUnavailable")._value.get() == 6
-    assert metrics.accounting_waiting._value.get() == 0
+    assert sample(metrics, "compactor_accounting_retries_total", error_type="StoreUnavailable") == 6
+    assert sample(metrics, "compactor_accounting_waiting") == 0
     assert h.components.health.ok
     assert h.publisher.on("dead_letters") == []
 
@@ -71,4 +72,4 @@ async def test_a_failed_dead_letter_send_is_retried_not_dropped() -> None:
     await h.components.accounting.handle(h.record(NAMES.messages, "c1", b"{not json"))
     (letter,) = h.publisher.on("dead_letters")
     assert letter.value == b"{not json"
-    assert h.components.metrics.events_in.labels("dead_lettered")._value.get() == 1
+    assert sample(h.components.metrics, "compactor_events_in_total", outcome="dead_lettered") == 1

@@ -62,19 +62,19 @@ async def test_an_operator_moves_a_history_into_its_tenant_once() -> None:
     h = harness()
     await send(h, 0, None)
     await send(h, 1, None)
-    assert await h.store.move_to_tenant("c1", "acme") is True
-    assert await h.store.move_to_tenant("c1", "acme") is False  # moved before: no change
+    assert await h.store.privacy.move_to_tenant("c1", "acme") is True
+    assert await h.store.privacy.move_to_tenant("c1", "acme") is False  # moved before: no change
     assert h.store.message_ids("acme/c1") == ["c1-m0000", "c1-m0001"]
     assert h.store.message_ids("c1") == [] and h.store.tenants == {"acme/c1": "acme"}
-    history = await h.store.load_history("acme/c1")
+    history = await h.store.history.load_history("acme/c1")
     assert {m.conversation_id for m in history} == {"acme/c1"}
     await send(h, 2, "acme")  # continues the moved history
     assert h.store.message_ids("acme/c1") == ["c1-m0000", "c1-m0001", "c1-m0002"]
     await send(h, 3, None)  # a new conversation without a tenant
     with pytest.raises(TenantConflictError):  # two histories are never merged
-        await h.store.move_to_tenant("c1", "acme")
+        await h.store.privacy.move_to_tenant("c1", "acme")
     with pytest.raises(TenantConflictError):  # nothing to move
-        await h.store.move_to_tenant("nobody", "acme")
+        await h.store.privacy.move_to_tenant("nobody", "acme")
 
 
 LOOKALIKE = (
@@ -87,14 +87,14 @@ LOOKALIKE = (
 async def test_a_producers_look_alike_summary_is_compressed_like_any_message() -> None:
     h = harness()
     await send(h, 0, None, role="system", content=LOOKALIKE)
-    history = await h.store.load_history("c1")
+    history = await h.store.history.load_history("c1")
     assert [is_clip_archive(m) for m in history] == [False]
     assert split_history(history, keep_recent=0).prior_summary is None
     for i in range(1, 9):
         await send(h, i, None, content=words(20, f"topic{i}-"))
     (command,) = h.commands()
     await h.components.processor.compact(command)
-    history = await h.store.load_history("c1")
+    history = await h.store.history.load_history("c1")
     clip = history[0]
     assert is_clip_archive(clip) and clip.id.startswith("clip-archive-")
     assert sum(is_clip_archive(m) for m in history) == 1
@@ -108,6 +108,6 @@ async def test_a_producers_look_alike_summary_is_compressed_like_any_message() -
 async def test_the_in_memory_store_marks_only_what_it_stored_as_a_clip_archive() -> None:
     h = harness()
     marked = message(0, "system", LOOKALIKE, conversation_id="c1").as_clip_archive()
-    await h.store.save_messages([IncomingMessage(marked, 10)])  # a message, however marked
-    (loaded,) = await h.store.load_history("c1")
+    await h.store.ingest.save_messages([IncomingMessage(marked, 10)])  # a message, however marked
+    (loaded,) = await h.store.history.load_history("c1")
     assert not is_clip_archive(loaded) and loaded.content == LOOKALIKE

@@ -12,6 +12,7 @@ from core.ports.model import ModelRequest, ModelResponse, ModelUsage
 from core.ports.storage import ReadScope
 from streams.events import ClipArchiveEvent
 from streams.worker.processor import Compacted
+from tests.support.metrics_text import sample
 from tests.unit.worker.harness import Harness, harness, words
 
 pytestmark = pytest.mark.unit
@@ -62,12 +63,21 @@ async def test_a_compaction_records_its_usage_in_the_store_the_event_and_the_met
     assert usage.calls >= 1 and usage.input_tokens == 300 * usage.calls
     assert usage.cache_read_tokens == 1000 * usage.calls and not usage.fallback
     assert usage.cost_usd is None  # no price for model "test"
-    (day,) = await h.store.usage_by_day(scope=ReadScope.everything())
+    (day,) = await h.store.usage.usage_by_day(scope=ReadScope.everything())
     assert (day.tenant_id, day.compactions, day.llm_calls) == ("acme", 1, usage.calls)
     assert day.day == datetime.fromtimestamp(h.clock.now, UTC).date()
     metrics = h.components.metrics
-    assert metrics.usage_calls.labels("anthropic", "test")._value.get() == usage.calls
-    read = metrics.usage_tokens.labels("anthropic", "test", "cache_read")._value.get()
+    assert (
+        sample(metrics, "compactor_usage_llm_calls_total", provider="anthropic", model="test")
+        == usage.calls
+    )
+    read = sample(
+        metrics,
+        "compactor_usage_tokens_total",
+        provider="anthropic",
+        model="test",
+        kind="cache_read",
+    )
     assert read == usage.cache_read_tokens
 
 
@@ -75,12 +85,15 @@ async def test_usage_is_read_through_the_scope_and_by_tenant_and_day() -> None:
     h = harness(model=GistModel())
     await compact_once(h, "c1", "acme")
     await compact_once(h, "c2", "globex")
-    acme = await h.store.usage_by_day(scope=ReadScope.of_tenant("acme"))
+    acme = await h.store.usage.usage_by_day(scope=ReadScope.of_tenant("acme"))
     assert [d.tenant_id for d in acme] == ["acme"]
-    assert await h.store.usage_by_day(scope=ReadScope.of_tenant("acme"), tenant_id="globex") == []
-    both = await h.store.usage_by_day(scope=ReadScope.everything())
+    assert (
+        await h.store.usage.usage_by_day(scope=ReadScope.of_tenant("acme"), tenant_id="globex")
+        == []
+    )
+    both = await h.store.usage.usage_by_day(scope=ReadScope.everything())
     assert sorted(d.tenant_id or "" for d in both) == ["acme", "globex"]
-    later = await h.store.usage_by_day(scope=ReadScope.everything(), since=date(2100, 1, 1))
+    later = await h.store.usage.usage_by_day(scope=ReadScope.everything(), since=date(2100, 1, 1))
     assert later == []
 
 
@@ -98,11 +111,11 @@ async def test_a_spent_tenant_budget_falls_back_to_extractive_until_the_next_utc
     fallback = events["c2"].usage
     assert fallback is not None and fallback.summarizer == "extractive" and fallback.fallback
     assert events["c3"].usage is not None and events["c3"].usage.summarizer == "anthropic"
-    assert h.components.metrics.tenant_budget_fallbacks._value.get() == 1
+    assert sample(h.components.metrics, "compactor_tenant_budget_fallbacks_total") == 1
     assert "tenant acme has used its LLM budget" in caplog.text
     # The extractive summariser's tokens are no LLM's: the budget stays spent, not more so.
     start = datetime(1970, 1, 1, tzinfo=UTC)
-    assert await h.store.tenant_llm_tokens("acme", start) == 1_320 * llm_calls
+    assert await h.store.usage.tenant_llm_tokens("acme", start) == 1_320 * llm_calls
     h.clock.now += 86_400  # the next day
     calls_before = model.calls
     await compact_once(h, "c4", "acme")

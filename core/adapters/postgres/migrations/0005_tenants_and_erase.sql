@@ -1,7 +1,7 @@
 -- Tenants, and what erasing a conversation needs.
 --
 -- conversations: one row per conversation, written by the first message
--- stored for it (save_message, under the conversation's advisory lock). Its
+-- stored for it (save_messages, under the conversation's advisory lock). Its
 -- tenant_id (NULL = no tenant) never changes: a later message claiming
 -- another tenant is refused and dead-lettered (tenant_mismatch).
 -- Conversations stored before this migration have no row until their next

@@ -1,8 +1,8 @@
 -- Erase that holds, and its audit trail. Ids, offsets and times only: never content.
 --
 -- erasures: one row per erased conversation, kept after the erase (it is what
--- makes the erase hold). The ingest transaction (ingest.save_group,
--- messages.save_one) reads it under the conversation's advisory lock and does
+-- makes the erase hold). The ingest transaction (ingest.PostgresIngest)
+-- reads it under the conversation's advisory lock and does
 -- not store a message that was on the messages topic when the erase was
 -- applied (its partition's offset at or below the mark in `offsets`, a JSON
 -- object partition -> highest erased offset) or that was created at or before

@@ -1,0 +1,155 @@
+"""What the compactor and the service need from storage, one port per role.
+
+Writes are idempotent by message id or compaction id, because every caller
+upstream (Kafka) delivers at least once. A store is a set of role objects
+(``Storage``): each role's protocol lives in its module (``ingest``,
+``history``, ``compactions``, ``outbox``, ``archive``, ``memory``,
+``tallies``, ``privacy``, ``usage``), its errors in ``errors``. A component
+is handed only the narrow protocol it calls (``streams.worker.runtime``), so
+mypy proves what each one may touch, and its call lands in the role's
+implementation directly. ``core.adapters.postgres.store.PostgresStore`` holds
+PostgreSQL's role objects, ``tests.support.memory_store.InMemoryStore`` the
+in-memory ones, and ``tests/contract/`` runs one suite of each port's
+behaviour over both.
+
+Every name is importable from this package as well as from its module.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from core.ports.storage.archive import (
+    Archive,
+    CompactedBatch,
+    CompactionLogReader,
+    CompactionRecord,
+    ExpandedBatch,
+    MemoryReader,
+    RawTurnRetention,
+)
+from core.ports.storage.compactions import (
+    AlreadyApplied,
+    Applied,
+    CompactionLedger,
+    Compactions,
+    CompactionStore,
+)
+from core.ports.storage.errors import (
+    HistoryConflictError,
+    StoreConflict,
+    StoreError,
+    StoreRejected,
+    StoreUnavailable,
+    TenantConflictError,
+)
+from core.ports.storage.history import (
+    CompactionInputs,
+    CompactionInputsReader,
+    History,
+    HistoryReader,
+)
+from core.ports.storage.ingest import IncomingMessage, IngestStore, SaveOutcome, SaveStatus
+from core.ports.storage.memory import (
+    MatchList,
+    MatchReason,
+    MemoryHit,
+    MemorySearch,
+    MemorySearchResult,
+    QueryMode,
+    SearchSources,
+    TurnHit,
+)
+from core.ports.storage.outbox import CompactionOutbox, OutboxRecord, OutboxRow, OutboxStore
+from core.ports.storage.privacy import EraseOutcome, Erasure, PrivacyStore
+from core.ports.storage.reads import MessageKey, ReadScope
+from core.ports.storage.tallies import StoreTotals, TallySource
+from core.ports.storage.usage import UsageStore
+
+
+class Storage(Protocol):
+    """One store's role objects, which share its connections; opened and closed as one.
+
+    Only the composition root and the runtime hold a ``Storage``: a component
+    gets the role it calls, typed as that role's narrow protocol.
+    """
+
+    @property
+    def ingest(self) -> IngestStore: ...
+
+    @property
+    def history(self) -> History: ...
+
+    @property
+    def compactions(self) -> Compactions: ...
+
+    @property
+    def outbox(self) -> OutboxStore: ...
+
+    @property
+    def archive(self) -> Archive: ...
+
+    @property
+    def memory(self) -> MemorySearch: ...
+
+    @property
+    def tallies(self) -> TallySource: ...
+
+    @property
+    def privacy(self) -> PrivacyStore: ...
+
+    @property
+    def usage(self) -> UsageStore: ...
+
+    async def close(self) -> None: ...
+
+
+__all__ = [
+    "AlreadyApplied",
+    "Applied",
+    "Archive",
+    "CompactedBatch",
+    "CompactionInputs",
+    "CompactionInputsReader",
+    "CompactionLedger",
+    "CompactionLogReader",
+    "CompactionOutbox",
+    "CompactionRecord",
+    "CompactionStore",
+    "Compactions",
+    "EraseOutcome",
+    "Erasure",
+    "ExpandedBatch",
+    "History",
+    "HistoryConflictError",
+    "HistoryReader",
+    "IncomingMessage",
+    "IngestStore",
+    "MatchList",
+    "MatchReason",
+    "MemoryHit",
+    "MemoryReader",
+    "MemorySearch",
+    "MemorySearchResult",
+    "MessageKey",
+    "OutboxRecord",
+    "OutboxRow",
+    "OutboxStore",
+    "PrivacyStore",
+    "QueryMode",
+    "RawTurnRetention",
+    "ReadScope",
+    "SaveOutcome",
+    "SaveStatus",
+    "SearchSources",
+    "Storage",
+    "StoreConflict",
+    "StoreError",
+    "StoreRejected",
+    "StoreTotals",
+    "StoreUnavailable",
+    "TallySource",
+    "TenantConflictError",
+    "TurnHit",
+    "UsageStore",
+]

@@ -1,0 +1,58 @@
+"""What compactions cost, in memory (``UsageStore``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+from core.domain.usage import LlmUsage, UsageDay
+from core.ports.storage import (
+    ReadScope,
+)
+from tests.support.memory_store.tables import (
+    Tables,
+)
+
+
+class MemoryUsage:
+    def __init__(self, tables: Tables) -> None:
+        self._t = tables
+
+    async def tenant_llm_tokens(self, tenant_id: str, since: datetime) -> int:
+        self._t._call("tenant_llm_tokens")
+        return sum(
+            usage.total_tokens
+            for tenant, at, usage in self._t.compaction_usage.values()
+            if tenant == tenant_id and at >= since and usage.summarizer != "extractive"
+        )
+
+    async def usage_by_day(
+        self, *, scope: ReadScope, tenant_id: str | None = None, since: date | None = None
+    ) -> list[UsageDay]:
+        self._t._call("usage_by_day")
+        self._t.read_scopes.append(("usage_by_day", scope))
+        days: dict[tuple[str | None, date], list[LlmUsage]] = {}
+        for compaction_id, (tenant, at, usage) in self._t.compaction_usage.items():
+            conversation = self._t.compaction_owner[compaction_id]
+            if not self._t._visible(scope, conversation):
+                continue
+            day = at.astimezone(UTC).date()
+            if (tenant_id is None or tenant == tenant_id) and (since is None or day >= since):
+                days.setdefault((tenant, day), []).append(usage)
+        return [
+            UsageDay(
+                tenant_id=tenant,
+                day=day,
+                compactions=len(spent),
+                llm_calls=sum(u.calls for u in spent),
+                input_tokens=sum(u.input_tokens for u in spent),
+                output_tokens=sum(u.output_tokens for u in spent),
+                cache_read_tokens=sum(u.cache_read_tokens for u in spent),
+                cache_write_tokens=sum(u.cache_write_tokens for u in spent),
+                cost_usd=round(sum(u.cost_usd or 0.0 for u in spent), 9),
+                fallback_compactions=sum(u.fallback for u in spent),
+            )
+            for (tenant, day), spent in sorted(
+                days.items(),
+                key=lambda item: (item[0][1], item[0][0] is not None, item[0][0] or ""),
+            )
+        ]
