@@ -24,6 +24,7 @@ from core.ports.compactor import Compactor
 from core.ports.storage import (
     Archive,
     Compactions,
+    ContextReader,
     History,
     IngestStore,
     MemorySearch,
@@ -49,6 +50,10 @@ class StorePorts(ABC):
     @property
     def history(self) -> History:
         return self.opened_store().history
+
+    @property
+    def context(self) -> ContextReader:
+        return self.opened_store().context
 
     @property
     def compactions(self) -> Compactions:
