@@ -85,7 +85,7 @@ class StorePorts(ABC):
 
 
 class Runtime(StorePorts):
-    """Every role and the compactor: what ``streams.bootstrap.build_components``
+    """Every role and the compactor: what ``streams.worker.assembly.build_components``
     hands out, each component taking the part its protocol names."""
 
     @property
