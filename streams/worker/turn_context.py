@@ -109,9 +109,11 @@ class TurnContexts:
         cache_bytes: int = 64 * 1024 * 1024,
         fit_settings: FitSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        poll_seconds: float = POLL_SECONDS,
     ) -> None:
         """``pending``: the compaction in flight for a conversation, when this worker
         holds its table entry (None otherwise, or when there is none)."""
+        self._poll_seconds = poll_seconds
         self._runtime = runtime
         self._budget = budget
         self._notices = notices
@@ -157,7 +159,7 @@ class TurnContexts:
             left = deadline - self._clock()
             if _satisfied(version, request) or left <= 0:
                 return version
-            await self._notices.wait(request.conversation_key, min(left, POLL_SECONDS))
+            await self._notices.wait(request.conversation_key, min(left, self._poll_seconds))
 
     async def _render(self, request: ContextRequest, snapshot: ContextSnapshot) -> _Rendered:
         limit = self._limit(request.fit)
