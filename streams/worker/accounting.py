@@ -103,7 +103,7 @@ class Accounting:
         self._locks = KeyedLock()
         hooks = hooks or AccountingHooks()
         clock = hooks.clock
-        issued = hooks.issued or IssuedCommands()  # reconciliation reads
+        issued = IssuedCommands() if hooks.issued is None else hooks.issued  # reconciliation reads
         budget = rules.budget
         commands = Commands(
             publisher, issued, metrics, budget_tokens=budget.budget_tokens, clock=clock
