@@ -112,6 +112,11 @@ class ServiceSettings(Section):
     # History and batch views: messages per page by default, and at most.
     page_default_limit: int = Field(default=200, ge=1, le=100_000)
     page_max_limit: int = Field(default=1000, ge=1, le=100_000)
+    # The context view (GET /conversations/{id}/context): how long a read may wait for
+    # the message it names (through=, after=), and the bytes of rendered contexts kept
+    # for readers that find the history unchanged.
+    context_max_wait_ms: int = Field(default=5000, ge=0, le=60_000)
+    context_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
 
     @field_validator("api_tokens", "metrics_token", "internal_token")
     @classmethod

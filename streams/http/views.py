@@ -28,11 +28,11 @@ import faust
 from aiohttp import web
 from faust.web import Request, Response, View
 
-from core.domain.tenancy import conversation_key
 from core.ports.storage import (
     Archive,
     CompactionLedger,
     CompactionLogReader,
+    ContextReader,
     HistoryReader,
     MemoryReader,
     MemorySearch,
@@ -40,19 +40,17 @@ from core.ports.storage import (
 )
 from core.settings import ResolvedModel, ServiceSettings, Settings
 from streams.database import explicit_dsn
-from streams.events import MAX_ID_LENGTH
 from streams.http import bodies, openapi, pages, ui
 from streams.http.access import (
-    Forbidden,
-    bad_text,
+    addressed,
     json_body,
     principal_of,
     problem_response,
     read_scope,
-    requested_tenant,
 )
 from streams.http.audit import audit_reads
 from streams.http.auth import AuthPolicy, check_exposure
+from streams.http.context import register_context
 from streams.http.forwarding import (
     PRINCIPAL,
     Forwarding,
@@ -82,6 +80,9 @@ class ViewRuntime(Protocol):
 
     @property
     def history(self) -> HistoryReader: ...
+
+    @property
+    def context(self) -> ContextReader: ...
 
     @property
     def archive(self) -> Archive: ...
@@ -128,6 +129,7 @@ def register_views(
     register_operations(app, components, runtime)
     register_probes(app, components, runtime)
     register_conversations(app, settings, components, runtime)
+    register_context(app, settings, components, runtime)
     register_search(app, settings, runtime)
     register_usage(app, runtime)
     register_document(app, settings.service)
@@ -222,24 +224,6 @@ def register_conversations(
             return self.json(json_body(bodies.ConversationStatus.of(tally, budget)))
 
     register_pages(app, settings, runtime)
-
-
-def addressed(view: View, request: Request, *ids: str) -> Response | str:
-    """The conversation key a view's path (and ``tenant_id``) names for the caller,
-    or the refusal: 400 for a bad path id or tenant id, 403 for a tenant the
-    token is not bound to. A tenant-bound token names its own tenant's
-    conversations only, so it cannot even address another's."""
-    for name, value in zip(("conversation_id", "batch_id"), ids, strict=False):
-        problem = bad_text(name, value, MAX_ID_LENGTH)
-        if problem is not None:
-            return problem_response(view, problem, 400)
-    try:
-        tenant = requested_tenant(request.query, principal_of(request))
-    except ValueError as error:
-        return problem_response(view, str(error), 400)
-    except Forbidden:
-        return problem_response(view, bodies.FORBIDDEN, 403)
-    return conversation_key(tenant, ids[0])
 
 
 def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 from core.domain.budget import BudgetConfig
@@ -66,7 +66,10 @@ class Ingest:
         consumed: ConsumedOffsets,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        stored: Callable[[Collection[str]], None] = lambda _: None,
     ) -> None:
+        """``stored``: told the conversations of each group once its messages are
+        stored (the readers waiting for them, ``IngestNotices``)."""
         self._budget = budget
         self._max_content_chars = max_content_chars
         self._producers = producers
@@ -77,6 +80,7 @@ class Ingest:
         self._consumed = consumed
         self._metrics = metrics
         self._clock = clock
+        self._stored = stored
 
     async def ingest(self, records: Sequence[Record]) -> set[str]:
         """Store the group, then count each conversation once: from the store when
@@ -87,6 +91,7 @@ class Ingest:
         decoded, letters = self._decode(records)
         outcomes = await self._runtime.ingest.save_messages([incoming for _, incoming in decoded])
         groups = self._by_conversation(decoded, outcomes)
+        self._stored(groups.keys())
         resync = [
             conversation_id
             for conversation_id, items in groups.items()

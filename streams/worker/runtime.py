@@ -25,6 +25,7 @@ from core.ports.compactor import Compactor
 from core.ports.storage import (
     Archive,
     Compactions,
+    ContextReader,
     History,
     IngestStore,
     MemorySearch,
@@ -50,6 +51,10 @@ class StorePorts(ABC):
     @property
     def history(self) -> History:
         return self.opened_store().history
+
+    @property
+    def context(self) -> ContextReader:
+        return self.opened_store().context
 
     @property
     def compactions(self) -> Compactions:
@@ -81,7 +86,7 @@ class StorePorts(ABC):
 
 
 class Runtime(StorePorts):
-    """Every role and the compactor: what ``streams.bootstrap.build_components``
+    """Every role and the compactor: what ``streams.worker.assembly.build_components``
     hands out, each component taking the part its protocol names."""
 
     @property

@@ -21,6 +21,7 @@ import pytest
 
 from core.adapters.postgres.archive import PostgresArchive
 from core.adapters.postgres.compaction import PostgresCompactions
+from core.adapters.postgres.context import PostgresContext
 from core.adapters.postgres.history import PostgresHistory
 from core.adapters.postgres.ingest import PostgresIngest
 from core.adapters.postgres.memory import PostgresMemory
@@ -75,6 +76,7 @@ STORAGE_ROLES = [
 ROLES = (
     PostgresStore, PostgresIngest, PostgresHistory, PostgresCompactions, PostgresOutbox,
     PostgresArchive, PostgresMemory, PostgresTallies, PostgresPrivacy, PostgresUsage,
+    PostgresContext,
 )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ from core.adapters.postgres.archive import PostgresArchive
 from core.adapters.postgres.calibration import PostgresTokenRates
 from core.adapters.postgres.compaction import PostgresCompactions
 from core.adapters.postgres.connection import configure_connection, keep_session, refuse_read_only
+from core.adapters.postgres.context import PostgresContext
 from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.history import PostgresHistory
 from core.adapters.postgres.ingest import PostgresIngest
@@ -63,6 +64,7 @@ class PostgresStore:
         self._embedder = embedder
         self.ingest = PostgresIngest(pool, per_conversation=single_conversation_transactions)
         self.history = PostgresHistory(pool)
+        self.context = PostgresContext(pool)
         self.compactions = PostgresCompactions(pool)
         self.outbox = PostgresOutbox(pool)
         self.archive = PostgresArchive(pool, raw_retention_days=raw_retention_days)

@@ -3,7 +3,7 @@
 Writes are idempotent by message id or compaction id, because every caller
 upstream (Kafka) delivers at least once. A store is a set of role objects
 (``Storage``): each role's protocol lives in its module (``ingest``,
-``history``, ``compactions``, ``outbox``, ``archive``, ``memory``,
+``history``, ``context``, ``compactions``, ``outbox``, ``archive``, ``memory``,
 ``tallies``, ``privacy``, ``usage``, ``calibration``), its errors in ``errors``. A component
 is handed only the narrow protocol it calls (``streams.worker.runtime``), so
 mypy proves what each one may touch, and its call lands in the role's
@@ -36,6 +36,7 @@ from core.ports.storage.compactions import (
     Compactions,
     CompactionStore,
 )
+from core.ports.storage.context import ContextReader, ContextSnapshot, ContextVersion, Watermark
 from core.ports.storage.errors import (
     HistoryConflictError,
     StoreConflict,
@@ -82,6 +83,9 @@ class Storage(Protocol):
     def history(self) -> History: ...
 
     @property
+    def context(self) -> ContextReader: ...
+
+    @property
     def compactions(self) -> Compactions: ...
 
     @property
@@ -121,6 +125,9 @@ __all__ = [
     "CompactionRecord",
     "CompactionStore",
     "Compactions",
+    "ContextReader",
+    "ContextSnapshot",
+    "ContextVersion",
     "EraseOutcome",
     "Erasure",
     "ExpandedBatch",
@@ -157,4 +164,5 @@ __all__ = [
     "TokenRates",
     "TurnHit",
     "UsageStore",
+    "Watermark",
 ]

@@ -17,7 +17,7 @@ from core.domain.compaction import CompactionPlan, StoredBatch
 from core.domain.erasure import EraseMark
 from core.domain.messages import ConversationMessage
 from core.domain.usage import LlmUsage
-from core.ports.storage import MessageKey, OutboxRow, ReadScope, StoreUnavailable
+from core.ports.storage import MessageKey, OutboxRow, ReadScope, StoreUnavailable, Watermark
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,8 @@ class Tables:
     archived: dict[tuple[str, str], Archived] = field(default_factory=dict)
     raw_retention_days: int = 0
     tenants: dict[str, str | None] = field(default_factory=dict)  # the conversations table
+    # the conversations table's watermark columns (migration 0013)
+    watermarks: dict[str, Watermark] = field(default_factory=dict)
     erasures: dict[str, EraseMark] = field(default_factory=dict)  # kept after the erase
     audit: list[AuditEntry] = field(default_factory=list)  # erase_audit, kept too
     # (read, scope) of every read that takes a scope: the views must always pass one.

@@ -19,7 +19,6 @@ from core.domain.tally import ConversationTally
 from core.domain.tokens import DEFAULT_COUNTER
 from core.ports.model import ModelAuthError, ModelRequest, ModelResponse
 from core.settings import Settings, parse_settings
-from streams.bootstrap import build_components
 from streams.events import (
     CompactionCommand,
     CompactionCompleted,
@@ -29,6 +28,7 @@ from streams.events import (
     ReconcileRequest,
 )
 from streams.topics import TopicNames
+from streams.worker.assembly import build_components
 from streams.worker.components import Components
 from streams.worker.records import Record
 from streams.worker.runtime import StaticRuntime
