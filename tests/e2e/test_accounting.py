@@ -109,6 +109,22 @@ async def test_provider_token_counts_drive_the_budget_and_the_table(stack: Stack
     assert entries[conv.id]["message_count"] == KEEP_RECENT + 1
 
 
+class Ledger(Conversation):
+    """Invoice lines: numbers and punctuation, which a tokenizer splits finer than
+    characters / 4 (the stand-in counts ~0.33 tokens a character), as tool output
+    and ids are: the undercount that lets a history outgrow the model's context."""
+
+    def text(self, n: int) -> str:
+        parts = [f"{self.marker} ledger {n}:"]
+        i = n
+        while len(" ".join(parts)) < self.chars:
+            parts.append(
+                f"invoice {(i * 7919) % 100000:05d} paid {(i * 104729) % 10000}.{i % 100:02d} EUR;"
+            )
+            i += 1
+        return " ".join(parts)[: self.chars]
+
+
 def relative_error(counts: list[int], truth: list[int]) -> float:
     return sum(abs(c - t) / t for c, t in zip(counts, truth, strict=True)) / len(truth)
 
@@ -118,12 +134,12 @@ async def test_the_calibrated_estimate_converges_on_the_providers_count(stack: S
     "chars"): the LLM test server counts tokens with its stand-in tokenizer, not
     characters / 4. Once a compaction's calls were measured, messages are stored
     at the measured tokens per character, nearer the server's count of them than
-    the estimate was, a restarted worker keeps the rate, and the table still
+    the estimate was (on invoice-like turns, which characters / 4 undercounts), a restarted worker keeps the rate, and the table still
     agrees with PostgreSQL."""
     calibrated = {"budget": {"token_estimate": "calibrated"}}
     worker = stack.worker("w1", config=calibrated)
     await worker.wait_ready(stack.names.messages)
-    first = Conversation("conv-calibrating", "amber")
+    first = Ledger("conv-calibrating", "amber")
     await stack.send_all(first.until_over(0))  # nothing measured yet: characters / 4
     await stack.wait_for_clip_events({first.id: 1}, timeout=30)
     await stack.wait_idle(worker, [first.id], timeout=30)
@@ -134,7 +150,7 @@ async def test_the_calibrated_estimate_converges_on_the_providers_count(stack: S
     assert saved is not None and saved["measured"] >= 1
     rate = saved["tokens"] / saved["chars"]
 
-    probe = Conversation("conv-probe", "birch", chars=400)
+    probe = Ledger("conv-probe", "birch", chars=400)
     events = [probe.message() for _ in range(4)]
     await stack.send_all(events)
 
@@ -152,7 +168,10 @@ async def test_the_calibrated_estimate_converges_on_the_providers_count(stack: S
     assert stored == [math.ceil(len(r["content"]) * rate) for r in rows]
     provider = [stand_in_tokens(r["content"]) + MESSAGE_OVERHEAD_TOKENS for r in rows]
     estimated = [math.ceil(len(r["content"]) / 4) for r in rows]
-    assert relative_error(stored, provider) < relative_error(estimated, provider) / 2
+    # characters / 4 undercounts this text; the measured rate moves every count
+    # toward the server's, not past it (one compaction measured: part of the way).
+    assert all(e < s <= p for e, s, p in zip(estimated, stored, provider, strict=True))
+    assert relative_error(stored, provider) < 0.6 * relative_error(estimated, provider)
     assert entries[probe.id]["token_total"] == sum(stored) == (await stack.pg_tally(probe.id))[0]
 
     # A restarted worker counts at the saved rate from its first message on.
