@@ -27,6 +27,7 @@ from core.adapters.embedding.factory import build_embedder
 from core.adapters.llm.factory import build_fallback_provider, build_model_provider
 from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, EmbeddedPostgres, resolve_dsn
 from core.adapters.postgres.store import PostgresStore
+from core.compaction.calibration import Calibration, open_calibration
 from core.compaction.compactor import PipelineCompactor
 from core.compaction.factory import create_compactor
 from core.ports.embedding import Embedder
@@ -105,10 +106,13 @@ async def open_all(settings: Settings) -> Opened:
             timeout_seconds=settings.summarization.timeout_seconds,
             prompt_caching=settings.summarization.prompt_caching,
         )
+        calibration = await open_calibration(
+            settings.budget.token_estimate, resolved, store.calibration
+        )
     except BaseException:
         await _release(store, embedded)
         raise
-    compactor = _compactor(settings, resolved, model, store, embedder)
+    compactor = _compactor(settings, resolved, model, store, embedder, calibration)
     return Opened(settings, store, model, resolved, dsn, embedded, compactor)
 
 
@@ -146,6 +150,7 @@ def _compactor(
     model: ModelProvider,
     store: PostgresStore,
     embedder: Embedder | None,
+    calibration: Calibration | None = None,
 ) -> PipelineCompactor:
     """One per runtime: its circuit breaker and provider guard span compactions."""
     return create_compactor(
@@ -158,6 +163,7 @@ def _compactor(
         fallback=build_fallback_provider() if resolved.kind != "extractive" else None,
         prices=settings.usage.prices,
         embedder=embedder,
+        calibration=calibration,
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
+from core.compaction.calibration import Calibration
 from core.compaction.spend import LlmSpend
 from core.domain.chunking import Chunk, halve, in_history_order
 from core.domain.clip_archive import batch_label, covered_days
@@ -59,6 +60,8 @@ class Summarizer:
 
     ``guard`` None: the model is local (the extractive fallback), its calls
     neither take a provider slot nor wait out a provider's outage.
+    ``calibration``: what each call's reported input tokens are measured into
+    (the deployment's model; none for the fallback).
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class Summarizer:
         guard: ProviderGuard | None,
         sleep: Callable[[float], Awaitable[None]],
         counter: TokenCounter = DEFAULT_COUNTER,
+        calibration: Calibration | None = None,
     ) -> None:
         self._model = model
         self._config = config
@@ -77,6 +81,7 @@ class Summarizer:
         self._guard = guard
         self._sleep = sleep
         self._counter = counter
+        self._calibration = calibration
 
     @property
     def provider(self) -> str:
@@ -200,6 +205,8 @@ class Summarizer:
         calls.cache_write_tokens += usage.cache_write_tokens
         calls.summarizer = self._model.name
         calls.model = self._model_name
+        if self._calibration is not None:
+            await self._calibration.measured(request, usage)
         text = response.text.strip()
         if not text:
             raise ModelResponseError(

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from core.domain.budget import BudgetConfig
 from core.domain.tally import on_messages, on_resync
-from core.domain.tokens import estimate_message_tokens
+from core.domain.tokens import DEFAULT_COUNTER, TokenCounter, estimate_message_tokens
 from core.ports.storage import IncomingMessage, IngestStore, SaveOutcome, StoreTotals, TallySource
 from streams.events import CompactionCommand, MessageEvent
 from streams.metrics import Metrics
@@ -40,12 +40,16 @@ class IngestPorts(Protocol):
     @property
     def tallies(self) -> TallySource: ...
 
+    @property
+    def token_counter(self) -> TokenCounter: ...
 
-def message_tokens(event: MessageEvent) -> int:
-    """The provider's count when the producer sent one, else the estimate."""
+
+def message_tokens(event: MessageEvent, counter: TokenCounter = DEFAULT_COUNTER) -> int:
+    """The provider's count when the producer sent one, else the estimate
+    (``counter``: the runtime's, calibrated with ``[budget].token_estimate``)."""
     if event.token_count is not None:
         return event.token_count
-    return estimate_message_tokens(event.to_message())
+    return estimate_message_tokens(event.to_message(), counter)
 
 
 class Ingest:
@@ -122,7 +126,7 @@ class Ingest:
                 continue
             incoming = IncomingMessage(
                 event.to_message(),  # under its conversation key: (tenant, id)
-                message_tokens(event),
+                message_tokens(event, self._runtime.token_counter),
                 partition=record.partition,
                 offset=record.offset,
             )

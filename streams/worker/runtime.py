@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from core.domain.tokens import DEFAULT_COUNTER, TokenCounter
 from core.ports.compactor import Compactor
 from core.ports.storage import (
     Archive,
@@ -92,13 +93,22 @@ class Runtime(StorePorts):
     @abstractmethod
     def compactor(self) -> Compactor: ...
 
+    @property
+    def token_counter(self) -> TokenCounter:
+        """What ingest counts a message's tokens with: the calibrated counter the
+        runtime opened (``[budget].token_estimate``), else characters / 4."""
+        return DEFAULT_COUNTER
+
 
 class StaticRuntime(Runtime):
     """A ``Runtime`` whose store and compactor are already open."""
 
-    def __init__(self, store: Storage, compactor: Compactor) -> None:
+    def __init__(
+        self, store: Storage, compactor: Compactor, counter: TokenCounter = DEFAULT_COUNTER
+    ) -> None:
         self.store = store
         self._compactor = compactor
+        self._counter = counter
 
     def opened_store(self) -> Storage:
         return self.store
@@ -106,3 +116,7 @@ class StaticRuntime(Runtime):
     @property
     def compactor(self) -> Compactor:
         return self._compactor
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        return self._counter

@@ -12,7 +12,8 @@ where a component's call lands directly:
 * ``memory.PostgresMemory``: ``memory_read``, full text and vectors fused by rank;
 * ``tallies.PostgresTallies``: the token counts the worker's table caches;
 * ``privacy.PostgresPrivacy``: erasure, and moving a conversation into a tenant;
-* ``usage.PostgresUsage``: what compactions cost.
+* ``usage.PostgresUsage``: what compactions cost;
+* ``calibration.PostgresTokenRates``: each model's measured tokens per character.
 
 Every public coroutine of a role raises the ports' errors and none of the
 driver's (``errors.port_errors_on_methods`` on each class): an outage is
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from core.adapters.postgres.archive import PostgresArchive
+from core.adapters.postgres.calibration import PostgresTokenRates
 from core.adapters.postgres.compaction import PostgresCompactions
 from core.adapters.postgres.connection import configure_connection, keep_session, refuse_read_only
 from core.adapters.postgres.context import PostgresContext
@@ -70,6 +72,7 @@ class PostgresStore:
         self.tallies = PostgresTallies(pool)
         self.privacy = PostgresPrivacy(pool)
         self.usage = PostgresUsage(pool)
+        self.calibration = PostgresTokenRates(pool)
 
     @classmethod
     async def connect(

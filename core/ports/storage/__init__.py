@@ -4,7 +4,7 @@ Writes are idempotent by message id or compaction id, because every caller
 upstream (Kafka) delivers at least once. A store is a set of role objects
 (``Storage``): each role's protocol lives in its module (``ingest``,
 ``history``, ``context``, ``compactions``, ``outbox``, ``archive``, ``memory``,
-``tallies``, ``privacy``, ``usage``), its errors in ``errors``. A component
+``tallies``, ``privacy``, ``usage``, ``calibration``), its errors in ``errors``. A component
 is handed only the narrow protocol it calls (``streams.worker.runtime``), so
 mypy proves what each one may touch, and its call lands in the role's
 implementation directly. ``core.adapters.postgres.store.PostgresStore`` holds
@@ -28,6 +28,7 @@ from core.ports.storage.archive import (
     MemoryReader,
     RawTurnRetention,
 )
+from core.ports.storage.calibration import TokenRates
 from core.ports.storage.compactions import (
     AlreadyApplied,
     Applied,
@@ -105,6 +106,9 @@ class Storage(Protocol):
     @property
     def usage(self) -> UsageStore: ...
 
+    @property
+    def calibration(self) -> TokenRates: ...
+
     async def close(self) -> None: ...
 
 
@@ -157,6 +161,7 @@ __all__ = [
     "StoreUnavailable",
     "TallySource",
     "TenantConflictError",
+    "TokenRates",
     "TurnHit",
     "UsageStore",
     "Watermark",

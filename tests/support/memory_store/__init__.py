@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from core.ports.publisher import RecordPosition
 from core.ports.storage import Storage
+from tests.support.memory_store.calibration import MemoryTokenRates
 from tests.support.memory_store.compactions import MemoryCompactions, MemoryOutbox
 from tests.support.memory_store.context import MemoryContext
 from tests.support.memory_store.ingest import MemoryHistory, MemoryIngest
@@ -45,6 +46,7 @@ class InMemoryStore(Tables):
         self.tallies = MemoryTallies(self)
         self.privacy = MemoryPrivacy(self)
         self.usage = MemoryUsage(self)
+        self.calibration = MemoryTokenRates(self)
 
     async def close(self) -> None:
         self.closed = True

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from core.domain.calibration import TokenRate
 from core.domain.compaction import CompactionPlan, StoredBatch
 from core.domain.erasure import EraseMark
 from core.domain.messages import ConversationMessage
@@ -88,6 +89,8 @@ class Tables:
     audit: list[AuditEntry] = field(default_factory=list)  # erase_audit, kept too
     # (read, scope) of every read that takes a scope: the views must always pass one.
     read_scopes: list[tuple[str, ReadScope | None]] = field(default_factory=list)
+    # (provider, model) → its measured tokens per character (token_calibration, 0016)
+    token_rates: dict[tuple[str, str], TokenRate] = field(default_factory=dict)
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
