@@ -57,9 +57,9 @@ from streams.http.forwarding import (
     client_ssl_context,
     install,
     internal_key,
+    node_of,
 )
-from streams.http.guard import guard, store_outage_is_503
-from streams.http.limits import RateLimiter
+from streams.http.guard import Limits, guard, store_outage_is_503
 from streams.http.probes import register_probes
 from streams.http.reload import PolicyRef, register_reload
 from streams.http.search import register_search
@@ -145,7 +145,9 @@ def install_guard(app: faust.App, settings: Settings) -> PolicyRef:
     check_exposure(service, policy)
     ref = PolicyRef(policy)
     forwarding = Forwarding(
-        internal_key(service, explicit_dsn(settings)), client_ssl_context(service)
+        internal_key(service, explicit_dsn(settings)),
+        client_ssl_context(service),
+        here=lambda: node_of(app.conf.canonical_url),
     )
     if forwarding.key is None and policy.enabled:
         log.warning(
@@ -154,14 +156,10 @@ def install_guard(app: faust.App, settings: Settings) -> PolicyRef:
             "set [service].internal_token, the same on every worker (docs/security.md)"
         )
     install(app, forwarding)
-    limiter = RateLimiter(service.rate_limit_per_second, service.rate_limit_burst)
-    failures = RateLimiter(
-        service.auth_failures_per_second, service.auth_failures_burst, max_keys=10_000
-    )
     web_app = cast(web.Application, app.web.web_app)  # type: ignore[attr-defined]
     # Outermost, so it logs every answer, the guard's refusals included.
     web_app.middlewares.append(audit_reads(lambda request: request.get(PRINCIPAL)))
-    web_app.middlewares.append(guard(ref, limiter, forwarding, failures))
+    web_app.middlewares.append(guard(ref, Limits.of(service), forwarding))
     web_app.middlewares.append(store_outage_is_503)
     return ref
 
