@@ -33,11 +33,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 WINDOW = 2 * BUDGET_TOKENS  # model_max_tokens of the stack's [budget]
 # One chunk per compaction of a burst, so a 2 s provider compacts it in seconds;
-# the rate limit off: the reader polls faster than the default allows a token.
-CONFIG = {
-    "summarization": {"chunk_size": 100, "timeout_seconds": 10.0},
-    "service": {"rate_limit_per_second": 0},
-}
+# the rate limits are the defaults: a reader at every turn is not throttled.
+CONFIG = {"summarization": {"chunk_size": 100, "timeout_seconds": 10.0}}
 
 
 async def started(stack: Stack) -> Any:
