@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 
 from core.adapters.postgres.archive import PostgresArchive
+from core.adapters.postgres.calibration import PostgresTokenRates
 from core.adapters.postgres.compaction import PostgresCompactions
 from core.adapters.postgres.context import PostgresContext
 from core.adapters.postgres.history import PostgresHistory
@@ -76,7 +77,7 @@ STORAGE_ROLES = [
 ROLES = (
     PostgresStore, PostgresIngest, PostgresHistory, PostgresCompactions, PostgresOutbox,
     PostgresArchive, PostgresMemory, PostgresTallies, PostgresPrivacy, PostgresUsage,
-    PostgresContext,
+    PostgresContext, PostgresTokenRates,
 )  # fmt: skip
 
 
