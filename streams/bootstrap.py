@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, EmbeddedPostgres, 
 from core.adapters.postgres.store import PostgresStore
 from core.compaction.compactor import PipelineCompactor
 from core.compaction.factory import create_compactor
+from core.compaction.offload import ThreadOffload, planning_threads
 from core.domain.tally import reconcile_due
 from core.ports.embedding import Embedder
 from core.ports.model import ModelProvider
@@ -85,12 +87,14 @@ class Opened(StorePorts):
     dsn: str
     embedded: EmbeddedPostgres | None
     compactor: PipelineCompactor  # one per runtime: its circuit breaker spans compactions
+    planning: Executor  # the threads the compactor's text-sized steps run in
 
     def opened_store(self) -> PostgresStore:
         return self.store
 
     async def close(self) -> None:
         embedded, self.embedded = self.embedded, None
+        self.planning.shutdown(wait=False, cancel_futures=True)
         await _release(self.store, embedded)
 
 
@@ -123,8 +127,9 @@ async def open_all(settings: Settings) -> Opened:
     except BaseException:
         await _release(store, embedded)
         raise
-    compactor = _compactor(settings, resolved, model, store, embedder)
-    return Opened(settings, store, model, resolved, dsn, embedded, compactor)
+    planning = planning_threads()
+    compactor = _compactor(settings, resolved, model, store, embedder, ThreadOffload(planning))
+    return Opened(settings, store, model, resolved, dsn, embedded, compactor, planning)
 
 
 async def _database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
@@ -161,8 +166,9 @@ def _compactor(
     model: ModelProvider,
     store: PostgresStore,
     embedder: Embedder | None,
+    offload: ThreadOffload,
 ) -> PipelineCompactor:
-    """One per runtime: its circuit breaker and provider guard span compactions."""
+    """One per runtime: its breaker and guard span compactions; ``offload``: its threads."""
     return create_compactor(
         model=model,
         memory=store.archive,
@@ -173,6 +179,7 @@ def _compactor(
         fallback=build_fallback_provider() if resolved.kind != "extractive" else None,
         prices=settings.usage.prices,
         embedder=embedder,
+        offload=offload,
     )
 
 

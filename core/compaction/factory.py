@@ -10,6 +10,7 @@ from functools import partial
 from core.compaction.attempt import Attempts
 from core.compaction.compactor import PipelineCompactor
 from core.compaction.fitting import ClipFitter
+from core.compaction.offload import Offload, ThreadOffload
 from core.compaction.pipeline import Pipeline
 from core.compaction.summarizer import Summarizer
 from core.domain.budget import BudgetConfig
@@ -53,6 +54,7 @@ def create_compactor(
     fallback: ModelProvider | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
     embedder: Embedder | None = None,
+    offload: Offload | None = None,
 ) -> PipelineCompactor:
     """The pipeline over the given ports.
 
@@ -62,17 +64,17 @@ def create_compactor(
     slots (``[[tenants]]`` ``weight``, 1 by default). ``fallback``: the model
     ``plan(..., fallback=True)`` summarises with (extractive, for a tenant whose
     LLM budget is spent; local, so unguarded). ``prices``: what a compaction's
-    cost is estimated with (``[usage].prices``). ``embedder``: what archived
-    batches and turns are embedded with (none: no vectors).
+    cost is estimated with (``[usage].prices``). ``embedder``: archived batches'
+    and turns' vectors (none without). ``offload``: where text-sized steps run.
     """
     guard = guard or ProviderGuard(guard_limits(config, tenant_weights), clock=clock, sleep=sleep)
-    breaker = breaker or CircuitBreaker(
-        config.max_consecutive_failures, config.circuit_cooldown_seconds, clock=clock
-    )
+    cooldown = config.circuit_cooldown_seconds
+    breaker = breaker or CircuitBreaker(config.max_consecutive_failures, cooldown, clock=clock)
     target = budget.target_tokens if budget is not None else None
-    summarizer = partial(Summarizer, config=config, sleep=sleep, counter=counter)
+    offload = offload or ThreadOffload()  # one executor for both
+    summarizer = partial(Summarizer, config=config, sleep=sleep, counter=counter, offload=offload)
     return PipelineCompactor(
-        pipeline=Pipeline(memory, config, counter, ClipFitter(config, counter, target)),
+        pipeline=Pipeline(memory, config, counter, ClipFitter(config, counter, target), offload),
         attempts=Attempts(breaker, guard),
         summarizer=summarizer(model=model, model_name=model_name, guard=guard),
         fallback=None
