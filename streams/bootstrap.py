@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -30,13 +28,12 @@ from core.adapters.embedding.factory import build_embedder
 from core.adapters.llm.factory import build_fallback_provider, build_model_provider
 from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, EmbeddedPostgres, resolve_dsn
 from core.adapters.postgres.store import PostgresStore
+from core.compaction.calibration import Calibration, open_calibration
 from core.compaction.compactor import PipelineCompactor
 from core.compaction.factory import create_compactor
 from core.compaction.offload import ThreadOffload, planning_threads
-from core.domain.tally import reconcile_due
 from core.ports.embedding import Embedder
 from core.ports.model import ModelProvider
-from core.ports.publisher import Publisher
 from core.settings import ResolvedModel, Settings, resolve_model
 from streams.app import register
 from streams.database import check_database, configured_dsn
@@ -52,20 +49,9 @@ from streams.metrics import Metrics
 from streams.preflight import startup_checks, worker_bootstrap
 from streams.runtime import WorkerRuntime
 from streams.topics import TOPICS, TopicNames
-from streams.worker.accounting import Accounting, AccountingRules
+from streams.worker.assembly import build_components
 from streams.worker.components import Components
-from streams.worker.dead_letters import DeadLetters
-from streams.worker.health import Health
-from streams.worker.issued_commands import IssuedCommands
-from streams.worker.outbox import OutboxRelay
-from streams.worker.processor import CommandIntake, Processor
-from streams.worker.reconciler import CommandBacklog, Reconciler
-from streams.worker.records import Record
-from streams.worker.requests import OperatorRequests
-from streams.worker.runtime import Runtime, StorePorts
-from streams.worker.scheduler import CompactionScheduler
-from streams.worker.tally_table import TallyTable, WriteContext
-from streams.worker.tenant_budget import TenantBudgets
+from streams.worker.runtime import StorePorts
 
 log = logging.getLogger("compactor.runtime")
 
@@ -124,11 +110,15 @@ async def open_all(settings: Settings) -> Opened:
             timeout_seconds=settings.summarization.timeout_seconds,
             prompt_caching=settings.summarization.prompt_caching,
         )
+        calibration = await open_calibration(
+            settings.budget.token_estimate, resolved, store.calibration
+        )
     except BaseException:
         await _release(store, embedded)
         raise
     planning = planning_threads()
-    compactor = _compactor(settings, resolved, model, store, embedder, ThreadOffload(planning))
+    offload = ThreadOffload(planning)
+    compactor = _compactor(settings, resolved, model, store, embedder, offload, calibration)
     return Opened(settings, store, model, resolved, dsn, embedded, compactor, planning)
 
 
@@ -167,6 +157,7 @@ def _compactor(
     store: PostgresStore,
     embedder: Embedder | None,
     offload: ThreadOffload,
+    calibration: Calibration | None = None,
 ) -> PipelineCompactor:
     """One per runtime: its breaker and guard span compactions; ``offload``: its threads."""
     return create_compactor(
@@ -180,6 +171,7 @@ def _compactor(
         prices=settings.usage.prices,
         embedder=embedder,
         offload=offload,
+        calibration=calibration,
     )
 
 
@@ -191,115 +183,6 @@ async def open_runtime(settings: Settings) -> AsyncIterator[Opened]:
         yield opened
     finally:
         await opened.close()
-
-
-# -- The components -------------------------------------------------------------
-
-
-def build_components(
-    settings: Settings,
-    *,
-    table: MutableMapping[str, Any],
-    publisher: Publisher,
-    runtime: Runtime,
-    ack: Callable[[Token], Awaitable[None]],
-    metrics: Metrics | None = None,
-    clock: Callable[[], float] = time.time,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    still_assigned: Callable[[Record], bool] = lambda _: True,
-    owns: Callable[[str], bool] = lambda _: True,
-    write_context: WriteContext | None = None,
-    tables_ready: Callable[[], bool] = lambda: True,
-    backlog: CommandBacklog | None = None,
-) -> Components[Token]:
-    """The components over the given table, publisher and runtime: the worker's
-    (Faust's) or a test's and the offline CLI's (in memory); the hooks are the
-    consumer's and the table's state, which only the worker has (``_worker_components``)."""
-    names = TopicNames.with_prefix(settings.kafka.topic_prefix)
-    metrics = metrics or Metrics()
-    health = Health(clock)
-    tallies = tally_table(settings, table, metrics, write_context)
-    dead_letters = _dead_letters(settings, publisher, metrics, clock)
-    relay, processor, intake = _compaction(
-        settings, runtime, publisher, metrics, clock, ack, dead_letters
-    )
-    issued = IssuedCommands()  # accounting notes where commands went; reconciliation reads
-    accounting = Accounting(
-        names=names, rules=AccountingRules.of(settings), runtime=runtime, table=tallies,
-        publisher=publisher, dead_letters=dead_letters, metrics=metrics, health=health,
-        clock=clock, sleep=sleep, still_assigned=still_assigned, issued=issued,
-    )  # fmt: skip
-    reconciler = Reconciler(
-        table=tallies, publisher=publisher, budget=settings.budget,
-        interval_seconds=settings.service.reconcile_interval_seconds,
-        command_timeout_seconds=settings.service.command_timeout_seconds,
-        runtime=runtime, owns=owns, clock=clock, ready=tables_ready, metrics=metrics,
-        backlog=backlog, issued=issued,
-    )  # fmt: skip
-    return Components(
-        names=names, metrics=metrics, health=health, table=tallies, dead_letters=dead_letters,
-        accounting=accounting, relay=relay, processor=processor, intake=intake,
-        reconciler=reconciler, requests=OperatorRequests(publisher),
-    )  # fmt: skip
-
-
-def _dead_letters(
-    settings: Settings, publisher: Publisher, metrics: Metrics, clock: Callable[[], float]
-) -> DeadLetters:
-    return DeadLetters(
-        publisher,
-        metrics,
-        clock,
-        max_request_bytes=settings.kafka.max_request_bytes,
-        content=settings.kafka.dead_letter_content,
-    )
-
-
-def _compaction(
-    settings: Settings,
-    runtime: Runtime,
-    publisher: Publisher,
-    metrics: Metrics,
-    clock: Callable[[], float],
-    ack: Callable[[Token], Awaitable[None]],
-    dead_letters: DeadLetters,
-) -> tuple[OutboxRelay, Processor, CommandIntake[Token]]:
-    """The processor, the scheduler in front of it and the relay behind it: how
-    commands become compactions and their events."""
-    service = settings.service
-    relay = OutboxRelay(runtime, publisher, metrics, grace_seconds=service.command_timeout_seconds)
-    tenant_budgets = TenantBudgets(
-        {t.id: t.llm_tokens_per_day for t in settings.tenants}, runtime, metrics, clock
-    )
-    processor = Processor(
-        runtime=runtime, publisher=publisher, relay=relay, metrics=metrics,
-        budget=settings.budget, clock=clock, tenant_budgets=tenant_budgets,
-        hold_seconds=service.command_timeout_seconds,
-    )  # fmt: skip
-    scheduler: CompactionScheduler[Token] = CompactionScheduler(
-        ack,
-        max_concurrent=service.max_concurrent_compactions,
-        fair_share=settings.summarization.fair_share,
-        tenant_weights=settings.tenant_weights(),
-    )
-    return relay, processor, CommandIntake(processor, scheduler, dead_letters)
-
-
-def tally_table(
-    settings: Settings,
-    table: MutableMapping[str, Any],
-    metrics: Metrics,
-    write_context: WriteContext | None = None,
-) -> TallyTable:
-    """The cached token table; its index holds what ``reconcile_due`` may ever act on."""
-    return TallyTable(
-        table,
-        candidate=lambda tally: reconcile_due(tally, settings.budget, math.inf, 0.0),
-        flush_seconds=settings.service.table_flush_seconds,
-        max_cached=settings.service.tally_cache_entries,
-        on_write=metrics.table_writes.inc,
-        write_context=write_context,
-    )
 
 
 # -- The Faust app --------------------------------------------------------------

@@ -22,7 +22,7 @@ import email.utils
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, date, datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -32,6 +32,7 @@ from core.ports.storage import QueryMode, SearchSources
 from streams.http.bodies import (
     BatchPage,
     CompactionLog,
+    ContextBody,
     ConversationStatus,
     Health,
     HistoryPage,
@@ -77,6 +78,11 @@ class RateLimited(ApiError):
     """429, still after the retries."""
 
 
+class NotYetStored(ApiError):
+    """409 from the context view: the message named by ``through`` / ``after`` was not
+    stored within ``wait_ms``. The answer never holds an older context instead."""
+
+
 class Unavailable(ApiError):
     """503 (or no connection), still after the retries."""
 
@@ -90,6 +96,7 @@ _ERRORS: dict[int, type[ApiError]] = {
     401: Unauthorized,
     403: Forbidden,
     404: NotFound,
+    409: NotYetStored,
     429: RateLimited,
     503: Unavailable,
 }
@@ -191,6 +198,32 @@ class CompactorClient:
         ):
             for message in page.messages:
                 yield message
+
+    async def context(
+        self,
+        conversation_id: str,
+        *,
+        tenant_id: str | None = None,
+        format: Literal["messages", "openai", "anthropic"] = "messages",
+        fit: Literal["budget", "window", "none"] = "budget",
+        through: str | None = None,
+        after: tuple[int, int] | None = None,
+        wait_ms: int | None = None,
+    ) -> ContextBody:
+        """The whole context to send the model now, in ``format``'s request shape
+        (``body.request``: pass it to the SDK's create call), never over ``fit``'s
+        limit. ``through`` / ``after`` (a message id; the partition and offset the
+        producer's ack returned): it includes that message, waiting up to ``wait_ms``
+        for it to be stored (``NotYetStored`` otherwise)."""
+        query = {
+            "tenant_id": tenant_id,
+            "format": format,
+            "fit": fit,
+            "through": through,
+            "after": None if after is None else f"{after[0]}:{after[1]}",
+            "wait_ms": wait_ms,
+        }
+        return await self._get(ContextBody, _path(conversation_id, "context"), query)
 
     async def compactions(
         self, conversation_id: str, *, tenant_id: str | None = None

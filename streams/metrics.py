@@ -62,6 +62,24 @@ class Metrics:
         self._accounting_metrics(r)
         self._reconcile_metrics(r)
         self._provider_metrics(r)
+        self._context_metrics(r)
+
+    def _context_metrics(self, r: CollectorRegistry) -> None:
+        """The turn-time context (GET /conversations/{id}/context)."""
+        self.context_reads = Counter(
+            "compactor_context_reads_total",
+            "Context reads by shape and how they were answered (read from the store, "
+            "cached: the history unchanged since, not_yet: the message asked for was not "
+            "stored within the wait)",
+            ["format", "outcome"],
+            registry=r,
+        )
+        self.context_provisional = Counter(
+            "compactor_context_provisional_total",
+            "Context answers fitted at read time (a provisional clip-archive: the stored "
+            "history was over the limit while its compaction had not landed)",
+            registry=r,
+        )
 
     def _record_metrics(self, r: CollectorRegistry) -> None:
         """What became of the records read and sent."""

@@ -19,6 +19,7 @@ from typing import Protocol
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
 from core.compaction.compactor import PipelineCompactor
+from core.domain.tokens import TokenCounter
 from core.ports.compactor import Compactor
 from core.ports.storage import Storage, StoreUnavailable
 from core.settings import ResolvedModel, Settings, resolve_model
@@ -72,6 +73,10 @@ class WorkerRuntime(Runtime):
     @property
     def compactor(self) -> Compactor:
         return self._open().compactor
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        return self._open().compactor.counter
 
     def _open(self) -> Opened:
         if self._opened is None:

@@ -28,6 +28,7 @@ from core.domain.circuit import CircuitBreaker
 from core.domain.compaction import Planned, PlanOutcome, Unchanged
 from core.domain.messages import ConversationMessage
 from core.domain.tenancy import tenant_of
+from core.domain.tokens import TokenCounter
 from core.domain.usage import ModelPrice
 from core.ports.embedding import Embedder
 from core.provider_guard import ProviderGuard
@@ -70,6 +71,11 @@ class PipelineCompactor:
     def target_tokens(self) -> int | None:
         """What every compaction must leave the history at or under (None: no target)."""
         return self._pipeline.fitter.target
+
+    @property
+    def counter(self) -> TokenCounter:
+        """What it counts tokens with; ingest counts new messages with it too."""
+        return self._pipeline.counter
 
     async def plan(
         self,

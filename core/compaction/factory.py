@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 
 from core.compaction.attempt import Attempts
+from core.compaction.calibration import Calibration
 from core.compaction.compactor import PipelineCompactor
 from core.compaction.fitting import ClipFitter
 from core.compaction.offload import Offload, ThreadOffload
@@ -55,6 +56,7 @@ def create_compactor(
     prices: Mapping[str, ModelPrice] | None = None,
     embedder: Embedder | None = None,
     offload: Offload | None = None,
+    calibration: Calibration | None = None,
 ) -> PipelineCompactor:
     """The pipeline over the given ports.
 
@@ -64,22 +66,27 @@ def create_compactor(
     slots (``[[tenants]]`` ``weight``, 1 by default). ``fallback``: the model
     ``plan(..., fallback=True)`` summarises with (extractive, for a tenant whose
     LLM budget is spent; local, so unguarded). ``prices``: what a compaction's
-    cost is estimated with (``[usage].prices``). ``embedder``: archived batches'
-    and turns' vectors (none without). ``offload``: where text-sized steps run.
+    cost is estimated with (``[usage].prices``). ``embedder``: archived vectors.
+    ``calibration``: measures ``model``'s calls; its counter replaces ``counter``.
     """
     guard = guard or ProviderGuard(guard_limits(config, tenant_weights), clock=clock, sleep=sleep)
     cooldown = config.circuit_cooldown_seconds
     breaker = breaker or CircuitBreaker(config.max_consecutive_failures, cooldown, clock=clock)
     target = budget.target_tokens if budget is not None else None
-    offload = offload or ThreadOffload()  # one executor for both
-    summarizer = partial(Summarizer, config=config, sleep=sleep, counter=counter, offload=offload)
+    counter = counter if calibration is None else calibration.counter
+    offload = offload or ThreadOffload()  # where the text-sized steps run
+    make = partial(Summarizer, config=config, sleep=sleep, counter=counter, offload=offload)
     return PipelineCompactor(
         pipeline=Pipeline(memory, config, counter, ClipFitter(config, counter, target), offload),
         attempts=Attempts(breaker, guard),
-        summarizer=summarizer(model=model, model_name=model_name, guard=guard),
-        fallback=None
-        if fallback is None
-        else summarizer(model=fallback, model_name=fallback.name, guard=None),
+        summarizer=make(model=model, model_name=model_name, guard=guard, calibration=calibration),
+        fallback=_fallback(make, fallback),
         embedder=embedder,
         prices=dict(DEFAULT_PRICES if prices is None else prices),
     )
+
+
+def _fallback(make: Callable[..., Summarizer], fallback: ModelProvider | None) -> Summarizer | None:
+    """The fallback's summariser: local, so unguarded, and never measured (its
+    counts are the estimate itself)."""
+    return None if fallback is None else make(model=fallback, model_name=fallback.name, guard=None)

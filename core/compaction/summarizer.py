@@ -16,6 +16,7 @@ from functools import partial
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
+from core.compaction.calibration import Calibration
 from core.compaction.offload import Offload, ThreadOffload
 from core.compaction.spend import LlmSpend
 from core.domain.chunking import Chunk, halve, in_history_order
@@ -60,9 +61,10 @@ class Summarizer:
     with its specifics ledger (``core.domain.specifics``), whichever model wrote it.
 
     ``guard`` None: the model is local (the extractive fallback), its calls
-    neither take a provider slot nor wait out a provider's outage. ``offload``
-    runs what reads every turn's text (the turns' importance, the ledger) off
-    the event loop.
+    neither take a provider slot nor wait out a provider's outage.
+    ``calibration``: what each call's reported input tokens are measured into
+    (the deployment's model; none for the fallback). ``offload`` runs what reads
+    every turn's text (the turns' importance, the ledger) off the event loop.
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class Summarizer:
         guard: ProviderGuard | None,
         sleep: Callable[[float], Awaitable[None]],
         counter: TokenCounter = DEFAULT_COUNTER,
+        calibration: Calibration | None = None,
         offload: Offload | None = None,
     ) -> None:
         self._model = model
@@ -83,6 +86,7 @@ class Summarizer:
         self._guard = guard
         self._sleep = sleep
         self._counter = counter
+        self._calibration = calibration
 
     @property
     def provider(self) -> str:
@@ -219,6 +223,8 @@ class Summarizer:
         calls.cache_write_tokens += usage.cache_write_tokens
         calls.summarizer = self._model.name
         calls.model = self._model_name
+        if self._calibration is not None:
+            await self._calibration.measured(request, usage)
         text = response.text.strip()
         if not text:
             raise ModelResponseError(

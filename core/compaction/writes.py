@@ -9,7 +9,7 @@ from core.compaction.spend import LlmSpend
 from core.domain.compaction import CompactionPlan, Planned
 from core.domain.messages import ConversationMessage
 from core.domain.split import HistorySplit
-from core.domain.tokens import TokenCounter, estimate_history_tokens
+from core.domain.tokens import TokenCounter, estimate_history_tokens, estimate_message_tokens
 
 History = tuple[ConversationMessage, ...]
 
@@ -27,7 +27,8 @@ def compaction_writes(
     """The compressed messages (and the clip-archive they replace) deleted, the
     archive's new and superseded batches, ``clip`` inserted, ``restored`` turns
     back, with what its LLM calls cost (``calls``, priced): the plan, and
-    ``[clip, *kept, *restored]``, the history after it."""
+    ``[clip, *kept, *restored]``, the history after it. The clip-archive is
+    counted once, with ``counter``: what it is stored with."""
     deleted = [m.id for m in split.to_compress]
     if split.prior_summary is not None:
         deleted.append(split.prior_summary.id)
@@ -39,6 +40,7 @@ def compaction_writes(
         superseded=tuple(archive.superseded),
         deleted_message_ids=tuple(deleted),
         clip_archive=clip,
+        clip_archive_tokens=None if clip is None else estimate_message_tokens(clip, counter),
         messages_compressed=len(split.to_compress),
         tokens_estimate_before=estimate_history_tokens(history, counter),
         tokens_estimate_after=estimate_history_tokens(after, counter),

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+TokenEstimate = Literal["calibrated", "chars"]
 
 
 class BudgetConfig(BaseModel):
@@ -24,6 +27,12 @@ class BudgetConfig(BaseModel):
     # compacted once it has received nothing for this long (between turns, where
     # no reader waits); over the budget it is compacted at once. None: at once.
     idle_seconds: float | None = Field(default=None, gt=0)
+    # How a message's tokens are counted when its event carries no token_count:
+    # "calibrated", at the tokens per character the provider reported for the
+    # summariser's own requests (core.domain.calibration; characters / 4 until a
+    # call was measured, and always with the extractive summariser), or "chars",
+    # characters / 4. Counted once, at ingest, and stored.
+    token_estimate: TokenEstimate = "calibrated"
 
     @field_validator("compact_at")
     @classmethod

@@ -151,6 +151,19 @@ class CompactionPlan(BaseModel):
     restored_tokens: int = 0
     # None: no embedder, or it failed (the batches and turns are stored without).
     embeddings: PlanEmbeddings | None = None
+    # The clip-archive's token count as the compactor counted it (the calibrated
+    # rate, core.domain.calibration): what it is stored with. None: characters / 4.
+    clip_archive_tokens: int | None = None
+
+    @property
+    def clip_tokens(self) -> int:
+        """The clip-archive's stored token count (0 without one), counted once here
+        so the completion and the store announce and check the same number."""
+        if self.clip_archive is None:
+            return 0
+        if self.clip_archive_tokens is not None:
+            return self.clip_archive_tokens
+        return estimate_message_tokens(self.clip_archive)
 
     def check_consistent(self) -> None:
         """Raise ``ValueError`` for a plan that would write across conversations or
@@ -258,11 +271,11 @@ class StoredTokens:
     def of(cls, plan: CompactionPlan, stored: Mapping[str, int]) -> StoredTokens:
         """``stored``: the stored token count of each message of the history the
         plan was made from (``CompactionInputs.stored_tokens``). The clip-archive
-        is stored with its estimate, the restored turns with their own counts."""
-        clip = 0 if plan.clip_archive is None else estimate_message_tokens(plan.clip_archive)
+        is stored with its count (``CompactionPlan.clip_tokens``), the restored turns
+        with their own counts."""
         return cls(
             removed=sum(stored[message_id] for message_id in plan.deleted_message_ids),
-            added=clip + plan.restored_tokens,
+            added=plan.clip_tokens + plan.restored_tokens,
         )
 
 

@@ -30,8 +30,8 @@ from core.domain.split import tool_safe_boundary_after
 from core.domain.tokens import DEFAULT_COUNTER, TokenCounter, estimate_message_tokens
 from core.ports.model import ModelMessage, ModelRequest
 
-#: The smallest limit a context can be fitted under: the provisional
-#: clip-archive's header and the newest turn's head need this much.
+#: The smallest limit a provisional clip-archive is made for (its header and the
+#: newest turn's head need this much); under it only the newest turns that fit stay.
 MIN_LIMIT = 256
 MIN_DIGEST_TOKENS = 64
 SHORTENED_TURN = "[... shortened to fit the context window; in full via /history ...]"
@@ -86,7 +86,7 @@ def fit_context(
     if total <= limit:
         return AsStored(tuple(history), total)
     if limit < MIN_LIMIT:
-        raise ValueError(f"a context cannot be fitted under {limit} tokens (at least {MIN_LIMIT})")
+        return _newest_only(history, limit, settings.counter)
     prior, body = _prior_and_body(history, limit, settings.counter)
     prior_tokens = prior.tokens if prior is not None else 0
     allowance = min(settings.digest_tokens, max(MIN_DIGEST_TOKENS, (limit - prior_tokens) // 4))
@@ -106,6 +106,27 @@ def fit_context(
         tokens=sum(s.tokens for s in messages),
         folded=tuple(s.message.id for s in head),
         stored_tokens=total,
+        shortened=cut,
+    )
+
+
+def _newest_only(history: Sequence[Sized], limit: int, counter: TokenCounter) -> Provisional:
+    """Under a limit too small for a provisional clip-archive (a test's budget): the
+    newest turns that fit, else the newest one shortened, else nothing."""
+    boundary = _newest_fitting(history, limit)
+    kept = list(history[boundary:])
+    cut = False
+    if not kept and history:
+        boundary, unit = _newest_unit(history)
+        kept = _shortened_unit(unit, limit, counter)
+        cut = True
+        if sum(s.tokens for s in kept) > limit:
+            boundary, kept = len(history), []
+    return Provisional(
+        messages=tuple(kept),
+        tokens=sum(s.tokens for s in kept),
+        folded=tuple(s.message.id for s in history[:boundary]),
+        stored_tokens=sum(s.tokens for s in history),
         shortened=cut,
     )
 

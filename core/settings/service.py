@@ -93,9 +93,12 @@ class ServiceSettings(Section):
     max_search_limit: int = Field(default=50, ge=1, le=100)
     # HTTPS for the HTTP API (both or neither); tls_cafile verifies the other
     # workers' certificates when a request is forwarded (unset: system CAs).
+    # Tokens over plain HTTP beyond loopback are refused at start unless
+    # allow_plaintext_http = true (a network that is private, e.g. compose's).
     tls_certfile: str | None = None
     tls_keyfile: str | None = None
     tls_cafile: str | None = None
+    allow_plaintext_http: bool = False
     # Forwarded requests between workers carry this credential (and the caller's
     # verified principal, signed with it) instead of the caller's token. Unset:
     # derived from the PostgreSQL DSN and app_id (see docs/security.md).
@@ -103,15 +106,31 @@ class ServiceSettings(Section):
     # Remote Kafka without TLS, or remote PostgreSQL without a verified
     # certificate (sslmode verify-ca / verify-full), is refused unless this is true.
     allow_insecure_transport: bool = False
-    # Requests per second per token (token bucket; 0 = no limit) and the burst.
-    rate_limit_per_second: float = Field(default=50.0, ge=0)
-    rate_limit_burst: int = Field(default=200, ge=1)
+    # Requests per second per token (token bucket; 0 = no limit) and the burst:
+    # enough for a platform that reads the context at every turn, 1,000 turns/s
+    # and more with one token (docs/security.md, "Rate limits").
+    rate_limit_per_second: float = Field(default=2000.0, ge=0)
+    rate_limit_burst: int = Field(default=4000, ge=1)
+    # The same for all the tokens of one tenant together (the tenant a request is
+    # about: a tenant-bound token's, or tenant_id); 0 = no limit.
+    tenant_rate_limit_per_second: float = Field(default=2000.0, ge=0)
+    tenant_rate_limit_burst: int = Field(default=4000, ge=1)
+    # What a memory search takes from those buckets (any other request takes 1).
+    rate_limit_search_cost: float = Field(default=20.0, ge=1, le=1_000_000)
+    # Memory searches being answered at once per tenant (per token for a search
+    # of no tenant); one more is 429. 0 = no cap.
+    max_concurrent_searches_per_tenant: int = Field(default=4, ge=0)
     # Failed authentications per client address: refill rate and burst (0 = no limit).
     auth_failures_per_second: float = Field(default=0.5, ge=0)
     auth_failures_burst: int = Field(default=20, ge=1)
     # History and batch views: messages per page by default, and at most.
     page_default_limit: int = Field(default=200, ge=1, le=100_000)
     page_max_limit: int = Field(default=1000, ge=1, le=100_000)
+    # The context view (GET /conversations/{id}/context): how long a read may wait for
+    # the message it names (through=, after=), and the bytes of rendered contexts kept
+    # for readers that find the history unchanged.
+    context_max_wait_ms: int = Field(default=5000, ge=0, le=60_000)
+    context_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
 
     @field_validator("api_tokens", "metrics_token", "internal_token")
     @classmethod

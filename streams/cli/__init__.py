@@ -19,6 +19,7 @@ from typing import Any
 from core.settings import ConfigError, Settings, load_settings
 from streams.cli import schemas
 from streams.cli.config_commands import add_config_commands, cmd_config
+from streams.cli.context_command import add_context_command, cmd_context
 from streams.cli.dead_letter_commands import add_dead_letter_commands, cmd_dead_letters
 from streams.cli.dead_letters import RedriveError
 from streams.cli.dev_commands import cmd_demo, cmd_dev
@@ -59,6 +60,7 @@ COMMANDS: dict[str, Handler] = {
     "migrate": cmd_migrate,
     "compact": cmd_compact,
     "history": cmd_history,
+    "context": cmd_context,
     "memory-read": cmd_memory_read,
     "tenants": cmd_tenants,
     "usage": cmd_usage,
@@ -94,6 +96,7 @@ def _add_store_commands(sub: _Subparsers) -> None:
     history.add_argument("conversation_id")
     _add_tenant_option(history)
     add_remote_options(history)
+    add_context_command(sub)
     memory = sub.add_parser("memory-read", help="search archived summaries and raw turns")
     memory.add_argument("query")
     memory.add_argument(

@@ -36,8 +36,9 @@ def add_dead_letter_commands(sub: _Subparsers) -> None:
     listing = inner.add_parser("list", help="the dead letters, oldest first per partition")
     redrive = inner.add_parser(
         "redrive",
-        help="re-publish dead letters to their source topic with their key and headers, "
-        "once each (a ledger topic remembers; safe to repeat after an interruption)",
+        help="re-publish dead letters of the messages topic to it with their key and "
+        "headers, once each (a ledger topic remembers; safe to repeat after an "
+        "interruption); dead letters of any other topic are refused",
     )
     for command in (listing, redrive):
         command.add_argument(
@@ -67,21 +68,28 @@ async def cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     if unreadable:
         print(f"({unreadable} records of {names.dead_letters} have no dlq.* headers: skipped)")
     if args.dead_letters_command == "list":
-        _print_list(chosen, ledger, args.json)
+        _print_list(chosen, ledger, args.json, names.messages)
         return 0
     return await _redrive(settings, args, chosen, ledger, (bootstrap, security))
 
 
 def _print_list(
-    letters: Sequence[DeadLetter], ledger: dict[str, LedgerEntry], as_json: bool
+    letters: Sequence[DeadLetter],
+    ledger: dict[str, LedgerEntry],
+    as_json: bool,
+    messages_topic: str,
 ) -> None:
     for letter in letters:
         entry = ledger.get(letter.source)
         redriven = None if entry is None else {"state": entry.state, "at": entry.at}
+        refused = letter.unsendable(messages_topic)
         if as_json:
-            print(json.dumps({**letter.describe(), "redriven": redriven}))
+            print(
+                json.dumps({**letter.describe(), "redriven": redriven, "not_redrivable": refused})
+            )
             continue
         mark = "" if entry is None else f"  [re-driven: {entry.state} {entry.at}]"
+        mark += "" if refused is None else f"  [not re-drivable: {refused}]"
         print(
             f"{letter.meta.failed_at:%Y-%m-%d %H:%M:%S}  {letter.source}  "
             f"{letter.meta.error_type}  {letter.meta.reason}{mark}"
@@ -98,7 +106,8 @@ async def _redrive(
     kafka: tuple[str, Any],
 ) -> int:
     bootstrap, security = kafka
-    plan = plan_redrive(letters, ledger, settings.kafka.topic_prefix)
+    messages = TopicNames.with_prefix(settings.kafka.topic_prefix).messages
+    plan = plan_redrive(letters, ledger, messages)
     for letter, why in plan.unsendable:
         print(f"not re-driven: {letter.source}: {why}")
     if args.dry_run:

@@ -22,9 +22,13 @@ transaction's record would still be read; the header check holds whatever
 the readers' isolation.
 
 A dead letter that cannot be re-driven is reported and left alone: a redacted
-one (``[kafka].dead_letter_content = "redacted"``: re-drive it from the
-source topic's offset while it is retained), a truncated one, or one whose
-source is not one of this service's topics.
+one (``[kafka].dead_letter_content = "redacted"``, the default: re-drive it
+from the source topic's offset while it is retained), a truncated one, or one
+whose source is not the messages topic. Only producers' messages are
+re-driven: a dead letter read from the erase-requests, control or commands
+topic is refused, so a redrive (run under an operator's principal, which may
+write the erase topic) can never republish an erase request or a control
+event that the service refused.
 """
 
 from __future__ import annotations
@@ -75,14 +79,19 @@ class DeadLetter:
         """The record's own headers: no ``dlq.*``, and no earlier re-drive's mark."""
         return [(k, v) for k, v in self.headers if not k.startswith("dlq.") and k != REDRIVEN_FROM]
 
-    def unsendable(self, prefix: str) -> str | None:
-        """Why this dead letter cannot be re-driven, or None."""
+    def unsendable(self, messages_topic: str) -> str | None:
+        """Why this dead letter cannot be re-driven, or None. Only a record of
+        ``messages_topic`` can: the other topics are the service's and the
+        operators' (an erase request, a control event), never re-sent as they were."""
+        if self.meta.source_topic != messages_topic:
+            return (
+                f"source topic {self.meta.source_topic!r} is not the messages topic "
+                f"{messages_topic!r}: only producers' messages are re-driven"
+            )
         if self.meta.redacted or self.value is None:
             return "redacted: no content (re-drive it from the source topic's offset)"
         if self.meta.truncated:
             return "truncated: only the record's first bytes were kept"
-        if not self.meta.source_topic.startswith(prefix):
-            return f"source topic {self.meta.source_topic!r} is not one of this service's"
         return None
 
     def describe(self) -> dict[str, Any]:
@@ -166,9 +175,10 @@ class RedrivePlan:
 
 
 def plan_redrive(
-    letters: Sequence[DeadLetter], ledger: dict[str, LedgerEntry], prefix: str
+    letters: Sequence[DeadLetter], ledger: dict[str, LedgerEntry], messages_topic: str
 ) -> RedrivePlan:
-    """Each source once (a record may be dead-lettered twice), by what the ledger says."""
+    """Each source once (a record may be dead-lettered twice), by what the ledger says;
+    only records of ``messages_topic`` are sent."""
     plan = RedrivePlan()
     seen: set[str] = set()
     for letter in letters:
@@ -176,7 +186,7 @@ def plan_redrive(
             continue
         seen.add(letter.source)
         entry = ledger.get(letter.source)
-        why = letter.unsendable(prefix)
+        why = letter.unsendable(messages_topic)
         if entry is not None and entry.state == "done":
             plan.done.append(letter)
         elif why is not None:

@@ -18,8 +18,8 @@ from core.ports.compactor import Compactor
 from core.ports.publisher import Headers
 from core.ports.storage import Storage
 from core.settings import Settings
-from streams.bootstrap import build_components
 from streams.events import MessageEvent
+from streams.worker.assembly import build_components
 from streams.worker.components import Components
 from streams.worker.processor import Compacted
 from streams.worker.records import Record, decode_command

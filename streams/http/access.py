@@ -16,8 +16,9 @@ from aiohttp import web
 from faust.web import Request, Response, View
 from pydantic import BaseModel
 
-from core.domain.tenancy import is_tenant_id
+from core.domain.tenancy import conversation_key, is_tenant_id
 from core.ports.storage import ReadScope
+from streams.events import MAX_ID_LENGTH
 from streams.http import bodies
 from streams.http.auth import Principal
 from streams.http.forwarding import PRINCIPAL
@@ -90,3 +91,21 @@ def read_scope(principal: Principal) -> ReadScope:
     if principal.tenant is None:
         return ReadScope.everything()
     return ReadScope.of_tenant(principal.tenant)
+
+
+def addressed(view: View, request: Request, *ids: str) -> Response | str:
+    """The conversation key a view's path (and ``tenant_id``) names for the caller,
+    or the refusal: 400 for a bad path id or tenant id, 403 for a tenant the
+    token is not bound to. A tenant-bound token names its own tenant's
+    conversations only, so it cannot even address another's."""
+    for name, value in zip(("conversation_id", "batch_id"), ids, strict=False):
+        problem = bad_text(name, value, MAX_ID_LENGTH)
+        if problem is not None:
+            return problem_response(view, problem, 400)
+    try:
+        tenant = requested_tenant(request.query, principal_of(request))
+    except ValueError as error:
+        return problem_response(view, str(error), 400)
+    except Forbidden:
+        return problem_response(view, bodies.FORBIDDEN, 403)
+    return conversation_key(tenant, ids[0])

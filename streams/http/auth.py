@@ -14,7 +14,10 @@ token (or hash) listed twice is a ConfigError naming both keys. The policy is
 rebuilt from the config file and the environment on SIGHUP (``streams.http.reload``).
 
 With no token configured the worker only serves loopback: binding elsewhere
-is refused unless ``[service].allow_unauthenticated = true``.
+is refused unless ``[service].allow_unauthenticated = true``. With tokens,
+binding elsewhere needs TLS (``[service].tls_certfile``) unless
+``[service].allow_plaintext_http = true``: a token sent in clear text is a
+token given away.
 See docs/security.md.
 """
 
@@ -168,6 +171,11 @@ class AuthPolicy:
         """Whether the data views need a token (a token with a scope but metrics exists)."""
         return self._data
 
+    @property
+    def has_tokens(self) -> bool:
+        """Whether any token is configured (one a client sends, so one to protect)."""
+        return bool(self._tokens)
+
     def identify(self, authorization: str | None) -> Principal | None:
         """The configured token presented, or None; every digest is compared."""
         presented = bearer(authorization)
@@ -221,9 +229,15 @@ def is_loopback(host: str) -> bool:
 
 
 def check_exposure(service: ServiceSettings, policy: AuthPolicy) -> None:
-    """Refuse to serve unauthenticated reads beyond loopback; warn about loopback."""
-    if policy.enabled:
-        return
+    """Refuse to serve unauthenticated reads beyond loopback, and tokens over plain
+    HTTP beyond loopback; warn about what is allowed anyway."""
+    if not policy.enabled:
+        _check_unauthenticated(service)
+    if policy.has_tokens:
+        _check_plaintext(service)
+
+
+def _check_unauthenticated(service: ServiceSettings) -> None:
     if not is_loopback(service.web_host) and not service.allow_unauthenticated:
         raise ConfigError(
             f"[service].web_host = {service.web_host!r} is not a loopback address, and no "
@@ -234,6 +248,29 @@ def check_exposure(service: ServiceSettings, policy: AuthPolicy) -> None:
     log.warning(
         "HTTP reads are UNAUTHENTICATED on %s:%d: no [service].api_tokens configured "
         "(see docs/security.md)",
+        service.web_host,
+        service.web_port,
+    )
+
+
+def _check_plaintext(service: ServiceSettings) -> None:
+    """Bearer tokens and conversations in clear text beyond loopback: refused unless
+    ``allow_plaintext_http``, then a WARNING at every start (and reload)."""
+    if is_loopback(service.web_host) or service.tls_certfile is not None:
+        return
+    if not service.allow_plaintext_http:
+        raise ConfigError(
+            f"[service].web_host = {service.web_host!r} is not a loopback address and "
+            "tokens are configured, but the HTTP API has no TLS: every bearer token and "
+            "conversation would cross the network in clear text. Set "
+            "[service].tls_certfile and tls_keyfile, bind to 127.0.0.1, or set "
+            "[service].allow_plaintext_http = true for a network you trust entirely "
+            "(docs/security.md)"
+        )
+    log.warning(
+        "PLAINTEXT HTTP on %s:%d with tokens configured ([service].allow_plaintext_http "
+        "= true): bearer tokens and conversations cross the network unencrypted; set "
+        "[service].tls_certfile / tls_keyfile (docs/security.md)",
         service.web_host,
         service.web_port,
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import date
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -103,6 +103,43 @@ class ConversationStatus(Identity):
             generation=tally.generation,
             compaction_outstanding=tally.outstanding,
         )
+
+
+class Watermark(Body):
+    message_id: str | None = Field(description="The newest message processed for the conversation")
+    partition: int | None = Field(description="Its record's partition of the messages topic")
+    offset: int | None = Field(
+        description="Its record's offset: every record of the "
+        "conversation up to it is in this context"
+    )
+    seq: int = Field(description="The newest arrival number the history holds")
+
+
+class ContextBody(Identity):
+    """``GET /conversations/{id}/context``: the whole context to send the model now, in
+    the provider's request shape, never over the limit ``fit`` names."""
+
+    format: Literal["messages", "openai", "anthropic"]
+    fit: Literal["budget", "window", "none"]
+    request: dict[str, Any] = Field(
+        description="The provider request's part: messages (and anthropic's system); "
+        "pass it as keyword arguments to the SDK's create call"
+    )
+    token_estimate: int = Field(description="Estimated tokens of this context")
+    stored_tokens: int = Field(description="Tokens of the history as stored")
+    limit: int | None = Field(description="The limit fit applied (null: none)")
+    budget: int
+    model_max_tokens: int
+    provisional: bool = Field(
+        description="Fitted at read time: the oldest part is a "
+        "provisional clip-archive until its compaction lands"
+    )
+    folded_messages: int = Field(description="Messages the provisional clip-archive stands for")
+    shortened: bool = Field(
+        description="The newest message alone was over the limit: its head and tail are shown"
+    )
+    pending_compaction: str | None = Field(description="The compaction in flight, when known")
+    watermark: Watermark
 
 
 class HistoryPage(Identity):

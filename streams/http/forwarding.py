@@ -6,9 +6,12 @@ the caller's headers as they are. ``install`` replaces that one method on the
 app's router: the forwarding worker drops the caller's ``Authorization`` and
 sends instead the principal its guard verified (tenant, scopes, token id),
 signed with HMAC-SHA256 under the deployment's internal key, with the method,
-the path and a timestamp. The owner accepts those headers only on the
-forwarded path (``GET /conversations/{id}``), only with a valid signature no
-older than ``MAX_SKEW_SECONDS``, and never forwards such a request again.
+the path, a timestamp, a random nonce and the destination (the owner's
+advertised host and port). The owner accepts those headers only on the
+forwarded path (``GET /conversations/{id}``), only with a valid signature
+within ``MAX_SKEW_SECONDS`` of its clock, addressed to itself, whose nonce it
+has not seen (``streams.http.nonces``: a captured request cannot be sent
+again, to this worker or another), and never forwards such a request again.
 
 The internal key is ``[service].internal_token``, else derived from the
 PostgreSQL DSN (which every worker of a deployment shares) when it carries a
@@ -28,11 +31,12 @@ import hmac
 import json
 import logging
 import re
+import secrets
 import ssl
 import time
 import types
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -44,6 +48,7 @@ from yarl import URL
 
 from core.settings import ConfigError, ServiceSettings
 from streams.http.auth import ALL_SCOPES, Principal
+from streams.http.nonces import SeenNonces
 
 log = logging.getLogger("compactor.auth")
 
@@ -56,6 +61,9 @@ SIGNATURE_HEADER = "X-Compactor-Forwarded-Signature"
 # The only path a worker forwards (app.topic_route of the Conversation view).
 FORWARDABLE = re.compile(r"^/conversations/[^/]+$")
 MAX_SKEW_SECONDS = 30.0
+# The signed payload's version: 2 added the nonce and the destination (a worker
+# refuses version 1, which could be replayed).
+VERSION = 2
 NO_INTERNAL_KEY = (
     "this conversation is served by another worker, and requests are only forwarded "
     "with a signed principal: set [service].internal_token (the same on every worker)"
@@ -78,61 +86,104 @@ def internal_key(service: ServiceSettings, dsn: str | None) -> bytes | None:
     return None
 
 
+def node_of(url: URL | str) -> str:
+    """A worker's identity as a destination: the host and port of its advertised
+    URL (``Router._urlident``'s, which picks the destination)."""
+    parsed = url if isinstance(url, URL) else URL(url)
+    host = (parsed.host if parsed.scheme else parsed.path) or ""
+    return f"{host.lower()}:{int(parsed.port or 80)}"
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A forwarded request's signed headers refused (401), and why (for tests)."""
+
+    reason: str
+
+
 @dataclass(frozen=True)
 class Forwarding:
-    """How this worker signs the requests it forwards and checks those it gets."""
+    """How this worker signs the requests it forwards and checks those it gets.
+
+    ``here`` is this worker's identity as a destination (``node_of`` its
+    advertised URL, read when a request arrives, as Faust's router reads it)."""
 
     key: bytes | None
     client_ssl: ssl.SSLContext | None = None
+    here: Callable[[], str] = lambda: ""
+    seen: SeenNonces = field(default_factory=lambda: SeenNonces(MAX_SKEW_SECONDS))
 
     def sign(
-        self, principal: Principal, method: str, path_qs: str, now: float | None = None
+        self,
+        principal: Principal,
+        method: str,
+        path_qs: str,
+        destination: str,
+        now: float | None = None,
     ) -> dict[str, str]:
         assert self.key is not None
         payload = {
-            "v": 1,
+            "v": VERSION,
             "t": principal.tenant,
             "s": sorted(principal.scopes),
             "i": principal.token_id,
             "ts": time.time() if now is None else now,
             "m": method.upper(),
             "p": path_qs,
+            "d": destination,
+            "n": secrets.token_urlsafe(16),
         }
         encoded = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
-        return {PRINCIPAL_HEADER: encoded, SIGNATURE_HEADER: self._mac(encoded)}
+        return {PRINCIPAL_HEADER: encoded, SIGNATURE_HEADER: self._mac(encoded).decode()}
 
     def verify(
         self, headers: Mapping[str, str], method: str, path_qs: str, now: float | None = None
-    ) -> Principal | None:
-        """The signed principal of a forwarded request, or None (refuse it)."""
-        encoded, signature = headers.get(PRINCIPAL_HEADER), headers.get(SIGNATURE_HEADER)
-        if self.key is None or not encoded or not signature or len(encoded) > 4096:
-            return None
-        if not hmac.compare_digest(self._mac(encoded), signature):
-            return None
+    ) -> Principal | Refused:
+        """The signed principal of a forwarded request, or why it is refused."""
+        payload = self._signed_payload(headers)
+        if isinstance(payload, Refused):
+            return payload
         try:
-            payload = json.loads(base64.urlsafe_b64decode(encoded.encode()))
             tenant, scopes, token_id = payload["t"], payload["s"], payload["i"]
-            stamp, signed_method, signed_path = payload["ts"], payload["m"], payload["p"]
-        except (ValueError, KeyError, TypeError):
-            return None
+            stamp, nonce = payload["ts"], payload["n"]
+            signed = (payload["v"], payload["m"], payload["p"], payload["d"])
+        except (KeyError, TypeError):
+            return Refused("malformed")
         moment = time.time() if now is None else now
+        if signed != (VERSION, method.upper(), path_qs, self.here()):
+            return Refused("another version, method, path or destination")
         if (
-            payload.get("v") != 1
-            or signed_method != method.upper()
-            or signed_path != path_qs
-            or not isinstance(stamp, int | float)
+            not isinstance(stamp, int | float)
             or abs(moment - stamp) > MAX_SKEW_SECONDS
+            or not isinstance(nonce, str)
             or not isinstance(scopes, list)
             or not set(scopes) <= ALL_SCOPES
             or not (tenant is None or isinstance(tenant, str))
         ):
-            return None
+            return Refused("stale or malformed")
+        if (seen := self.seen.record(nonce, float(stamp))) != "new":
+            return Refused(seen)
         return Principal(tenant, frozenset(scopes), str(token_id))
 
-    def _mac(self, encoded: str) -> str:
+    def _signed_payload(self, headers: Mapping[str, str]) -> dict[str, object] | Refused:
+        """The payload whose signature is this deployment's; bytes are compared
+        (a header that is not ASCII is refused, never compared as text)."""
+        encoded, signature = headers.get(PRINCIPAL_HEADER), headers.get(SIGNATURE_HEADER)
+        if self.key is None or not encoded or not signature or len(encoded) > 4096:
+            return Refused("missing")
+        if not (encoded.isascii() and signature.isascii()):
+            return Refused("not ASCII")
+        if not hmac.compare_digest(self._mac(encoded), signature.encode("ascii")):
+            return Refused("signature")
+        try:
+            payload = json.loads(base64.urlsafe_b64decode(encoded.encode("ascii")))
+        except ValueError:
+            return Refused("malformed")
+        return payload if isinstance(payload, dict) else Refused("malformed")
+
+    def _mac(self, encoded: str) -> bytes:
         assert self.key is not None
-        return hmac.new(self.key, encoded.encode(), hashlib.sha256).hexdigest()
+        return hmac.new(self.key, encoded.encode("ascii"), hashlib.sha256).hexdigest().encode()
 
 
 def install(app: faust.App, forwarding: Forwarding) -> None:
@@ -161,7 +212,8 @@ async def signed_route_req(self: Any, dest_url: URL, web_driver: Any, request: A
     else:
         found = incoming.get(PRINCIPAL)
         principal = found if isinstance(found, Principal) else Principal("", frozenset({"read"}))
-        headers.update(forwarding.sign(principal, incoming.method, incoming.path_qs))
+        destination = node_of(dest_url)
+        headers.update(forwarding.sign(principal, incoming.method, incoming.path_qs, destination))
     routed_url = incoming.url.with_host(host).with_port(int(port))
     extra: dict[str, Any] = {} if forwarding.client_ssl is None else {"ssl": forwarding.client_ssl}
     async with app.http_client.request(

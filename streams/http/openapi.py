@@ -71,6 +71,18 @@ ROUTES: tuple[Route, ...] = (
         CONVERSATION_READS,
     ),
     Route(
+        "/conversations/{conversation_id}/context",
+        "getContext",
+        "The whole context to send the model now, in the provider's request shape, never "
+        "over the limit: fitted at read time while a compaction is pending",
+        bodies.ContextBody,
+        params.ContextParams,
+        ("conversation_id",),
+        (*CONVERSATION_READS, 409),
+        notes="409 (with Retry-After) when the message named by through or after is not "
+        "stored within wait_ms; 304 to an If-None-Match naming the current ETag.",
+    ),
+    Route(
         "/conversations/{conversation_id}/compactions",
         "getCompactions",
         "The conversation's applied compactions, oldest first, with the batches each archived",
@@ -191,6 +203,8 @@ _REFUSALS = {
     401: "No valid bearer token",
     403: "The token may not read that (another tenant's, or a missing scope)",
     404: "Unknown (also answered 403 to a tenant token, so the difference reveals nothing)",
+    409: "The message named by through or after is not stored yet (within wait_ms): "
+    "retry after Retry-After seconds",
     413: "The request had a body",
     429: "Too many requests for this token, or failed authentications from here: "
     "wait Retry-After seconds",
@@ -305,6 +319,8 @@ def _bounded(
         prop["maximum"] = service.page_max_limit if paged else service.max_search_limit
     if name == "q":
         prop["maxLength"] = service.max_query_chars
+    if name == "wait_ms":
+        prop["maximum"] = service.context_max_wait_ms
     return prop
 
 

@@ -9,7 +9,7 @@ parameter no model here declares.
 from __future__ import annotations
 
 from datetime import date
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,3 +94,35 @@ class RestoreParams(RecompactParams):
 
 class UsageParams(Params):
     since: date | None = Field(default=None, description="From this UTC day on (YYYY-MM-DD)")
+
+
+class ContextParams(TenantParams):
+    format: Literal["messages", "openai", "anthropic"] = Field(
+        default="messages",
+        description="messages: the service's own; openai: Chat Completions messages (the "
+        "clip-archive a system message, tool_calls and tool messages); anthropic: system + "
+        "messages with tool_use / tool_result blocks, one role at a time, the user first",
+    )
+    fit: Literal["budget", "window", "none"] = Field(
+        default="budget",
+        description="Over this limit the oldest part becomes a provisional clip-archive (no "
+        "model): budget (context_budget x model_max_tokens), window (model_max_tokens), none",
+    )
+    through: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        description="A message id the answer must include (live or summarised); 409 when it "
+        "is not stored within wait_ms",
+    )
+    after: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]{1,9}:[0-9]{1,19}$",
+        description="partition:offset of a record of this conversation (the producer's ack) "
+        "the answer must include; 409 when it is not stored within wait_ms",
+    )
+    wait_ms: int = Field(
+        default=0,
+        ge=0,
+        description="How long to wait for through/after ([service].context_max_wait_ms at most)",
+    )

@@ -28,11 +28,11 @@ import faust
 from aiohttp import web
 from faust.web import Request, Response, View
 
-from core.domain.tenancy import conversation_key
 from core.ports.storage import (
     Archive,
     CompactionLedger,
     CompactionLogReader,
+    ContextReader,
     HistoryReader,
     MemoryReader,
     MemorySearch,
@@ -40,28 +40,26 @@ from core.ports.storage import (
 )
 from core.settings import ResolvedModel, ServiceSettings, Settings
 from streams.database import explicit_dsn
-from streams.events import MAX_ID_LENGTH
 from streams.http import bodies, openapi, pages, ui
 from streams.http.access import (
-    Forbidden,
-    bad_text,
+    addressed,
     json_body,
     principal_of,
     problem_response,
     read_scope,
-    requested_tenant,
 )
 from streams.http.audit import audit_reads
 from streams.http.auth import AuthPolicy, check_exposure
+from streams.http.context import register_context
 from streams.http.forwarding import (
     PRINCIPAL,
     Forwarding,
     client_ssl_context,
     install,
     internal_key,
+    node_of,
 )
-from streams.http.guard import guard, store_outage_is_503
-from streams.http.limits import RateLimiter
+from streams.http.guard import Limits, guard, store_outage_is_503
 from streams.http.probes import register_probes
 from streams.http.reload import PolicyRef, register_reload
 from streams.http.search import register_search
@@ -82,6 +80,9 @@ class ViewRuntime(Protocol):
 
     @property
     def history(self) -> HistoryReader: ...
+
+    @property
+    def context(self) -> ContextReader: ...
 
     @property
     def archive(self) -> Archive: ...
@@ -128,6 +129,7 @@ def register_views(
     register_operations(app, components, runtime)
     register_probes(app, components, runtime)
     register_conversations(app, settings, components, runtime)
+    register_context(app, settings, components, runtime)
     register_search(app, settings, runtime)
     register_usage(app, runtime)
     register_document(app, settings.service)
@@ -143,7 +145,9 @@ def install_guard(app: faust.App, settings: Settings) -> PolicyRef:
     check_exposure(service, policy)
     ref = PolicyRef(policy)
     forwarding = Forwarding(
-        internal_key(service, explicit_dsn(settings)), client_ssl_context(service)
+        internal_key(service, explicit_dsn(settings)),
+        client_ssl_context(service),
+        here=lambda: node_of(app.conf.canonical_url),
     )
     if forwarding.key is None and policy.enabled:
         log.warning(
@@ -152,14 +156,10 @@ def install_guard(app: faust.App, settings: Settings) -> PolicyRef:
             "set [service].internal_token, the same on every worker (docs/security.md)"
         )
     install(app, forwarding)
-    limiter = RateLimiter(service.rate_limit_per_second, service.rate_limit_burst)
-    failures = RateLimiter(
-        service.auth_failures_per_second, service.auth_failures_burst, max_keys=10_000
-    )
     web_app = cast(web.Application, app.web.web_app)  # type: ignore[attr-defined]
     # Outermost, so it logs every answer, the guard's refusals included.
     web_app.middlewares.append(audit_reads(lambda request: request.get(PRINCIPAL)))
-    web_app.middlewares.append(guard(ref, limiter, forwarding, failures))
+    web_app.middlewares.append(guard(ref, Limits.of(service), forwarding))
     web_app.middlewares.append(store_outage_is_503)
     return ref
 
@@ -222,24 +222,6 @@ def register_conversations(
             return self.json(json_body(bodies.ConversationStatus.of(tally, budget)))
 
     register_pages(app, settings, runtime)
-
-
-def addressed(view: View, request: Request, *ids: str) -> Response | str:
-    """The conversation key a view's path (and ``tenant_id``) names for the caller,
-    or the refusal: 400 for a bad path id or tenant id, 403 for a tenant the
-    token is not bound to. A tenant-bound token names its own tenant's
-    conversations only, so it cannot even address another's."""
-    for name, value in zip(("conversation_id", "batch_id"), ids, strict=False):
-        problem = bad_text(name, value, MAX_ID_LENGTH)
-        if problem is not None:
-            return problem_response(view, problem, 400)
-    try:
-        tenant = requested_tenant(request.query, principal_of(request))
-    except ValueError as error:
-        return problem_response(view, str(error), 400)
-    except Forbidden:
-        return problem_response(view, bodies.FORBIDDEN, 403)
-    return conversation_key(tenant, ids[0])
 
 
 def register_pages(app: faust.App, settings: Settings, runtime: ViewRuntime) -> None:

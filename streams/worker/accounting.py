@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -68,6 +68,21 @@ class AccountingRules:
         )
 
 
+@dataclass(frozen=True)
+class AccountingHooks:
+    """What the worker plugs into accounting (its consumer's view of assignments, its
+    health, where commands went, who waits for stored messages); the defaults
+    serve the tests and the offline CLI."""
+
+    health: Health | None = None
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    still_assigned: Callable[[Record], bool] = lambda _: True
+    issued: IssuedCommands | None = None
+    # the conversations whose messages a group just stored (IngestNotices.stored)
+    stored: Callable[[Collection[str]], None] = lambda _: None
+
+
 class Accounting:
     def __init__(
         self,
@@ -79,18 +94,16 @@ class Accounting:
         publisher: Publisher,
         dead_letters: DeadLetters,
         metrics: Metrics,
-        health: Health | None = None,
-        clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        still_assigned: Callable[[Record], bool] = lambda _: True,
-        issued: IssuedCommands | None = None,
+        hooks: AccountingHooks | None = None,
     ) -> None:
         self._names = names
         self._table = table
         self._dead_letters = dead_letters
         self._metrics = metrics
         self._locks = KeyedLock()
-        issued = IssuedCommands() if issued is None else issued  # reconciliation reads
+        hooks = hooks or AccountingHooks()
+        clock = hooks.clock
+        issued = IssuedCommands() if hooks.issued is None else hooks.issued  # reconciliation reads
         budget = rules.budget
         commands = Commands(
             publisher, issued, metrics, budget_tokens=budget.budget_tokens, clock=clock
@@ -103,7 +116,7 @@ class Accounting:
         self._ingest = Ingest(
             budget=budget, max_content_chars=rules.max_content_chars, producers=rules.producers,
             runtime=runtime, table=table, commands=commands, dead_letter=self._dead_letter,
-            consumed=consumed, metrics=metrics, clock=clock,
+            consumed=consumed, metrics=metrics, clock=clock, stored=hooks.stored,
         )  # fmt: skip
         self._control = Control(
             budget=budget, command_timeout_seconds=rules.command_timeout_seconds,
@@ -112,7 +125,8 @@ class Accounting:
         )  # fmt: skip
         self._durably = Durably(
             FailurePolicy(rules.max_attempts), dead_letter=self._dead_letter, metrics=metrics,
-            health=health or Health(clock), sleep=sleep, still_assigned=still_assigned,
+            health=hooks.health or Health(clock), sleep=hooks.sleep,
+            still_assigned=hooks.still_assigned,
         )  # fmt: skip
 
     async def handle(self, record: Record) -> None:

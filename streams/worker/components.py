@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from streams.metrics import Metrics
@@ -10,6 +10,7 @@ from streams.topics import TopicNames
 from streams.worker.accounting import Accounting
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
+from streams.worker.ingest_notices import IngestNotices
 from streams.worker.outbox import OutboxRelay
 from streams.worker.processor import CommandIntake, Processor
 from streams.worker.reconciler import Reconciler
@@ -32,3 +33,4 @@ class Components(Generic[Token]):
     intake: CommandIntake[Token]
     reconciler: Reconciler
     requests: OperatorRequests
+    notices: IngestNotices = field(default_factory=IngestNotices)

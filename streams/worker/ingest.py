@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 from core.domain.budget import BudgetConfig
 from core.domain.tally import on_messages, on_resync
-from core.domain.tokens import estimate_message_tokens
+from core.domain.tokens import DEFAULT_COUNTER, TokenCounter, estimate_message_tokens
 from core.ports.storage import IncomingMessage, IngestStore, SaveOutcome, StoreTotals, TallySource
 from streams.events import CompactionCommand, MessageEvent
 from streams.metrics import Metrics
@@ -40,12 +40,16 @@ class IngestPorts(Protocol):
     @property
     def tallies(self) -> TallySource: ...
 
+    @property
+    def token_counter(self) -> TokenCounter: ...
 
-def message_tokens(event: MessageEvent) -> int:
-    """The provider's count when the producer sent one, else the estimate."""
+
+def message_tokens(event: MessageEvent, counter: TokenCounter = DEFAULT_COUNTER) -> int:
+    """The provider's count when the producer sent one, else the estimate
+    (``counter``: the runtime's, calibrated with ``[budget].token_estimate``)."""
     if event.token_count is not None:
         return event.token_count
-    return estimate_message_tokens(event.to_message())
+    return estimate_message_tokens(event.to_message(), counter)
 
 
 class Ingest:
@@ -62,7 +66,10 @@ class Ingest:
         consumed: ConsumedOffsets,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        stored: Callable[[Collection[str]], None] = lambda _: None,
     ) -> None:
+        """``stored``: told the conversations of each group once its messages are
+        stored (the readers waiting for them, ``IngestNotices``)."""
         self._budget = budget
         self._max_content_chars = max_content_chars
         self._producers = producers
@@ -73,6 +80,7 @@ class Ingest:
         self._consumed = consumed
         self._metrics = metrics
         self._clock = clock
+        self._stored = stored
 
     async def ingest(self, records: Sequence[Record]) -> set[str]:
         """Store the group, then count each conversation once: from the store when
@@ -83,6 +91,7 @@ class Ingest:
         decoded, letters = self._decode(records)
         outcomes = await self._runtime.ingest.save_messages([incoming for _, incoming in decoded])
         groups = self._by_conversation(decoded, outcomes)
+        self._stored(groups.keys())
         resync = [
             conversation_id
             for conversation_id, items in groups.items()
@@ -117,7 +126,7 @@ class Ingest:
                 continue
             incoming = IncomingMessage(
                 event.to_message(),  # under its conversation key: (tenant, id)
-                message_tokens(event),
+                message_tokens(event, self._runtime.token_counter),
                 partition=record.partition,
                 offset=record.offset,
             )

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from core.domain.tokens import DEFAULT_COUNTER, TokenCounter
 from core.ports.compactor import Compactor
 from core.ports.storage import (
     Archive,
     Compactions,
+    ContextReader,
     History,
     IngestStore,
     MemorySearch,
@@ -49,6 +51,10 @@ class StorePorts(ABC):
     @property
     def history(self) -> History:
         return self.opened_store().history
+
+    @property
+    def context(self) -> ContextReader:
+        return self.opened_store().context
 
     @property
     def compactions(self) -> Compactions:
@@ -80,20 +86,29 @@ class StorePorts(ABC):
 
 
 class Runtime(StorePorts):
-    """Every role and the compactor: what ``streams.bootstrap.build_components``
+    """Every role and the compactor: what ``streams.worker.assembly.build_components``
     hands out, each component taking the part its protocol names."""
 
     @property
     @abstractmethod
     def compactor(self) -> Compactor: ...
 
+    @property
+    def token_counter(self) -> TokenCounter:
+        """What ingest counts a message's tokens with: the calibrated counter the
+        runtime opened (``[budget].token_estimate``), else characters / 4."""
+        return DEFAULT_COUNTER
+
 
 class StaticRuntime(Runtime):
     """A ``Runtime`` whose store and compactor are already open."""
 
-    def __init__(self, store: Storage, compactor: Compactor) -> None:
+    def __init__(
+        self, store: Storage, compactor: Compactor, counter: TokenCounter = DEFAULT_COUNTER
+    ) -> None:
         self.store = store
         self._compactor = compactor
+        self._counter = counter
 
     def opened_store(self) -> Storage:
         return self.store
@@ -101,3 +116,7 @@ class StaticRuntime(Runtime):
     @property
     def compactor(self) -> Compactor:
         return self._compactor
+
+    @property
+    def token_counter(self) -> TokenCounter:
+        return self._counter

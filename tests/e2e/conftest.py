@@ -203,7 +203,10 @@ class Stack:
                 "max_consecutive_failures": 10,
                 "circuit_cooldown_seconds": 1.0,
             },
-            "budget": {"context_budget": 0.5, "model_max_tokens": 2000},
+            # Characters / 4, which the tests' arithmetic (``tokens_of``, ``until_over``)
+            # assumes; the default, "calibrated", moves to the LLM test server's count
+            # once a compaction was measured (tests/e2e/test_accounting.py tests it).
+            "budget": {"context_budget": 0.5, "model_max_tokens": 2000, "token_estimate": "chars"},
             "postgres": {"pool_min_size": 1, "pool_max_size": 4},
             "kafka": {
                 "topic_prefix": self.prefix,

@@ -152,7 +152,9 @@ def browse(url: str, screenshot: Path, has_specifics: bool) -> None:
         assert "[Context Summary" in messages[0].text
         rows = page.all("#compactions-table tbody tr[data-compaction]")
         assert "extractive" in rows[0].text  # its summariser and spend
-        assert page.all("#overview-facts div", at_least=4)
+        facts = page.all("#overview-facts div", at_least=7)
+        shown = [f.text.lower() for f in facts]  # the labels are upper case by CSS
+        assert any("handed to the model" in f and "as stored" in f for f in shown), shown
         batch = page.all("#batch-list .batch")[0]
         batch.find_element(page.by.CSS_SELECTOR, ".expand").click()
         page.all("#batch-list .batch .detail .summary")

@@ -12,17 +12,26 @@ is a worker that ran with every secret set, whose every log line is searched.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from core.adapters.postgres.privacy import KEPT_TABLES
 from core.domain.tenancy import conversation_key
+from core.settings import ServiceSettings
 from streams.events import EraseRequest
+from streams.http.auth import Principal
+from streams.http.forwarding import SIGNATURE_HEADER, Forwarding, internal_key, node_of
 from tests.e2e.conftest import PARTITIONS, Conversation, Stack, eventually, interleave
-from tests.support.worker import WorkerProcess, wait_for_split
+from tests.support.worker import WorkerProcess, render_toml, wait_for_split
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -206,3 +215,68 @@ async def test_tokens_and_tenants_hold_across_forwarded_requests_and_erase_forge
         assert text, f"{worker.name} wrote no log"
         for secret in SECRETS:
             assert secret not in text, f"a secret is in {worker.name}'s log"
+
+
+async def _raw_get(url: str, headers: dict[str, str]) -> int:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.get(url, headers=headers) as response,
+    ):
+        return response.status
+
+
+async def test_a_replayed_forwarded_request_is_refused_and_plain_http_is_not_served(
+    stack: Stack,
+) -> None:
+    """A real worker: a forwarded request signed for it is served once, refused when
+    sent again and when signed for another worker; a signature that is not ASCII is
+    401, never 500. And the worker refuses to serve its tokens over plain HTTP beyond
+    loopback, before it connects to anything."""
+    w1 = secured_worker(stack, "w1")
+    await w1.wait_ready(stack.names.messages)
+    conversation = Conversation("replayed-0", "replaymarker")
+    await stack.send_all(conversation.message(tenant_id="acme") for _ in range(3))
+
+    async def stored() -> None:
+        assert (await w1.get("/conversations/replayed-0", token=ACME))[0] == 200
+
+    await eventually(stored, timeout=30, what="the conversation answers")
+    signer = Forwarding(internal_key(ServiceSettings(internal_token=INTERNAL), None))
+    path = "/conversations/replayed-0?tenant_id=acme"
+    captured = signer.sign(Principal(None), "GET", path, node_of(w1.url))
+    assert await _raw_get(w1.url + path, captured) == 200
+    assert await _raw_get(w1.url + path, captured) == 401  # sent again
+    elsewhere = signer.sign(Principal(None), "GET", path, "127.0.0.1:1")
+    assert await _raw_get(w1.url + path, elsewhere) == 401  # signed for another worker
+    fresh = signer.sign(Principal(None), "GET", path, node_of(w1.url))
+    not_ascii = {**fresh, SIGNATURE_HEADER: fresh[SIGNATURE_HEADER][:-2] + "é"}
+    statuses = [await _raw_get(w1.url + path, not_ascii) for _ in range(5)]
+    assert statuses == [401] * 5
+    assert w1.alive
+
+    # Tokens configured, every interface, no TLS: exit 2 naming the opt-in.
+    config = {section: dict(values) for section, values in stack.config().items()}
+    config.setdefault("service", {}).update(
+        {**SECURED["service"], "web_host": "0.0.0.0", "data_dir": str(stack.root / "plain")}
+    )
+    config_path = stack.root / "plain.toml"
+    config_path.write_text(render_toml(config), encoding="utf-8")
+    compactor = Path(sys.executable).parent / "compactor"
+    refused = await asyncio.to_thread(
+        subprocess.run,
+        [str(compactor), "worker"],
+        env={
+            **os.environ,
+            **ENV,
+            "COMPACTOR_CONFIG": str(config_path),
+            "KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap,
+            "POSTGRES_DSN": stack.dsn,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "allow_plaintext_http" in refused.stderr and "tls_certfile" in refused.stderr
+    for secret in SECRETS:
+        assert secret not in refused.stdout + refused.stderr

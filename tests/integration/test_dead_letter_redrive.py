@@ -73,13 +73,14 @@ class Site:
         error_type: str = "invalid_event",
         failed_at: datetime = T0,
         redacted: bool = False,
+        source_topic: str | None = None,
     ) -> None:
         partition = source_offset % PARTITIONS
         meta = DeadLetterHeaders.model_validate(
             {
                 "dlq.reason": f"{error_type}: role: wizard is not a role",
                 "dlq.error_type": error_type,
-                "dlq.source_topic": self.names.messages,
+                "dlq.source_topic": source_topic or self.names.messages,
                 "dlq.source_partition": partition,
                 "dlq.source_offset": source_offset,
                 "dlq.failed_at": failed_at,
@@ -177,6 +178,33 @@ async def test_redrive_sends_each_once_as_it_came_and_a_repeat_sends_nothing(
     assert len(await site.redriven()) == 7
 
 
+async def test_only_the_messages_topics_dead_letters_are_re_driven(
+    site: Site, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dead letter read from the erase-requests or control topic is refused and
+    listed with the reason: a redrive runs under the operator's principal, which
+    may write the erase topic, and must never republish an erase request."""
+    producer = AIOKafkaProducer(bootstrap_servers=site.bootstrap, acks="all")
+    await producer.start()
+    try:
+        await site.dead_letter(producer, 1, source_topic=site.names.erasures)
+        await site.dead_letter(producer, 2, source_topic=site.names.control)
+        await site.dead_letter(producer, 3)
+    finally:
+        await producer.stop()
+    assert await cmd_dead_letters(site.settings, namespace("list")) == 0
+    listed = capsys.readouterr().out
+    assert listed.count("not re-drivable: source topic") == 2, listed
+    assert await cmd_dead_letters(site.settings, namespace("redrive")) == 0
+    out = capsys.readouterr().out
+    for topic in (site.names.erasures, site.names.control):
+        assert f"not re-driven: {topic}:" in out and "only producers' messages" in out, out
+    assert "1 re-driven" in out and "2 not re-drivable" in out, out
+    assert [r.key for r in await site.redriven()] == [b"conv-3"]
+    for topic in (site.names.erasures, site.names.control):
+        assert await read_topic(site.bootstrap, topic) == []
+
+
 class Crash(Exception):
     """Stands for the process dying at that step (everything before it was acked)."""
 
@@ -198,11 +226,11 @@ async def test_a_redrive_stopped_after_any_step_is_completed_once_by_the_next(
         if rounds == 2 and at == step:
             raise Crash
 
-    plan = plan_redrive(letters, {}, site.prefix)
+    plan = plan_redrive(letters, {}, site.names.messages)
     with pytest.raises(Crash):
         await Redriver(site.bootstrap, ledger_name, progress=crash_in_round_two).run(plan)
     ledger = await read_ledger(site.bootstrap, ledger_name)
-    again = plan_redrive(letters, ledger, site.prefix)
+    again = plan_redrive(letters, ledger, site.names.messages)
     result = await Redriver(site.bootstrap, ledger_name).run(again)
     counts = sources(await site.redriven())
     assert len(counts) == 251 and set(counts.values()) == {1}

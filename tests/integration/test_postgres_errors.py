@@ -20,7 +20,9 @@ import asyncpg
 import pytest
 
 from core.adapters.postgres.archive import PostgresArchive
+from core.adapters.postgres.calibration import PostgresTokenRates
 from core.adapters.postgres.compaction import PostgresCompactions
+from core.adapters.postgres.context import PostgresContext
 from core.adapters.postgres.history import PostgresHistory
 from core.adapters.postgres.ingest import PostgresIngest
 from core.adapters.postgres.memory import PostgresMemory
@@ -75,6 +77,7 @@ STORAGE_ROLES = [
 ROLES = (
     PostgresStore, PostgresIngest, PostgresHistory, PostgresCompactions, PostgresOutbox,
     PostgresArchive, PostgresMemory, PostgresTallies, PostgresPrivacy, PostgresUsage,
+    PostgresContext, PostgresTokenRates,
 )  # fmt: skip
 
 

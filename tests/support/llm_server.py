@@ -68,7 +68,8 @@ EMBEDDINGS_PATH = "/v1/embeddings"
 @dataclass(frozen=True)
 class Reply:
     """Answer normally; ``None`` fields fall back to the default responder and
-    word-count usage, so a test pins only what it asserts on."""
+    the tokenizer stand-in's usage (``request_tokens``), so a test pins only what
+    it asserts on."""
 
     text: str | None = None
     stop_reason: str | None = None
@@ -215,7 +216,7 @@ class LLMTestServer:
         self.latency_seconds = latency_seconds
         # Prompt caching as the Messages API does it: a prefix up to a block marked
         # cache_control, of at least cache_min_tokens, is written on first use and
-        # read while it is warm (tokens: words, as everywhere here).
+        # read while it is warm (tokens: ``stand_in_tokens``, as everywhere here).
         self.cache_min_tokens = cache_min_tokens
         self.cache_ttl_seconds = ANTHROPIC_CACHE_TTL_SECONDS
         self._cache: dict[str, float] = {}
@@ -324,7 +325,7 @@ class LLMTestServer:
         if not marked:
             return 0, 0
         prefix = [str(b.get("text", "")) for b in blocks[: marked[-1] + 1] if isinstance(b, dict)]
-        tokens = _word_count(*prefix)
+        tokens = stand_in_tokens(*prefix)
         if tokens < self.cache_min_tokens:
             return 0, 0
         key = hashlib.sha256("\x00".join([str(body.get("model")), *prefix]).encode()).hexdigest()
@@ -403,12 +404,10 @@ class LLMTestServer:
             return _scripted_failure(protocol, action)
         text = action.text if action.text is not None else self.responder(chat)
         input_tokens = (
-            action.input_tokens
-            if action.input_tokens is not None
-            else _word_count(chat.system or "", *(c for _, c in chat.messages))
+            action.input_tokens if action.input_tokens is not None else request_tokens(chat)
         )
         output_tokens = (
-            action.output_tokens if action.output_tokens is not None else _word_count(text)
+            action.output_tokens if action.output_tokens is not None else stand_in_tokens(text)
         )
         cache_read, cache_write = self._cache_use(chat.body) if protocol == "anthropic" else (0, 0)
         input_tokens = max(0, input_tokens - cache_read - cache_write)
@@ -494,7 +493,7 @@ class LLMTestServer:
                 else base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
             )
             data.append({"object": "embedding", "index": index, "embedding": encoded})
-        tokens = _word_count(*texts)
+        tokens = stand_in_tokens(*texts)
         return web.json_response(
             {
                 "object": "list",
@@ -618,6 +617,7 @@ def _parse_anthropic(body: Any) -> ChatRequest:
         messages.append((message["role"], _content_text(message.get("content"), f"messages.{i}")))
     if messages[0][0] != "user":
         raise _BadRequest("messages: first message must use the 'user' role")
+    _check_anthropic_turns(raw_messages)
     raw_system = body.get("system")
     system = None if raw_system is None else _content_text(raw_system, "system")
     temperature = body.get("temperature")
@@ -650,7 +650,84 @@ def _parse_openai_chat(body: Any) -> ChatRequest:
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise _BadRequest("'max_tokens' must be a positive integer")
     system = "\n\n".join(system_parts) if system_parts else None
+    _check_openai_tool_pairs(raw_messages)
     return ChatRequest("openai", model, system, tuple(messages), max_tokens, body)
+
+
+def _check_anthropic_turns(raw: list[Any]) -> None:
+    """What the Messages API refuses about turns and tools: two turns of one role in a
+    row, an empty text block, a tool_result that answers no tool_use of the turn just
+    before it (or comes after the turn's text), a tool_use left unanswered by the next
+    turn (the last turn may end with calls in flight)."""
+    for i, message in enumerate(raw):
+        if i and raw[i - 1]["role"] == message["role"]:
+            raise _BadRequest(f"messages.{i}: roles must alternate between user and assistant")
+        blocks = message.get("content")
+        if not isinstance(blocks, list):
+            continue
+        kinds = [b.get("type") for b in blocks]
+        if any(b.get("type") == "text" and not str(b.get("text", "")).strip() for b in blocks):
+            raise _BadRequest(f"messages.{i}: text content blocks must be non-empty")
+        leading = len(kinds) - len(list(itertools.dropwhile(lambda k: k == "tool_result", kinds)))
+        if "tool_result" in kinds[leading:]:
+            raise _BadRequest(f"messages.{i}: tool_result blocks must come first")
+        results = {b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"}
+        before = raw[i - 1].get("content") if i else None
+        uses = (
+            {b.get("id") for b in before if b.get("type") == "tool_use"}
+            if isinstance(before, list)
+            else set()
+        )
+        if results - uses:
+            raise _BadRequest(
+                f"messages.{i}: tool_result for an unknown tool_use {sorted(results - uses)}"
+            )
+        own = {b.get("id") for b in blocks if b.get("type") == "tool_use"}
+        after = raw[i + 1].get("content") if i + 1 < len(raw) else None
+        if own and i + 1 < len(raw):
+            answered = (
+                {b.get("tool_use_id") for b in after if b.get("type") == "tool_result"}
+                if isinstance(after, list)
+                else set()
+            )
+            if own - answered:
+                raise _BadRequest(
+                    f"messages.{i}: tool_use ids without tool_result blocks: {sorted(own - answered)}"
+                )
+
+
+def _check_openai_tool_pairs(raw: list[Any]) -> None:
+    """What Chat Completions refuses: a tool message that responds to no tool_calls of
+    the assistant message before it, or an assistant's tool_calls not all answered
+    before the next message (unless it is the last message)."""
+    open_calls: set[str] = set()
+    for i, message in enumerate(raw):
+        role = message.get("role")
+        if role == "tool":
+            call = message.get("tool_call_id")
+            if call not in open_calls:
+                raise _BadRequest(
+                    f"messages[{i}]: role 'tool' must be a response to a preceding message with 'tool_calls' ({call!r})"
+                )
+            open_calls.discard(call)
+            continue
+        if open_calls:
+            raise _BadRequest(
+                f"messages[{i - 1}]: tool_call_ids did not have response messages: {sorted(open_calls)}"
+            )
+        calls = message.get("tool_calls") or []
+        open_calls = {c.get("id") for c in calls if isinstance(c, dict)}
+        for c in calls:
+            function = c.get("function") or {}
+            if (
+                c.get("type") != "function"
+                or not function.get("name")
+                or not isinstance(function.get("arguments"), str)
+            ):
+                raise _BadRequest(
+                    f"messages[{i}].tool_calls: each needs type 'function', a name and arguments (a JSON string)"
+                )
+            json.loads(function["arguments"])
 
 
 def _require_str(body: Mapping[str, Any], key: str) -> str:
@@ -666,15 +743,53 @@ def _content_text(content: Any, where: str) -> str:
     if isinstance(content, list):
         texts = []
         for block in content:
-            if not isinstance(block, dict) or block.get("type") != "text":
-                raise _BadRequest(f"{where}.content: only text blocks are supported here")
-            texts.append(str(block.get("text", "")))
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                texts.append(str(block.get("text", "")))
+            elif kind == "tool_use" and isinstance(block.get("input"), dict) and block.get("id"):
+                texts.append(json.dumps(block["input"]))
+            elif kind == "tool_result" and block.get("tool_use_id"):
+                texts.append(_content_text(block.get("content", ""), f"{where}.tool_result"))
+            else:
+                raise _BadRequest(f"{where}.content: text, tool_use or tool_result blocks only")
         return "".join(texts)
     raise _BadRequest(f"{where}.content: must be a string or an array of blocks")
 
 
-def _word_count(*texts: str) -> int:
-    return sum(len(t.split()) for t in texts)
+# The tokenizer stand-in's pieces: a run of letters, of digits, of punctuation.
+_PIECE = re.compile(r"[^\W\d_]+|\d+|[^\w\s]+|_+")
+#: What a provider's chat template adds per message (role markers, separators),
+#: as OpenAI documents for its chat models (3 tokens a message).
+MESSAGE_OVERHEAD_TOKENS = 3
+
+
+def stand_in_tokens(*texts: str) -> int:
+    """A deterministic word-piece-like token count, standing in for a provider's
+    tokenizer: an ASCII word is one token per 6 letters started, a non-ASCII word
+    with a non-ASCII letter (CJK, say) one per letter, a number one per 3 digits,
+    punctuation one per 2 characters, whitespace free. English prose comes out
+    near 0.2 tokens a character, code and hex digests higher (as real tokenizers
+    count them), so it differs from the service's characters / 4 both ways: what
+    the calibration (``core.domain.calibration``) has to learn."""
+    total = 0
+    for text in texts:
+        for piece in _PIECE.findall(text):
+            if piece[0].isdigit():
+                total += -(-len(piece) // 3)
+            elif piece[0].isalpha():
+                total += 1 + (len(piece) - 1) // 6 if piece.isascii() else len(piece)
+            else:
+                total += -(-len(piece) // 2)
+    return total
+
+
+def request_tokens(chat: ChatRequest) -> int:
+    """A chat request's input tokens as this server bills them: its texts, plus
+    the template's tokens per message (the system prompt counting as one)."""
+    messages = len(chat.messages) + (1 if chat.system else 0)
+    return stand_in_tokens(chat.system or "", *(c for _, c in chat.messages)) + (
+        MESSAGE_OVERHEAD_TOKENS * messages
+    )
 
 
 _ANTHROPIC_ERROR_TYPES = {

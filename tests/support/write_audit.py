@@ -34,6 +34,8 @@ TRUNCATE_TRIGGER_NAME = "write_scope_audit_truncate"
 # public schema must have a conversation_id column.
 NOT_CONVERSATION_DATA: dict[str, str] = {
     "schema_migrations": "migration bookkeeping (core.adapters.postgres.migrate), one row per migration",
+    "token_calibration": "tokens per character of each provider and model (migration 0016): "
+    "a rate, no conversation's data",
 }
 
 # Tables with a conversation_id that only a migration writes, with why: the

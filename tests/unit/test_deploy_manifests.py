@@ -13,7 +13,8 @@ kustomize features only, which the loader implements and refuses anything else
   ``<name>-<hash>`` with kustomize's hash (``api/hasher``: SHA-256 of Go's
   JSON of kind, data and an empty name, 10 hex digits with 0 1 3 a e
   replaced by g h k m t), and every reference to it in a pod template renamed;
-- ``images``: ``newName`` / ``newTag`` of the containers naming the image.
+- ``images``: ``newName`` / ``newTag`` / ``digest`` of the containers naming the
+  image (a digest replaces the tag, as kustomize does).
 
 Where a kubectl is installed, the loader's output must equal ``kubectl
 kustomize`` exactly (the hash included); without one that comparison is
@@ -21,15 +22,19 @@ skipped, and everything else still runs.
 
 Every document is validated with kubernetes-validate in strict mode (no
 unknown field) against ``KUBERNETES_VERSION``; then what the worker needs of
-them: the probes, the port, the secrets by reference only, and the ConfigMap's
-config.toml passing the worker's own start-up checks.
+them: the probes, the port, the secrets by reference only, the ConfigMap's
+config.toml passing the worker's own start-up checks, secure by default (HTTPS
+between the pods from a mounted Secret, the internal and metrics tokens from the
+Secret, a NetworkPolicy for every pod, images by digest only).
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import ipaddress
 import json
+import re
 import shutil
 import subprocess
 import tomllib
@@ -141,8 +146,13 @@ def _set_images(document: dict[str, Any], images: list[dict[str, str]]) -> None:
         name = container["image"].split("@")[0].rsplit(":", 1)[0]
         for image in images:
             if image["name"] == name:
-                tag = f":{image['newTag']}" if "newTag" in image else ""
-                container["image"] = f"{image.get('newName', name)}{tag}"
+                unknown = set(image) - {"name", "newName", "newTag", "digest"}
+                assert not unknown, f"images keys the loader does not know: {unknown}"
+                if "digest" in image:
+                    suffix = f"@{image['digest']}"
+                else:
+                    suffix = f":{image['newTag']}" if "newTag" in image else ""
+                container["image"] = f"{image.get('newName', name)}{suffix}"
 
 
 def render(base: Path = BASE) -> list[dict[str, Any]]:
@@ -248,6 +258,7 @@ def test_every_document_is_valid_kubernetes_in_strict_mode(
         "PodDisruptionBudget",
         "Job",
         "ServiceAccount",
+        "NetworkPolicy",
     }
 
 
@@ -258,9 +269,48 @@ def test_strict_validation_catches_an_unknown_field(documents: list[dict[str, An
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
 
 
-def test_the_image_is_the_placeholder_set_by_kustomize(documents: list[dict[str, Any]]) -> None:
-    images = {c["image"] for d in documents for c in containers(d)}
-    assert images == {"context-compactor:latest"}
+_BY_DIGEST = re.compile(r"^[a-z0-9][a-z0-9.:/_-]*@sha256:[0-9a-f]{64}$")
+
+
+def image_problems(container: dict[str, Any]) -> list[str]:
+    """Why a container's image is not pinned: a tag instead of a digest (``latest``
+    above all, and with ``IfNotPresent`` a node keeps whatever it pulled first)."""
+    image, policy = container["image"], container.get("imagePullPolicy")
+    problems = []
+    if not _BY_DIGEST.match(image):
+        problems.append(f"{image}: not <name>@sha256:<64 hex digits>")
+    if "latest" in image:
+        problems.append(f"{image}: latest")
+    if policy == "IfNotPresent" and "@sha256:" not in image:
+        problems.append(f"{image}: IfNotPresent with a tag")
+    return problems
+
+
+def test_images_are_pinned_by_digest(documents: list[dict[str, Any]]) -> None:
+    for document in documents:
+        for container in containers(document):
+            assert image_problems(container) == [], document["metadata"]["name"]
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    for image in kustomization["images"]:
+        assert "newTag" not in image and _BY_DIGEST.match(f"x@{image['digest']}"), image
+    # The overlay the README shows sets a digest too, never a tag.
+    readme = (BASE / "README.md").read_text()
+    assert "newTag" not in readme and "digest: sha256:" in readme
+
+
+def test_the_image_check_refuses_tags() -> None:
+    for image, policy in (
+        ("context-compactor:latest", "IfNotPresent"),
+        ("context-compactor:latest", "Always"),
+        ("registry.example.com/context-compactor:1.4.2", "IfNotPresent"),
+        ("context-compactor", None),
+        ("context-compactor@sha256:abc", "IfNotPresent"),
+    ):
+        assert image_problems({"image": image, "imagePullPolicy": policy}), image
+    digest = "sha256:" + "0" * 64
+    assert (
+        image_problems({"image": f"r.example/c@{digest}", "imagePullPolicy": "IfNotPresent"}) == []
+    )
 
 
 # -- the worker ----------------------------------------------------------------------
@@ -321,9 +371,24 @@ def test_no_secret_value_is_inlined(documents: list[dict[str, Any]]) -> None:
     assert settings.postgres.dsn is None and settings.kafka.sasl_password is None
 
 
+# What the Secret gives the worker, as variables (the values are the test's).
+SECRET_ENV = {
+    API_TOKENS_ENV: "k8s-admin-token-0123456789abcdef",
+    "COMPACTOR_SERVICE__INTERNAL_TOKEN": "k8s-internal-token-0123456789abcdef",
+    "COMPACTOR_SERVICE__METRICS_TOKEN": "k8s-metrics-token-0123456789abcdef",
+}
+
+
 def test_secrets_are_referenced_as_the_worker_reads_them(documents: list[dict[str, Any]]) -> None:
     env = env_of(worker_container(documents))
-    required = {API_TOKENS_ENV, "POSTGRES_DSN", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"}
+    required = {
+        API_TOKENS_ENV,
+        "COMPACTOR_SERVICE__INTERNAL_TOKEN",
+        "COMPACTOR_SERVICE__METRICS_TOKEN",
+        "POSTGRES_DSN",
+        "KAFKA_SASL_USERNAME",
+        "KAFKA_SASL_PASSWORD",
+    }
     optional = {"ANTHROPIC_API_KEY", "OPENAI_API_KEY"}
     for name in required | optional:
         ref = env[name]["valueFrom"]["secretKeyRef"]
@@ -343,13 +408,56 @@ def test_secrets_are_referenced_as_the_worker_reads_them(documents: list[dict[st
 def test_the_configmap_passes_the_workers_start_up_checks(
     documents: list[dict[str, Any]],
 ) -> None:
-    service = cluster_settings(documents).service
-    # The token as the Secret supplies it, through the environment.
-    env = {API_TOKENS_ENV: "k8s-admin-token-0123456789abcdef"}
-    check_exposure(service, AuthPolicy.of(service, env))
-    # Without it the worker would refuse to start: the Secret key is required.
+    config = tomllib.loads(config_toml(documents))
+    # The tokens as the Secret supplies them, through the environment.
+    service = parse_settings(config, "the ConfigMap", SECRET_ENV).service
+    check_exposure(service, AuthPolicy.of(service, SECRET_ENV))
+    # Without them the worker would refuse to start: the Secret keys are required.
+    bare = cluster_settings(documents).service
     with pytest.raises(ConfigError, match="allow_unauthenticated"):
-        check_exposure(service, AuthPolicy.of(service, {}))
+        check_exposure(bare, AuthPolicy.of(bare, {}))
+
+
+def test_the_internal_and_metrics_tokens_come_from_the_secret(
+    documents: list[dict[str, Any]],
+) -> None:
+    """Forwarded requests are signed with a secret of their own, and /metrics is not
+    open to whatever reaches the pod."""
+    config = tomllib.loads(config_toml(documents))
+    service = parse_settings(config, "the ConfigMap", SECRET_ENV).service
+    assert service.internal_token is not None and service.metrics_token is not None
+    assert (
+        service.internal_token.get_secret_value() == SECRET_ENV["COMPACTOR_SERVICE__INTERNAL_TOKEN"]
+    )
+    policy = AuthPolicy.of(service, SECRET_ENV)
+    metrics = SECRET_ENV["COMPACTOR_SERVICE__METRICS_TOKEN"]
+    assert policy.operations_principal(None) is None  # /metrics needs the token
+    assert policy.operations_principal(f"Bearer {metrics}") is not None
+
+
+def test_the_api_speaks_https_between_the_pods(documents: list[dict[str, Any]]) -> None:
+    """TLS from the Secret compactor-tls; without it the worker refuses to start."""
+    config = tomllib.loads(config_toml(documents))
+    service = parse_settings(config, "the ConfigMap", SECRET_ENV).service
+    container = worker_container(documents)
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in worker(documents)["spec"]["template"]["spec"]["volumes"]}
+    for path in (service.tls_certfile, service.tls_keyfile, service.tls_cafile):
+        assert path is not None
+        volume = volumes[mounts[str(Path(path).parent)]]
+        assert volume["secret"]["secretName"] == "compactor-tls", path
+    advertised = env_of(container)["NODE_CANONICAL_URL"]["value"]
+    assert advertised.startswith("https://"), advertised
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS", probe
+    annotations = worker(documents)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scheme"] == "https"
+    # The same configuration without its certificate: refused, naming the opt-in.
+    config["service"] = {k: v for k, v in config["service"].items() if not k.startswith("tls_")}
+    plain = parse_settings(config, "the ConfigMap", SECRET_ENV).service
+    with pytest.raises(ConfigError, match="allow_plaintext_http"):
+        check_exposure(plain, AuthPolicy.of(plain, SECRET_ENV))
+    assert not plain.allow_plaintext_http and not service.allow_plaintext_http
 
 
 def test_the_configmap_passes_the_transport_check(documents: list[dict[str, Any]]) -> None:
@@ -390,6 +498,112 @@ def test_replicas_fit_the_partitions_and_a_budget_guards_them(
     (budget,) = by_kind(documents, "PodDisruptionBudget")
     selector = statefulset["spec"]["selector"]["matchLabels"]
     assert budget["spec"]["selector"]["matchLabels"] == selector
+
+
+# -- the network -----------------------------------------------------------------------
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (``matchLabels``, ``matchExpressions`` with In / NotIn /
+    Exists / DoesNotExist) against a pod's labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator = expression["key"], expression["operator"]
+        value = labels.get(key)
+        holds = {
+            "In": value in expression.get("values", []),
+            "NotIn": value not in expression.get("values", []),
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[operator]
+        if not holds:
+            return False
+    return True
+
+
+def policies_of(documents: list[dict[str, Any]], labels: dict[str, str]) -> list[dict[str, Any]]:
+    return [
+        p for p in by_kind(documents, "NetworkPolicy") if selects(p["spec"]["podSelector"], labels)
+    ]
+
+
+def pod_labels(document: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = document["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_every_pod_is_under_a_network_policy_both_ways(documents: list[dict[str, Any]]) -> None:
+    for document in documents:
+        if pod_spec(document) is None:
+            continue
+        found = policies_of(documents, pod_labels(document))
+        assert len(found) == 1, document["metadata"]["name"]
+        assert set(found[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    for job in by_kind(documents, "Job"):  # nothing reaches a Job
+        (policy,) = policies_of(documents, pod_labels(job))
+        assert policy["spec"]["ingress"] == []
+
+
+def test_the_workers_are_reached_on_their_port_only_from_whom_the_readme_names(
+    documents: list[dict[str, Any]],
+) -> None:
+    worker_labels = pod_labels(worker(documents))
+    (policy,) = policies_of(documents, worker_labels)
+    port = cluster_settings(documents).service.web_port
+    readme = " ".join((BASE / "README.md").read_text().split())
+    peers = False
+    for rule in policy["spec"]["ingress"]:
+        assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+        for source in rule["from"]:
+            assert "ipBlock" not in source, "by namespace or pod only"
+            if "podSelector" in source and "namespaceSelector" not in source:
+                peers |= selects(source["podSelector"], worker_labels)
+            for selector in (source.get("namespaceSelector"), source.get("podSelector")):
+                for key, value in (selector or {}).get("matchLabels", {}).items():
+                    if (key, value) not in worker_labels.items():
+                        assert f'{key}: "{value}"' in readme or f"{key}: {value}" in readme, (
+                            f"README.md does not say who {key}={value} is"
+                        )
+    assert peers, "the workers must reach each other (forwarded requests)"
+
+
+def _egress_ports(policy: dict[str, Any]) -> set[tuple[int, str]]:
+    return {(p["port"], p["protocol"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
+
+
+def test_the_workers_reach_dns_kafka_postgresql_each_other_and_the_llm(
+    documents: list[dict[str, Any]],
+) -> None:
+    settings = cluster_settings(documents)
+    (policy,) = policies_of(documents, pod_labels(worker(documents)))
+    kafka_port = urlsplit(f"//{settings.kafka.bootstrap_servers.split(',')[0]}").port
+    assert kafka_port is not None
+    assert _egress_ports(policy) == {
+        (53, "UDP"),
+        (53, "TCP"),
+        (kafka_port, "TCP"),
+        (5432, "TCP"),
+        (settings.service.web_port, "TCP"),
+        (443, "TCP"),
+    }
+    # Beyond the cluster: HTTPS only, never to private ranges or the metadata endpoint.
+    for rule in policy["spec"]["egress"]:
+        for target in rule["to"]:
+            if "ipBlock" not in target:
+                continue
+            assert rule["ports"] == [{"port": 443, "protocol": "TCP"}]
+            excepted = [ipaddress.ip_network(n) for n in target["ipBlock"]["except"]]
+            for address in ("169.254.169.254", "10.1.2.3", "172.20.0.1", "192.168.1.1"):
+                assert any(ipaddress.ip_address(address) in net for net in excepted), address
+    for job in by_kind(documents, "Job"):
+        (job_policy,) = policies_of(documents, pod_labels(job))
+        assert _egress_ports(job_policy) == {
+            (53, "UDP"),
+            (53, "TCP"),
+            (kafka_port, "TCP"),
+            (5432, "TCP"),
+        }
 
 
 def test_the_jobs_run_cli_commands_that_exist(documents: list[dict[str, Any]]) -> None:

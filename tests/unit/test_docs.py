@@ -67,3 +67,27 @@ def test_every_alert_is_explained_in_the_readme_and_operations() -> None:
         text = (ROOT / doc).read_text()
         missing = [a for a in alerts if f"`{a}`" not in text]
         assert missing == [], f"{doc} does not explain these alerts: {missing}"
+
+
+def test_the_readme_python_examples_call_the_client_as_it_is() -> None:
+    """Each Python block of the README parses, and every ``client.<method>(...)``
+    it calls exists on CompactorClient with the keyword arguments it passes."""
+    import inspect
+
+    from streams.client import CompactorClient
+
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    calls = [
+        node
+        for block in blocks
+        for node in ast.walk(ast.parse(block))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "client"
+    ]
+    assert {call.func.attr for call in calls} >= {"context", "history", "search"}  # type: ignore[attr-defined]
+    for call in calls:
+        method = getattr(CompactorClient, call.func.attr)  # type: ignore[attr-defined]
+        accepted = set(inspect.signature(method).parameters)
+        assert {k.arg for k in call.keywords} <= accepted, call.func.attr  # type: ignore[attr-defined]

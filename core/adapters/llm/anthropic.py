@@ -62,7 +62,7 @@ EMPTY_CONVERSATION_PLACEHOLDER = "[No conversation messages; follow the system i
 #: The last turn of a request whose directive moved into the cached system
 #: prefix: the conversation must end with a user turn (an assistant turn last
 #: would be taken as the start of the answer).
-DIRECTIVE_REMINDER = "Write the summary now, following the instructions in the system prompt."
+DIRECTIVE_REMINDER = "Write the summary now, as the system prompt says."
 
 _Turn = tuple[Literal["user", "assistant"], list[str]]
 

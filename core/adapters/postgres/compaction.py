@@ -20,7 +20,6 @@ from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.rows import batch_rows, tool_calls_json
 from core.domain.compaction import CompactionPlan, StoredTokens
 from core.domain.tenancy import tenant_of
-from core.domain.tokens import estimate_message_tokens
 from core.ports.storage import (
     AlreadyApplied,
     Applied,
@@ -74,8 +73,7 @@ def _check_tokens(
     plan: CompactionPlan, announced: StoredTokens, removed: int, restored: int
 ) -> None:
     """The completion announces what the store's total moves by; it must be so."""
-    clip = 0 if plan.clip_archive is None else estimate_message_tokens(plan.clip_archive)
-    found = StoredTokens(removed=removed, added=clip + restored)
+    found = StoredTokens(removed=removed, added=plan.clip_tokens + restored)
     if found != announced:
         raise HistoryConflictError(
             f"compaction {plan.compaction_id}: its rows carry {found} stored tokens, "
@@ -357,7 +355,7 @@ async def _insert_clip_archive(
             """,
             clip.id, clip.conversation_id, clip.role, clip.content,
             tool_calls_json(clip.tool_calls), clip.tool_call_id, clip.created_at,
-            estimate_message_tokens(clip), plan.compaction_id, *columns,
+            plan.clip_tokens, plan.compaction_id, *columns,
         )  # fmt: skip
     except asyncpg.UniqueViolationError as error:
         # Either another clip-archive exists that the plan did not know to

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import asyncpg
 from pgvector.asyncpg import register_vector
@@ -81,6 +81,8 @@ async def refuse_read_only(conn: asyncpg.Connection) -> None:
             raise ReadOnlyServerError(f"the server reports {name}=on: not the primary now")
 
 
+IsolationLevel = Literal["read_committed", "repeatable_read"]
+
 # Migration 0009: the role the HTTP views read as, the setting its policies
 # read, and the value of that setting that shows every tenant (no tenant id
 # can be "*": tenant ids are letters, digits and ._:@-).
@@ -105,12 +107,15 @@ def tenant_setting(scope: ReadScope) -> str:
 
 
 @asynccontextmanager
-async def reading(pool: asyncpg.Pool, scope: ReadScope) -> AsyncIterator[Queryable]:
+async def reading(
+    pool: asyncpg.Pool, scope: ReadScope, *, isolation: IsolationLevel = "read_committed"
+) -> AsyncIterator[Queryable]:
     """A READ ONLY transaction as ``compactor_reader`` with ``compactor.tenant`` set
     for ``scope`` (both ``SET LOCAL``: they end with the transaction, so the pooled
     connection goes back as it came). Row-level security then shows only the
-    scope's rows, whatever the queries inside filter on, even for a superuser."""
-    async with pool.acquire() as conn, conn.transaction(readonly=True):
+    scope's rows, whatever the queries inside filter on, even for a superuser.
+    ``repeatable_read``: every statement inside sees one snapshot."""
+    async with pool.acquire() as conn, conn.transaction(isolation=isolation, readonly=True):
         await conn.execute(_ENTER_SCOPE, tenant_setting(scope))
         yield conn
 

@@ -7,7 +7,8 @@ same guarantees in one transaction of five statements, whatever its size: lock
 every conversation of the group (sorted, so two ingests cannot deadlock;
 ``apply_compaction`` takes one of them), read the erase marks of those that were
 erased (a message an erase covers is ``erased``, nothing of it written:
-``core.domain.erasure``), record new conversations' tenants, insert with
+``core.domain.erasure``), record new conversations' tenants and every
+conversation's watermark, insert with
 ``unnest`` and read the arrival numbers back.
 
 A message that a compaction already summarised and deleted must not come back
@@ -62,13 +63,22 @@ SELECT conversation_id, 0 AS epoch, offsets, cutoff, true AS legacy
 """
 
 # Record each new conversation's tenant (the one its key names), which the
-# row-level security of reads goes by. A conversation key names its tenant
-# (core.domain.tenancy), so there is nothing to claim or contest: two tenants
-# using the same conversation id have two keys, two conversations.
-_RECORD_TENANTS_SQL = """
-INSERT INTO conversations (conversation_id, tenant_id)
-SELECT * FROM unnest($1::text[], $2::text[])
-ON CONFLICT (conversation_id) DO NOTHING
+# row-level security of reads goes by, and every conversation's watermark: the
+# newest record of the group processed for it (migration 0013), never moved
+# back. A conversation key names its tenant (core.domain.tenancy), so there is
+# nothing to claim or contest: two tenants using one id have two keys.
+_RECORD_CONVERSATIONS_SQL = """
+INSERT INTO conversations (conversation_id, tenant_id, last_message_id,
+                           source_partition, source_offset)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[])
+ON CONFLICT (conversation_id) DO UPDATE
+   SET last_message_id = EXCLUDED.last_message_id,
+       source_partition = EXCLUDED.source_partition,
+       source_offset = EXCLUDED.source_offset
+ WHERE EXCLUDED.source_offset IS NOT NULL
+   AND (conversations.source_offset IS NULL
+        OR conversations.source_partition IS DISTINCT FROM EXCLUDED.source_partition
+        OR EXCLUDED.source_offset > conversations.source_offset)
 """
 
 # A message an archived batch already covers was compacted and deleted: a
@@ -102,11 +112,22 @@ def _conversations(batch: Sequence[IncomingMessage]) -> list[str]:
     return list(dict.fromkeys(incoming.message.conversation_id for incoming in batch))
 
 
-async def record_tenants(conn: Any, conversation_ids: Sequence[str]) -> None:
-    """A ``conversations`` row (key, the key's tenant) for each new conversation."""
-    if conversation_ids:
-        tenants = [tenant_of(key) for key in conversation_ids]
-        await conn.execute(_RECORD_TENANTS_SQL, list(conversation_ids), tenants)
+async def record_conversations(conn: Any, admitted: Sequence[IncomingMessage]) -> None:
+    """A ``conversations`` row (key, the key's tenant) for each new conversation, and
+    each conversation's newest record of ``admitted`` as its watermark."""
+    newest: dict[str, IncomingMessage] = {}
+    for incoming in admitted:  # in the topic's order: the last one is the newest
+        newest[incoming.message.conversation_id] = incoming
+    if newest:
+        keys = list(newest)
+        await conn.execute(
+            _RECORD_CONVERSATIONS_SQL,
+            keys,
+            [tenant_of(key) for key in keys],
+            [newest[key].message.id for key in keys],
+            [newest[key].partition for key in keys],
+            [newest[key].offset for key in keys],
+        )
 
 
 @port_errors_on_methods
@@ -202,7 +223,7 @@ async def _save_in_transaction(
             outcomes[position] = SaveOutcome("erased")
         else:
             admitted.append((position, incoming))
-    await record_tenants(conn, _conversations([incoming for _, incoming in admitted]))
+    await record_conversations(conn, [incoming for _, incoming in admitted])
     seqs = await _insert(conn, admitted)
     for position, incoming in admitted:
         key = (incoming.message.conversation_id, incoming.message.id)

@@ -12,7 +12,8 @@ where a component's call lands directly:
 * ``memory.PostgresMemory``: ``memory_read``, full text and vectors fused by rank;
 * ``tallies.PostgresTallies``: the token counts the worker's table caches;
 * ``privacy.PostgresPrivacy``: erasure, and moving a conversation into a tenant;
-* ``usage.PostgresUsage``: what compactions cost.
+* ``usage.PostgresUsage``: what compactions cost;
+* ``calibration.PostgresTokenRates``: each model's measured tokens per character.
 
 Every public coroutine of a role raises the ports' errors and none of the
 driver's (``errors.port_errors_on_methods`` on each class): an outage is
@@ -26,8 +27,10 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from core.adapters.postgres.archive import PostgresArchive
+from core.adapters.postgres.calibration import PostgresTokenRates
 from core.adapters.postgres.compaction import PostgresCompactions
 from core.adapters.postgres.connection import configure_connection, keep_session, refuse_read_only
+from core.adapters.postgres.context import PostgresContext
 from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.history import PostgresHistory
 from core.adapters.postgres.ingest import PostgresIngest
@@ -61,6 +64,7 @@ class PostgresStore:
         self._embedder = embedder
         self.ingest = PostgresIngest(pool, per_conversation=single_conversation_transactions)
         self.history = PostgresHistory(pool)
+        self.context = PostgresContext(pool)
         self.compactions = PostgresCompactions(pool)
         self.outbox = PostgresOutbox(pool)
         self.archive = PostgresArchive(pool, raw_retention_days=raw_retention_days)
@@ -68,6 +72,7 @@ class PostgresStore:
         self.tallies = PostgresTallies(pool)
         self.privacy = PostgresPrivacy(pool)
         self.usage = PostgresUsage(pool)
+        self.calibration = PostgresTokenRates(pool)
 
     @classmethod
     async def connect(

@@ -3,8 +3,8 @@
 Writes are idempotent by message id or compaction id, because every caller
 upstream (Kafka) delivers at least once. A store is a set of role objects
 (``Storage``): each role's protocol lives in its module (``ingest``,
-``history``, ``compactions``, ``outbox``, ``archive``, ``memory``,
-``tallies``, ``privacy``, ``usage``), its errors in ``errors``. A component
+``history``, ``context``, ``compactions``, ``outbox``, ``archive``, ``memory``,
+``tallies``, ``privacy``, ``usage``, ``calibration``), its errors in ``errors``. A component
 is handed only the narrow protocol it calls (``streams.worker.runtime``), so
 mypy proves what each one may touch, and its call lands in the role's
 implementation directly. ``core.adapters.postgres.store.PostgresStore`` holds
@@ -28,6 +28,7 @@ from core.ports.storage.archive import (
     MemoryReader,
     RawTurnRetention,
 )
+from core.ports.storage.calibration import TokenRates
 from core.ports.storage.compactions import (
     AlreadyApplied,
     Applied,
@@ -35,6 +36,7 @@ from core.ports.storage.compactions import (
     Compactions,
     CompactionStore,
 )
+from core.ports.storage.context import ContextReader, ContextSnapshot, ContextVersion, Watermark
 from core.ports.storage.errors import (
     HistoryConflictError,
     StoreConflict,
@@ -81,6 +83,9 @@ class Storage(Protocol):
     def history(self) -> History: ...
 
     @property
+    def context(self) -> ContextReader: ...
+
+    @property
     def compactions(self) -> Compactions: ...
 
     @property
@@ -101,6 +106,9 @@ class Storage(Protocol):
     @property
     def usage(self) -> UsageStore: ...
 
+    @property
+    def calibration(self) -> TokenRates: ...
+
     async def close(self) -> None: ...
 
 
@@ -117,6 +125,9 @@ __all__ = [
     "CompactionRecord",
     "CompactionStore",
     "Compactions",
+    "ContextReader",
+    "ContextSnapshot",
+    "ContextVersion",
     "EraseOutcome",
     "Erasure",
     "ExpandedBatch",
@@ -150,6 +161,8 @@ __all__ = [
     "StoreUnavailable",
     "TallySource",
     "TenantConflictError",
+    "TokenRates",
     "TurnHit",
     "UsageStore",
+    "Watermark",
 ]

@@ -107,6 +107,15 @@ function fact(list, name, value) {
   list.append(el("div", {}, el("dt", { text: name }), el("dd", { text: String(value) })));
 }
 
+// What a platform reading the context now is handed: as stored, or fitted at
+// read time (a provisional clip-archive) until the compaction lands.
+function contextFact(context) {
+  const tokens = `${context.token_estimate} of ${context.budget} tokens`;
+  if (!context.provisional) return `${tokens}, as stored`;
+  const pending = context.pending_compaction ? ` until ${context.pending_compaction}` : "";
+  return `${tokens}, provisional: ${context.folded_messages} messages folded${pending}`;
+}
+
 async function loadOverview(ticket) {
   const facts = $("overview-facts");
   $("overview-title").textContent =
@@ -125,6 +134,14 @@ async function loadOverview(ticket) {
     if (error.status === 401 || error instanceof Superseded) throw error;
     facts.replaceChildren();
     fact(facts, "tally", `not available here (${error.message})`);
+  }
+  try {
+    const context = await api(conversationPath("/context"), tenantParams({ format: "messages" }));
+    current(ticket);
+    fact(facts, "handed to the model", contextFact(context));
+  } catch (error) {
+    if (error.status === 401 || error instanceof Superseded) throw error;
+    fact(facts, "handed to the model", `not available (${error.message})`);
   }
 }
 

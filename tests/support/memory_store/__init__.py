@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 
 from core.ports.publisher import RecordPosition
 from core.ports.storage import Storage
+from tests.support.memory_store.calibration import MemoryTokenRates
 from tests.support.memory_store.compactions import MemoryCompactions, MemoryOutbox
+from tests.support.memory_store.context import MemoryContext
 from tests.support.memory_store.ingest import MemoryHistory, MemoryIngest
 from tests.support.memory_store.memory import MemoryArchive, MemoryRead
 from tests.support.memory_store.privacy import MemoryPrivacy
@@ -36,6 +38,7 @@ class InMemoryStore(Tables):
     def __post_init__(self) -> None:
         self.ingest = MemoryIngest(self)
         self.history = MemoryHistory(self)
+        self.context = MemoryContext(self)
         self.compactions = MemoryCompactions(self)
         self.outbox = MemoryOutbox(self)
         self.archive = MemoryArchive(self)
@@ -43,6 +46,7 @@ class InMemoryStore(Tables):
         self.tallies = MemoryTallies(self)
         self.privacy = MemoryPrivacy(self)
         self.usage = MemoryUsage(self)
+        self.calibration = MemoryTokenRates(self)
 
     async def close(self) -> None:
         self.closed = True

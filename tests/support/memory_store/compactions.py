@@ -9,7 +9,6 @@ from datetime import timedelta
 
 from core.domain.compaction import CompactionPlan, StoredBatch, StoredTokens
 from core.domain.tenancy import tenant_of
-from core.domain.tokens import estimate_message_tokens
 from core.ports.storage import (
     AlreadyApplied,
     Applied,
@@ -42,7 +41,7 @@ class MemoryCompactions:
         found = StoredTokens(
             removed=sum(self._t.messages[cid, i].tokens for i in plan.deleted_message_ids),
             added=sum(self._t.archived[cid, i].tokens for i in plan.restored_message_ids)
-            + (0 if clip is None else estimate_message_tokens(clip)),
+            + plan.clip_tokens,
         )
         if outbox is not None and found != outbox.tokens:
             raise HistoryConflictError(
@@ -53,8 +52,9 @@ class MemoryCompactions:
             back = self._t.archived.pop((cid, message_id))
             self._t.messages[cid, message_id] = Row(back.message, back.tokens, self._t.next_seq())
         if clip is not None:
-            tokens = estimate_message_tokens(clip)
-            self._t.messages[cid, clip.id] = Row(clip, tokens, self._t.next_seq(), "clip_archive")
+            self._t.messages[cid, clip.id] = Row(
+                clip, plan.clip_tokens, self._t.next_seq(), "clip_archive"
+            )
         self._t.applied.add(plan.compaction_id)
         self._t.compaction_owner[plan.compaction_id] = plan.conversation_id
         self._t.compaction_plans[plan.compaction_id] = (self._t.now(), plan)

@@ -13,6 +13,7 @@ from core.ports.storage import (
     MessageKey,
     ReadScope,
     SaveOutcome,
+    Watermark,
 )
 from tests.support.memory_store.tables import (
     Row,
@@ -36,8 +37,10 @@ class MemoryIngest:
         message = incoming.message
         if self._erased(incoming):
             return SaveOutcome("erased")
-        # The conversations table: the tenant the key names, for row-level security.
+        # The conversations table: the tenant the key names, for row-level security,
+        # and the newest record processed for the conversation, never moved back.
         self._t.tenants.setdefault(message.conversation_id, tenant_of(message.conversation_id))
+        self._advance(incoming)
         compacted = any(
             message.id in b.batch.source_message_ids
             for b in self._t.batches.values()
@@ -48,6 +51,21 @@ class MemoryIngest:
         row = Row(message, incoming.tokens, self._t.next_seq())
         self._t.messages[message.conversation_id, message.id] = row
         return SaveOutcome("inserted", row.seq)
+
+    def _advance(self, incoming: IncomingMessage) -> None:
+        if incoming.offset is None:
+            return
+        key = incoming.message.conversation_id
+        now = self._t.watermarks.get(key)
+        if (
+            now is None
+            or now.offset is None
+            or now.partition != incoming.partition
+            or incoming.offset > now.offset
+        ):
+            self._t.watermarks[key] = Watermark(
+                incoming.message.id, incoming.partition, incoming.offset
+            )
 
     def _erased(self, incoming: IncomingMessage) -> bool:
         mark = self._t.erasures.get(incoming.message.conversation_id)

@@ -38,6 +38,8 @@ class MemoryPrivacy:
             raise TenantConflictError(f"{tenant_id} has a conversation {conversation_id!r}")
         self._rekey(source, target)
         self._t.tenants.pop(source, None)
+        if source in self._t.watermarks:
+            self._t.watermarks[target] = self._t.watermarks.pop(source)
         self._t.tenants[target] = tenant_id
         return True
 
@@ -146,6 +148,7 @@ class MemoryPrivacy:
         ]
         known = conversation_id in self._t.tenants
         self._t.tenants.pop(conversation_id, None)
+        self._t.watermarks.pop(conversation_id, None)
         return {
             "outbox": len(outbox),
             "compactions": len(owned),

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from core.domain.calibration import TokenRate
 from core.domain.compaction import CompactionPlan, StoredBatch
 from core.domain.erasure import EraseMark
 from core.domain.messages import ConversationMessage
 from core.domain.usage import LlmUsage
-from core.ports.storage import MessageKey, OutboxRow, ReadScope, StoreUnavailable
+from core.ports.storage import MessageKey, OutboxRow, ReadScope, StoreUnavailable, Watermark
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,14 @@ class Tables:
     archived: dict[tuple[str, str], Archived] = field(default_factory=dict)
     raw_retention_days: int = 0
     tenants: dict[str, str | None] = field(default_factory=dict)  # the conversations table
+    # the conversations table's watermark columns (migration 0013)
+    watermarks: dict[str, Watermark] = field(default_factory=dict)
     erasures: dict[str, EraseMark] = field(default_factory=dict)  # kept after the erase
     audit: list[AuditEntry] = field(default_factory=list)  # erase_audit, kept too
     # (read, scope) of every read that takes a scope: the views must always pass one.
     read_scopes: list[tuple[str, ReadScope | None]] = field(default_factory=list)
+    # (provider, model) → its measured tokens per character (token_calibration, 0016)
+    token_rates: dict[tuple[str, str], TokenRate] = field(default_factory=dict)
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 

@@ -82,6 +82,18 @@ def test_the_fit_reads_a_bounded_amount_however_large_the_turns() -> None:
     assert cpu[1] < 5 * cpu[0] + 0.05
 
 
+@settings(max_examples=100, deadline=None)
+@given(conversations(max_units=30), st.integers(1, MIN_LIMIT))
+def test_a_tiny_limit_keeps_the_newest_that_fit_and_is_never_exceeded(
+    history: list[ConversationMessage], limit: int
+) -> None:
+    fitted = fit_context(sized(history), limit)
+    assert fitted.tokens <= limit
+    if isinstance(fitted, Provisional):
+        shown = tuple(s.message.id for s in fitted.messages)
+        assert fitted.folded + shown == tuple(m.id for m in history)
+
+
 @settings(max_examples=200, deadline=None)
 @given(conversations(max_units=40), st.integers(MIN_LIMIT, 3000))
 def test_never_over_the_limit_and_nothing_silently_dropped(

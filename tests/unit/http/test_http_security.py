@@ -179,8 +179,44 @@ def test_no_token_and_a_public_address_is_refused_unless_allowed(
         for host in ("::1", "localhost"):
             check_exposure(settings(web_host=host).service, AuthPolicy.of(loopback, {}))
     assert sum("UNAUTHENTICATED" in r.getMessage() for r in caplog.records) == 4
-    public = settings(web_host="0.0.0.0", **SECURED).service
-    check_exposure(public, AuthPolicy.of(public, {}))  # tokens: fine
+    public = settings(web_host="0.0.0.0", **SECURED, tls_certfile="c.pem").service
+    check_exposure(public, AuthPolicy.of(public, {}))  # tokens over TLS: fine
+
+
+def test_tokens_over_plain_http_beyond_loopback_are_refused_unless_allowed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bearer token sent in clear text is given to whoever is on the path."""
+    tokens: list[dict[str, Any]] = [
+        SECURED,
+        # the scraper's token is a credential too (open data views need their own opt-in)
+        {"metrics_token": METRICS, "allow_unauthenticated": True},
+        {"tokens": [{"token": ACME, "tenant": "acme"}]},
+    ]
+    for host in ("0.0.0.0", "", "10.1.2.3", "worker.example"):
+        for configured in tokens:
+            service = settings(web_host=host, **configured).service
+            with pytest.raises(ConfigError, match=r"allow_plaintext_http") as refused:
+                check_exposure(service, AuthPolicy.of(service, {}))
+            assert "[service].tls_certfile" in str(refused.value)
+        # a token from the environment counts the same
+        bare = settings(web_host=host).service
+        with pytest.raises(ConfigError, match=r"allow_plaintext_http"):
+            check_exposure(bare, AuthPolicy.of(bare, {"COMPACTOR_API_TOKENS": ADMIN}))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="compactor.auth"):
+        for host in ("127.0.0.1", "::1", "localhost"):  # loopback: nothing to say
+            service = settings(web_host=host, **SECURED).service
+            check_exposure(service, AuthPolicy.of(service, {}))
+        assert not caplog.records
+        tls = settings(web_host="0.0.0.0", tls_certfile="c.pem", tls_keyfile="k", **SECURED)
+        check_exposure(tls.service, AuthPolicy.of(tls.service, {}))
+        assert not caplog.records
+        opted = settings(web_host="0.0.0.0", allow_plaintext_http=True, **SECURED).service
+        check_exposure(opted, AuthPolicy.of(opted, {}))
+    (warning,) = caplog.records
+    assert warning.levelno == logging.WARNING and "PLAINTEXT HTTP" in warning.getMessage()
+    assert ADMIN not in warning.getMessage()
 
 
 def test_search_needs_a_scope_and_a_tenant_token_is_held_to_its_tenant() -> None:

@@ -28,7 +28,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from aiohttp.typedefs import Handler
 from faust.exceptions import SameNode
-from yarl import URL
 
 from core.domain.tenancy import ConversationRef
 from core.settings import ConfigError, Settings, parse_settings
@@ -39,6 +38,7 @@ from streams.http.forwarding import (
     SIGNATURE_HEADER,
     Forwarding,
     internal_key,
+    node_of,
 )
 from streams.http.limits import RateLimiter
 from streams.http.reload import watch_sighup
@@ -445,9 +445,17 @@ async def test_the_default_page_is_capped_and_bad_pages_are_400() -> None:
 
 
 def _pair(**service: Any) -> tuple[Worker, Worker]:
-    """An entry worker that forwards /conversations/{id} to the owner, and the owner."""
+    """An entry worker that forwards /conversations/{id} to the owner, and the owner
+    (advertising 127.0.0.1 on a port of its own, where ``forwarding_between`` serves it)."""
     config = settings(**SCOPED, **service)
-    return Worker(config), Worker(config)
+    port = _free_port()
+    owner_app = faust.App(
+        f"tokens-owner-{port}",
+        broker="kafka://127.0.0.1:1",
+        web_port=port,
+        canonical_url=f"http://127.0.0.1:{port}",
+    )
+    return Worker(config), Worker(config, app=owner_app)
 
 
 @asynccontextmanager
@@ -464,11 +472,13 @@ async def forwarding_between(
         return await handler(request)
 
     owner.web_app.middlewares.insert(0, record)
+    owner_url = owner.app.conf.canonical_url
     async with (
-        TestClient(TestServer(owner.web_app)) as owner_client,
+        TestClient(
+            TestServer(owner.web_app, host="127.0.0.1", port=owner_url.port)
+        ) as owner_client,
         TestClient(TestServer(entry.web_app)) as entry_client,
     ):
-        owner_url = URL.build(scheme="http", host="127.0.0.1", port=owner_client.port)
         entry.app.router.external_topic_key_store = (  # type: ignore[method-assign]
             lambda *args: owner_url
         )
@@ -502,27 +512,96 @@ async def test_forwarded_requests_carry_a_signed_principal_not_the_token() -> No
         await entry_client.close()
 
         # At the owner: the signed headers only on the forwarded path, only fresh,
-        # only signed with the deployment's key.
-        key = internal_key(settings(internal_token=INTERNAL).service, None)
-        good = Forwarding(key)
+        # only signed with the deployment's key, only addressed to the owner.
+        good = Forwarding(internal_key(settings(internal_token=INTERNAL).service, None))
+        here = node_of(owner.app.conf.canonical_url)
         admin = Principal(None)
 
         async def direct(path: str, headers: dict[str, str]) -> int:
             return (await owner_client.get(path, headers=headers)).status
 
         path = "/conversations/globex-c0?tenant_id=globex"
-        assert await direct(path, good.sign(admin, "GET", path)) == 200
+        assert await direct(path, good.sign(admin, "GET", path, here)) == 200
         history = "/conversations/globex-c0/history"
-        assert await direct(history, good.sign(admin, "GET", history)) == 401
+        assert await direct(history, good.sign(admin, "GET", history, here)) == 401
         other = Forwarding(hashlib.sha256(b"another deployment").digest())
-        assert await direct(path, other.sign(admin, "GET", path)) == 401
-        stale = good.sign(admin, "GET", path, now=time.time() - 120)
+        assert await direct(path, other.sign(admin, "GET", path, here)) == 401
+        stale = good.sign(admin, "GET", path, here, now=time.time() - 120)
         assert await direct(path, stale) == 401
-        assert await direct(path, good.sign(admin, "GET", "/conversations/acme-c0")) == 401
-        forged = dict(good.sign(Principal("acme"), "GET", path))
-        forged[PRINCIPAL_HEADER] = good.sign(admin, "GET", path)[PRINCIPAL_HEADER]
+        assert await direct(path, good.sign(admin, "GET", "/conversations/acme-c0", here)) == 401
+        forged = dict(good.sign(Principal("acme"), "GET", path, here))
+        forged[PRINCIPAL_HEADER] = good.sign(admin, "GET", path, here)[PRINCIPAL_HEADER]
         assert await direct(path, forged) == 401
         assert await direct(path, {PRINCIPAL_HEADER: "e30", SIGNATURE_HEADER: "00"}) == 401
+
+
+async def test_a_captured_forwarded_request_is_refused_when_sent_again() -> None:
+    """Replayed as it was captured, to its owner or to another worker: 401."""
+    entry, owner = _pair(internal_token=INTERNAL)
+    await owner.message("acme-c0", 0, "acme")
+    async with forwarding_between(entry, owner) as (entry_client, owner_client, seen):
+        path = "/conversations/acme-c0"
+        response = await entry_client.get(path, headers=bearer(ACME))
+        assert response.status == 200, await response.text()
+        captured = {k: seen[-1][k] for k in (PRINCIPAL_HEADER, SIGNATURE_HEADER)}
+        replayed = await owner_client.get(path, headers=captured)
+        assert replayed.status == 401
+        assert await replayed.json() == {"error": "unauthorized: a valid bearer token is required"}
+        # the entry forwards each request with a fresh nonce: still 200, every time
+        for _ in range(3):
+            assert (await entry_client.get(path, headers=bearer(ACME))).status == 200
+        forwarded = [h for h in seen if h is not seen[1]]  # seen[1]: the replay
+        assert len({h[SIGNATURE_HEADER] for h in forwarded}) == len(forwarded) == 4
+
+        # signed for this owner, sent to another worker of the deployment (the entry,
+        # which would own the conversation after a rebalance): refused there too
+        good = Forwarding(internal_key(settings(internal_token=INTERNAL).service, None))
+        admin_path = f"{path}?tenant_id=acme"
+        owner_node = node_of(owner.app.conf.canonical_url)
+        to_owner = good.sign(Principal(None), "GET", admin_path, owner_node)
+        entry.app.router.external_topic_key_store = (  # type: ignore[method-assign]
+            lambda *args: entry.app.conf.canonical_url  # the entry owns it now
+        )
+        assert (await entry_client.get(admin_path, headers=to_owner)).status == 401
+        assert (await owner_client.get(admin_path, headers=to_owner)).status == 200
+        assert (await owner_client.get(admin_path, headers=to_owner)).status == 401
+
+
+async def test_a_signature_that_is_not_ascii_is_a_401_not_a_500() -> None:
+    _, owner = _pair(internal_token=INTERNAL)
+    await owner.message("acme-c0", 0, "acme")
+    good = Forwarding(internal_key(settings(internal_token=INTERNAL).service, None))
+    path = "/conversations/acme-c0?tenant_id=acme"
+    signed = good.sign(Principal(None), "GET", path, node_of(owner.app.conf.canonical_url))
+    async with TestClient(TestServer(owner.web_app)) as client:
+        for header, value in (
+            (SIGNATURE_HEADER, "é" * 64),
+            (SIGNATURE_HEADER, signed[SIGNATURE_HEADER][:-1] + "é"),
+            (PRINCIPAL_HEADER, signed[PRINCIPAL_HEADER] + "é"),
+        ):
+            headers = {**signed, header: value}
+            response = await client.get(path, headers=headers)
+            assert response.status == 401, (header, await response.text())
+
+
+async def test_forwarded_401s_count_as_failed_authentications() -> None:
+    """A peer address sending bad signatures is slowed down like a guessing client."""
+    _, owner = _pair(internal_token=INTERNAL, auth_failures_per_second=0.01, auth_failures_burst=3)
+    await owner.message("acme-c0", 0, "acme")
+    other = Forwarding(hashlib.sha256(b"a guess").digest())
+    path = "/conversations/acme-c0?tenant_id=acme"
+    here = node_of(owner.app.conf.canonical_url)
+    async with TestClient(TestServer(owner.web_app)) as client:
+        statuses = [
+            (await client.get(path, headers=other.sign(Principal(None), "GET", path, here))).status
+            for _ in range(4)
+        ]
+        assert statuses == [401, 401, 401, 429]
+        # the address is now refused before its credentials are looked at
+        good = Forwarding(internal_key(settings(internal_token=INTERNAL).service, None))
+        response = await client.get(path, headers=good.sign(Principal(None), "GET", path, here))
+        assert response.status == 429 and "Retry-After" in response.headers
+        assert (await client.get(path, headers=bearer(ADMIN))).status == 429
 
 
 async def test_without_an_internal_key_a_callers_token_is_never_forwarded() -> None:
@@ -534,7 +613,9 @@ async def test_without_an_internal_key_a_callers_token_is_never_forwarded() -> N
         assert "[service].internal_token" in (await response.json())["error"]
         assert not seen, "nothing reached the owner"
         path = "/conversations/acme-c0"
-        signed = Forwarding(hashlib.sha256(b"guess").digest()).sign(Principal(None), "GET", path)
+        here = node_of(owner.app.conf.canonical_url)
+        guess = Forwarding(hashlib.sha256(b"guess").digest())
+        signed = guess.sign(Principal(None), "GET", path, here)
         assert (await owner_client.get(path, headers=signed)).status == 401
         await entry_client.close()
 

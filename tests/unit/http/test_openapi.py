@@ -177,6 +177,32 @@ async def test_every_answer_matches_its_schema(
             403,
         ),
         ("/conversations/{conversation_id}/history", "/conversations/acme-c0/history", {}, {}, 401),
+        *(
+            (
+                "/conversations/{conversation_id}/context",
+                "/conversations/acme-c0/context",
+                {"format": shape, "fit": fit},
+                acme,
+                200,
+            )
+            for shape in ("messages", "openai", "anthropic")
+            for fit in ("budget", "none")
+        ),
+        (
+            "/conversations/{conversation_id}/context",
+            "/conversations/acme-c0/context",
+            {"through": "never-sent", "wait_ms": "10"},
+            acme,
+            409,
+        ),
+        (
+            "/conversations/{conversation_id}/context",
+            "/conversations/acme-c0/context",
+            {"after": "x:1"},
+            acme,
+            400,
+        ),
+        ("/conversations/{conversation_id}/context", "/conversations/nope/context", {}, acme, 404),
         (
             "/conversations/{conversation_id}/compactions",
             "/conversations/acme-c1/compactions",

@@ -7,7 +7,7 @@ from core.adapters.llm.extractive import ExtractiveProvider
 from core.compaction.factory import create_compactor
 from core.ports.storage import StoreUnavailable
 from core.settings import ResolvedModel, Settings
-from streams.bootstrap import build_components
+from streams.worker.assembly import build_components
 from streams.worker.components import Components
 from streams.worker.runtime import StaticRuntime, StorePorts
 from tests.support.memory_store import InMemoryStore, RecordingPublisher

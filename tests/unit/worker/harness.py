@@ -13,11 +13,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from core.adapters.llm.extractive import ExtractiveProvider
+from core.compaction.calibration import Calibration
 from core.compaction.factory import create_compactor
 from core.domain.tally import ConversationTally
+from core.domain.tokens import DEFAULT_COUNTER
 from core.ports.model import ModelAuthError, ModelRequest, ModelResponse
 from core.settings import Settings, parse_settings
-from streams.bootstrap import build_components
 from streams.events import (
     CompactionCommand,
     CompactionCompleted,
@@ -27,6 +28,7 @@ from streams.events import (
     ReconcileRequest,
 )
 from streams.topics import TopicNames
+from streams.worker.assembly import build_components
 from streams.worker.components import Components
 from streams.worker.records import Record
 from streams.worker.runtime import StaticRuntime
@@ -82,6 +84,8 @@ class Harness:
     offsets: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
     # Called at each of accounting's waits, before the clock moves on.
     while_sleeping: Callable[[], None] = lambda: None
+    # The model's measured tokens per character ([budget].token_estimate), if any.
+    calibration: Calibration | None = None
 
     def record(self, topic: str, key: str | bytes | None, value: bytes | str) -> Record:
         raw_key = key.encode() if isinstance(key, str) else key
@@ -160,12 +164,16 @@ def harness(
     model: Any = None,
     tenancy: dict[str, Any] | None = None,
     tenants: list[dict[str, Any]] | None = None,
+    calibrated: bool = False,
     **service: Any,
 ) -> Harness:
+    """``calibrated``: the model's calls measured into a ``Calibration`` whose
+    counter ingest counts with, as ``streams.bootstrap.open_all`` wires it."""
     config = settings(tenancy, tenants=tenants, **service)
     store = InMemoryStore()
     clock = Clock()
     store.now = lambda: datetime.fromtimestamp(clock.now, UTC)
+    calibration = Calibration("anthropic", "test", store.calibration) if calibrated else None
     compactor = create_compactor(
         model=model or ExtractiveProvider(),
         memory=store.archive,
@@ -173,6 +181,7 @@ def harness(
         model_name="test",
         fallback=ExtractiveProvider() if model is not None else None,
         prices=config.usage.prices,
+        calibration=calibration,
     )
     publisher = RecordingPublisher()
     table: dict[str, Any] = {}
@@ -194,13 +203,16 @@ def harness(
         config,
         table=table,
         publisher=publisher,
-        runtime=StaticRuntime(store, compactor),
+        runtime=StaticRuntime(
+            store, compactor, DEFAULT_COUNTER if calibration is None else calibration.counter
+        ),
         ack=ack,
         clock=clock,
         sleep=sleep,
         still_assigned=lambda _: harness.assigned,
     )
     harness = Harness(store, publisher, table, clock, components, acked, slept)
+    harness.calibration = calibration
     return harness
 
 

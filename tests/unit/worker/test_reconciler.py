@@ -143,3 +143,23 @@ async def test_no_second_request_while_accounting_has_not_read_the_first() -> No
     h.clock.now += 61
     assert await h.components.reconciler.tick() == 1
     assert len(h.publisher.on("control")) == 2
+
+
+async def test_the_backlog_is_asked_where_accounting_sent_the_command() -> None:
+    """Accounting and reconciliation share one record of where each command went:
+    with it the backlog compares offsets, without it only times (a search that
+    may find a command already read when another of its second was)."""
+    h = harness()
+    for i in range(3):
+        await h.message(i, "x" * 400)
+    positions: list[RecordPosition | None] = []
+
+    class Recording(Backlog):
+        async def still_queued(self, issued: Mapping[str, IssuedCommand]) -> set[str]:
+            positions.extend(command.position for command in issued.values())
+            return await super().still_queued(issued)
+
+    h.components.reconciler._backlog = Recording(queued={"c1"})
+    h.clock.now += 61
+    assert await h.components.reconciler.tick() == 0
+    assert len(positions) == 1 and positions[0] is not None

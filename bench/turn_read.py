@@ -1,0 +1,264 @@
+"""The side a chat platform touches at every turn (issue 27): the context it sends
+its model, read from one real worker while ingest runs.
+
+One worker (openai provider: the LLM test server, every reply after
+``--latency-ms``), budget 0.5 x 8,000 = 4,000 tokens, ``--big`` conversations of
+``--turns`` turns compacted before anything is measured. Background traffic at
+``--rate`` events/s goes to 200 other conversations throughout (they go over
+budget and are compacted too). Then:
+
+1. **turns** (for each ``--readers`` count, ``--seconds`` each): every reader is a
+   platform's turn loop over one of the big conversations: publish a turn
+   (acks=all), ``GET /context?format=messages&after=<partition:offset>&wait_ms=5000``
+   (publish-to-readable: from the send to the answer that includes it), then
+   ``format=openai`` (a **cold** read: the history changed since that shape was
+   last served, so it is loaded and fitted), the same again (**cached**: one
+   version lookup), and the baseline in the same loop: the whole ``/history``
+   (``limit=1000``: the paged read a platform used before, converting it itself).
+   Reported: p50/p95/p99 per kind, turns/s, any non-200 (a 429 is the rate limit).
+2. **fit** (provider down): conversations pushed over the window while every
+   summary call fails, read cold at ``fit=budget`` (fitted: a provisional
+   clip-archive) and ``fit=none`` (the same rows, not fitted): the p95 ratio.
+3. **burst**: ``--burst`` conversations receive 300 turns at once with the
+   provider answering after ``--latency-ms``; a reader polls both ``/history``
+   and ``/context`` every 50 ms: the peak handed out / window and / budget, and the
+   seconds each was over the window, until the LLM compactions land.
+
+    python -m bench.turn_read [--readers 1 4 16 64] [--rate 1000] [--json FILE]
+    python -m bench.turn_read --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.compaction_latency import CountingLLMServer
+from bench.harness import (
+    Infra,
+    create_topics,
+    new_worker,
+    note,
+    print_header,
+    produce,
+    running,
+    table,
+    unique_prefix,
+    wait_assigned,
+    worker_config,
+)
+from bench.turn_traffic import (
+    BUDGET,
+    WINDOW,
+    Latencies,
+    Traffic,
+    Turns,
+    conversation_events,
+    settled,
+)
+from tests.support.llm_server import OPENAI_CHAT_PATH, ServerError
+
+
+async def turn_phase(
+    worker_url: str, turns: Turns, conversations: list[str], readers: int, seconds: float
+) -> dict[str, Any]:
+    """``readers`` turn loops over the big conversations for ``seconds``."""
+    kinds = ("publish_to_readable", "ack", "cold", "cached", "history")
+    latencies = {kind: Latencies() for kind in kinds}
+    statuses: dict[int, int] = {}
+    deadline = time.monotonic() + seconds
+    connector = aiohttp.TCPConnector(limit=readers + 4)
+    async with aiohttp.ClientSession(worker_url, connector=connector) as http:
+
+        async def loop(n: int) -> None:
+            cid = conversations[n % len(conversations)]
+            while time.monotonic() < deadline:
+                await turns.one(http, cid, latencies, statuses)
+
+        started = time.monotonic()
+        await asyncio.gather(*(loop(n) for n in range(readers)))
+        elapsed = time.monotonic() - started
+    row: dict[str, Any] = {"readers": readers, "seconds": round(elapsed, 1)}
+    row["turns_per_s"] = round(latencies["cold"].count / elapsed, 1)
+    for kind in kinds:
+        row[kind] = latencies[kind].summary()
+    row["not_200"] = {str(k): v for k, v in statuses.items() if k != 200}
+    return row
+
+
+async def fit_phase(
+    worker_url: str, llm: CountingLLMServer, bootstrap: str, topic: str, reads: int
+) -> dict[str, Any]:
+    """Fitted vs plain cold reads of conversations held over the window."""
+    llm.enqueue(*[ServerError(503)] * 100_000, path=OPENAI_CHAT_PATH)
+    ids = [f"fit-{n}" for n in range(4)]
+    await produce(bootstrap, topic, conversation_events(ids, 260))
+    fitted, plain = Latencies(), Latencies()
+    turns = Turns(bootstrap, topic)
+    await turns.start()
+    try:
+        async with aiohttp.ClientSession(worker_url) as http:
+            for n in range(reads):
+                cid = ids[n % len(ids)]
+                await turns.publish_and_wait(http, cid)
+                order = [("budget", fitted), ("none", plain)]
+                for fit, into in order if n % 2 else order[::-1]:
+                    await turns.timed_get(http, cid, {"format": "openai", "fit": fit}, into)
+    finally:
+        await turns.stop()
+        llm.reset()
+    ratio = fitted.p(95) / plain.p(95) if plain.count else float("nan")
+    return {"fitted": fitted.summary(), "plain": plain.summary(), "p95_ratio": round(ratio, 2)}
+
+
+async def burst_phase(
+    worker_url: str, llm: CountingLLMServer, bootstrap: str, topic: str, count: int
+) -> dict[str, Any]:
+    """``count`` conversations receive 300 turns at once; what a poller is handed."""
+    ids = [f"burst-{n}" for n in range(count)]
+    peaks = {"history": 0, "context": 0}
+    over_window = {"history": 0.0, "context": 0.0}
+    async with aiohttp.ClientSession(worker_url) as http:
+        sending = asyncio.create_task(produce(bootstrap, topic, conversation_events(ids, 300)))
+        started, last = time.monotonic(), time.monotonic()
+        while not sending.done() or not await settled(http, ids, 300):
+            now = time.monotonic()
+            for cid in ids:
+                for source, tokens in (await _handed_out(http, cid)).items():
+                    peaks[source] = max(peaks[source], tokens)
+                    if tokens > WINDOW:
+                        over_window[source] += (now - last) / len(ids)
+            last = now
+            if now - started > 600:
+                break
+            await asyncio.sleep(0.05)
+        await sending
+    return {
+        "conversations": count,
+        "llm_latency_s": llm.latency_seconds,
+        "settled_s": round(time.monotonic() - started, 1),
+        **{f"{s}_peak_tokens": peaks[s] for s in peaks},
+        **{f"{s}_peak_per_window": round(peaks[s] / WINDOW, 2) for s in peaks},
+        **{f"{s}_peak_per_budget": round(peaks[s] / BUDGET, 2) for s in peaks},
+        **{f"{s}_seconds_over_window": round(over_window[s], 1) for s in peaks},
+    }
+
+
+async def _handed_out(http: aiohttp.ClientSession, cid: str) -> dict[str, int]:
+    handed: dict[str, int] = {}
+    async with http.get(f"/conversations/{cid}/history", params={"limit": "1000"}) as r:
+        if r.status == 200:
+            handed["history"] = int((await r.json())["token_estimate"])
+    async with http.get(f"/conversations/{cid}/context", params={"format": "openai"}) as r:
+        if r.status == 200:
+            handed["context"] = int((await r.json())["token_estimate"])
+    return handed
+
+
+def config(args: argparse.Namespace, prefix: str, llm_url: str) -> dict[str, Any]:
+    shaped = worker_config(
+        topic_prefix=prefix, store="memory://", max_concurrent_compactions=None,
+        budget=(0.5, WINDOW), llm_base_url=llm_url, pool_max_size=None,
+    )  # fmt: skip
+    shaped["summarization"]["timeout_seconds"] = 30.0
+    return shaped
+
+
+async def run(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
+    assert infra.bootstrap is not None
+    dsn = await infra.new_database()
+    prefix = unique_prefix("turns")
+    names = await create_topics(infra.bootstrap, prefix, infra.partitions)
+    async with CountingLLMServer() as llm:
+        worker = new_worker(infra, "w1", dsn, config(args, prefix, llm.openai_base_url))
+        with running(worker):
+            await wait_assigned(worker, names.messages, infra.partitions)
+            return await measure(args, infra.bootstrap, names.messages, worker.url, llm)
+
+
+async def measure(
+    args: argparse.Namespace, bootstrap: str, topic: str, url: str, llm: CountingLLMServer
+) -> dict[str, Any]:
+    big = [f"big-{n:02d}" for n in range(args.big)]
+    note(f"setup: {args.big} conversations of {args.turns} turns, compacted")
+    await produce(bootstrap, topic, conversation_events(big, args.turns))
+    async with aiohttp.ClientSession(url) as http:
+        await settled(http, big, args.turns, wait=600)
+    llm.latency_seconds = args.latency_ms / 1000
+    traffic = Traffic(bootstrap, topic, args.rate)
+    results: dict[str, Any] = {"rate": args.rate, "big": args.big, "turns": args.turns}
+    async with traffic:
+        turns = Turns(bootstrap, topic)
+        await turns.start()
+        try:
+            results["turns_by_readers"] = [
+                await turn_phase(url, turns, big, readers, args.seconds) for readers in args.readers
+            ]
+        finally:
+            await turns.stop()
+        results["background_events_per_s"] = round(traffic.achieved(), 1)
+        note("fit: provider down, reads fitted and not")
+        results["fit"] = await fit_phase(url, llm, bootstrap, topic, args.fit_reads)
+    note(f"burst: {args.burst} conversations x 300 turns at once")
+    results["burst"] = await burst_phase(url, llm, bootstrap, topic, args.burst)
+    return results
+
+
+def report(results: dict[str, Any]) -> None:
+    rows = []
+    for row in results["turns_by_readers"]:
+        cells = [row["readers"], row["turns_per_s"]]
+        for kind in ("publish_to_readable", "ack", "cold", "cached", "history"):
+            cells.append("{p50} / {p95} / {p99}".format(**row[kind]))
+        rows.append((*cells, json.dumps(row["not_200"]) if row["not_200"] else "-"))
+    heads = ("readers", "turns/s", "publish->readable ms", "of which the ack ms", "context cold ms",
+             "context cached ms", "/history (baseline) ms", "not 200")  # fmt: skip
+    print(f"\nturn loops, background {results['background_events_per_s']} events/s "
+          "(p50 / p95 / p99)")  # fmt: skip
+    print(table(heads, rows))
+    fit = results["fit"]
+    print(f"\nfit (provider down): fitted p95 {fit['fitted']['p95']} ms, plain p95 "
+          f"{fit['plain']['p95']} ms: ratio {fit['p95_ratio']}")  # fmt: skip
+    print("\nburst: " + json.dumps(results["burst"]))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--readers", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=1000.0, help="background events/s")
+    parser.add_argument("--big", type=int, default=16, help="conversations read")
+    parser.add_argument("--turns", type=int, default=700, help="turns of each")
+    parser.add_argument("--latency-ms", type=float, default=2000.0)
+    parser.add_argument("--fit-reads", type=int, default=200)
+    parser.add_argument("--burst", type=int, default=6)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--quick", action="store_true")
+    if "--quick" in sys.argv:  # smaller defaults; options given still win
+        parser.set_defaults(readers=[1, 4], seconds=3.0, rate=200.0, big=4, turns=200,
+                            fit_reads=40, burst=2, latency_ms=500.0)  # fmt: skip
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    random.seed(7)
+    print_header("turn-time reads: the context a platform sends its model", "bench.turn_read")
+    with Infra(partitions=4) as infra:
+        print(infra.describe())
+        results = asyncio.run(run(args, infra))
+    report(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

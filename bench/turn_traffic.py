@@ -1,0 +1,208 @@
+"""What ``bench.turn_read`` sends and times: paced background traffic, a platform's
+turn (publish, then read), latency samples, and "every conversation compacted"."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from aiokafka import AIOKafkaProducer
+
+from bench.harness import message_event, percentile
+from streams.events import MessageEvent
+
+WINDOW = 8_000  # model_max_tokens
+BUDGET = WINDOW // 2  # context_budget 0.5
+TURN_BASE = 1_000_000  # indices of measured turns: after every prefilled one
+
+
+def conversation_events(ids: list[str], turns: int) -> Iterator[MessageEvent]:
+    """``turns`` turns of each conversation, interleaved as concurrent chats are."""
+    for index in range(turns):
+        for cid in ids:
+            yield message_event(cid, index)
+
+
+def last_id(cid: str, turns: int) -> str:
+    return message_event(cid, turns - 1).message_id
+
+
+class Latencies:
+    """Samples in milliseconds."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.samples)
+
+    def add(self, seconds: float) -> None:
+        self.samples.append(seconds * 1000)
+
+    def p(self, q: float) -> float:
+        return percentile(self.samples, q) if self.samples else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "n": self.count,
+            **{f"p{q}": round(self.p(q), 1) for q in (50, 95, 99)},
+            "max": round(max(self.samples), 1) if self.samples else None,
+        }
+
+
+def _producer(bootstrap: str) -> AIOKafkaProducer:
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2)
+
+
+class Traffic:
+    """``rate`` events/s into 200 other conversations, paced every 10 ms, for as
+    long as the ``async with`` block runs."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, conversations: int = 200) -> None:
+        self.conversations = conversations
+        self._producer = _producer(bootstrap)
+        self._topic, self._rate = topic, rate
+        self._sent, self._started = 0, 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Traffic:
+        await self._producer.start()
+        self._started = time.monotonic()
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self._producer.stop()
+
+    def achieved(self) -> float:
+        return self._sent / max(time.monotonic() - self._started, 1e-9)
+
+    async def _run(self) -> None:
+        events = (
+            message_event(f"noise-{n % self.conversations:03d}", n // self.conversations, words=30)
+            for n in itertools.count()
+        )
+        while True:
+            due = int(self._rate * (time.monotonic() - self._started)) - self._sent
+            acks = []
+            for event in itertools.islice(events, max(due, 0)):
+                acks.append(await self._send(event))
+                self._sent += 1
+            await asyncio.gather(*acks)
+            await asyncio.sleep(0.01)
+
+    async def _send(self, event: MessageEvent) -> Any:
+        key = event.conversation_id.encode()
+        return await self._producer.send(self._topic, event.model_dump_json().encode(), key=key)
+
+
+class Turns:
+    """A platform's turn: publish a message (acks=all), then read the context."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._producer = _producer(bootstrap)
+        self._topic = topic
+        self._next: dict[str, int] = {}
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def publish(self, cid: str) -> str:
+        """The position of the stored turn, as the producer's ack returned it."""
+        index = self._next.get(cid, TURN_BASE)
+        self._next[cid] = index + 1
+        event = message_event(cid, index)
+        value = event.model_dump_json().encode()
+        ack = await self._producer.send_and_wait(self._topic, value, key=cid.encode())
+        return f"{ack.partition}:{ack.offset}"
+
+    async def publish_and_wait(self, http: aiohttp.ClientSession, cid: str) -> int:
+        return await self.wait_for(http, cid, await self.publish(cid))
+
+    async def wait_for(self, http: aiohttp.ClientSession, cid: str, after: str) -> int:
+        """The context once it includes the record at ``after`` (5 s at most)."""
+        params = {"format": "messages", "after": after, "wait_ms": "5000"}
+        async with http.get(f"/conversations/{cid}/context", params=params) as response:
+            await response.read()
+            return response.status
+
+    async def timed_get(
+        self,
+        http: aiohttp.ClientSession,
+        cid: str,
+        params: dict[str, str],
+        into: Latencies,
+        path: str = "context",
+    ) -> int:
+        started = time.monotonic()
+        async with http.get(f"/conversations/{cid}/{path}", params=params) as response:
+            await response.read()
+        if response.status == 200:
+            into.add(time.monotonic() - started)
+        return response.status
+
+    async def one(
+        self,
+        http: aiohttp.ClientSession,
+        cid: str,
+        latencies: dict[str, Latencies],
+        statuses: dict[int, int],
+    ) -> None:
+        """One turn: publish, wait for it (publish-to-readable), a cold and a cached
+        read of the OpenAI shape, and the whole /history as the baseline."""
+        started = time.monotonic()
+        after = await self.publish(cid)
+        acked = time.monotonic()
+        codes = [await self.wait_for(http, cid, after)]
+        if codes[0] == 200:
+            latencies["publish_to_readable"].add(time.monotonic() - started)
+            latencies["ack"].add(acked - started)
+        shape = {"format": "openai"}
+        codes.append(await self.timed_get(http, cid, shape, latencies["cold"]))
+        codes.append(await self.timed_get(http, cid, shape, latencies["cached"]))
+        page = {"limit": "1000"}
+        codes.append(await self.timed_get(http, cid, page, latencies["history"], "history"))
+        for code in codes:
+            statuses[code] = statuses.get(code, 0) + 1
+
+
+async def _is_settled(http: aiohttp.ClientSession, cid: str, through: str) -> bool:
+    """Every turn sent is stored, nothing is in flight, and it is at or under the
+    budget without a provisional fit."""
+    params = {"format": "messages", "fit": "none", "through": through, "wait_ms": "0"}
+    async with http.get(f"/conversations/{cid}/context", params=params) as response:
+        if response.status != 200:
+            return False
+        body = await response.json()
+    return body["stored_tokens"] <= BUDGET and body["pending_compaction"] is None
+
+
+async def settled(
+    http: aiohttp.ClientSession, ids: list[str], turns: int, wait: float = 0.0
+) -> bool:
+    """Whether (with ``wait``: until, or TimeoutError) every conversation is settled."""
+    deadline = time.monotonic() + wait
+    while True:
+        states = [await _is_settled(http, cid, last_id(cid, turns)) for cid in ids]
+        if all(states) or wait <= 0:
+            return all(states)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{states.count(False)} of {len(ids)} not compacted in {wait}s")
+        await asyncio.sleep(0.5)

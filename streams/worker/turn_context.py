@@ -1,0 +1,239 @@
+"""The context a platform sends its model, read at every turn: one call, always
+within the window, never waiting for a compaction.
+
+``TurnContexts.answer`` is the whole read (``GET /conversations/{id}/context``):
+
+1. **Read-your-writes.** With ``through`` (a message id) or ``after`` (the
+   partition and offset the producer's ack returned) it waits, at most
+   ``wait_seconds``, until the store has that message, woken by the ingest of
+   this worker (``IngestNotices``) or, for a conversation another worker
+   ingests, by its own poll; past the wait the answer is ``NotYet``, never a
+   silently older context.
+2. **Unchanged, answered from memory.** The conversation's version (its newest
+   arrival number and rows) is one small query; an answer rendered for that
+   version is reused (a cache bounded by bytes), so a platform reading at every
+   turn costs one index lookup, not the whole history, until something changes.
+3. **Fitted.** Over its limit (``fit=budget``, the default: the budget;
+   ``window``: the model's whole window; ``none``: as stored), the history is
+   fitted at read time (``core.domain.context_fit``: the oldest part as a
+   provisional clip-archive built without a model, in bounded time, off the
+   event loop), so the answer is never over the limit whatever the compaction
+   is doing; the LLM compaction replaces it when it lands.
+4. **Shaped** for the provider (``core.domain.provider_shapes``) or as the
+   service's own messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from cachetools import LRUCache
+
+from core.domain.budget import BudgetConfig
+from core.domain.context_fit import AsStored, FitSettings, FittedContext, fit_context
+from core.domain.provider_shapes import anthropic_shape, openai_shape
+from core.domain.tenancy import ConversationRef
+from core.ports.storage import ContextReader, ContextSnapshot, ContextVersion, ReadScope
+from streams.events import public_message
+from streams.metrics import Metrics
+from streams.worker.ingest_notices import IngestNotices
+
+Shape = Literal["openai", "anthropic", "messages"]
+Fit = Literal["budget", "window", "none"]
+# Polled this often when no notice comes (a conversation another worker ingests).
+POLL_SECONDS = 0.025
+
+
+class ContextPorts(Protocol):
+    @property
+    def context(self) -> ContextReader: ...
+
+
+@dataclass(frozen=True)
+class ContextRequest:
+    conversation_key: str
+    scope: ReadScope
+    shape: Shape = "messages"
+    fit: Fit = "budget"
+    through: str | None = None  # a message id the answer must include
+    after: tuple[int, int] | None = None  # (partition, offset) the answer must include
+    wait_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Served:
+    body: bytes
+    etag: str
+    provisional: bool
+
+
+@dataclass(frozen=True)
+class NotYet:
+    """The message asked for is not stored within the wait."""
+
+    version: ContextVersion
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """No conversation of that id in the caller's scope."""
+
+
+ContextAnswer = Served | NotYet | Unknown
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    """What a history version renders to, before the per-request envelope."""
+
+    version: tuple[int, int]
+    request: bytes  # the provider's request part, JSON
+    fields: dict[str, Any]  # token_estimate, provisional, ...
+
+
+class TurnContexts:
+    def __init__(
+        self,
+        runtime: ContextPorts,
+        budget: BudgetConfig,
+        notices: IngestNotices,
+        metrics: Metrics,
+        *,
+        pending: Callable[[str], str | None] = lambda _: None,
+        cache_bytes: int = 64 * 1024 * 1024,
+        fit_settings: FitSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        poll_seconds: float = POLL_SECONDS,
+    ) -> None:
+        """``pending``: the compaction in flight for a conversation, when this worker
+        holds its table entry (None otherwise, or when there is none)."""
+        self._poll_seconds = poll_seconds
+        self._runtime = runtime
+        self._budget = budget
+        self._notices = notices
+        self._metrics = metrics
+        self._pending = pending
+        self._fit_settings = fit_settings or FitSettings()
+        self._clock = clock
+        self._cache: LRUCache[tuple[str, Shape, Fit], _Rendered] = LRUCache(
+            maxsize=cache_bytes, getsizeof=lambda r: len(r.request) + 512
+        )
+
+    async def answer(self, request: ContextRequest) -> ContextAnswer:
+        version = await self._settled(request)
+        if not _satisfied(version, request):
+            self._metrics.context_reads.labels(request.shape, "not_yet").inc()
+            return NotYet(version)
+        if not version.exists:
+            return Unknown()
+        key = (request.conversation_key, request.shape, request.fit)
+        rendered = self._cache.get(key)
+        outcome = "cached"
+        if rendered is None or rendered.version != version.version:
+            snapshot = await self._runtime.context.context_snapshot(
+                request.conversation_key, scope=request.scope, through=request.through
+            )
+            rendered = await self._render(request, snapshot)
+            self._cache[key] = rendered
+            version, outcome = snapshot.version, "read"
+        provisional = bool(rendered.fields["provisional"])
+        self._metrics.context_reads.labels(request.shape, outcome).inc()
+        if provisional:
+            self._metrics.context_provisional.inc()
+        return self._served(request, version, rendered)
+
+    async def _settled(self, request: ContextRequest) -> ContextVersion:
+        """The version, once it includes what ``request`` asks for or its wait is over."""
+        deadline = self._clock() + min(request.wait_seconds, 60.0)
+        reader = self._runtime.context
+        while True:
+            version = await reader.context_version(
+                request.conversation_key, scope=request.scope, through=request.through
+            )
+            left = deadline - self._clock()
+            if _satisfied(version, request) or left <= 0:
+                return version
+            await self._notices.wait(request.conversation_key, min(left, self._poll_seconds))
+
+    async def _render(self, request: ContextRequest, snapshot: ContextSnapshot) -> _Rendered:
+        limit = self._limit(request.fit)
+        stored = sum(s.tokens for s in snapshot.history)
+        if limit is None or stored <= limit:
+            fitted: FittedContext = AsStored(snapshot.history, stored)
+        else:  # bounded, but tens of milliseconds: not on the loop
+            fitted = await asyncio.to_thread(
+                fit_context, snapshot.history, limit, self._fit_settings
+            )
+        payload = _shaped(request.shape, [s.message for s in fitted.messages])
+        folded = 0 if isinstance(fitted, AsStored) else len(fitted.folded)
+        return _Rendered(
+            version=snapshot.version.version,
+            request=json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode(),
+            fields={
+                "token_estimate": fitted.tokens,
+                "stored_tokens": stored,
+                "limit": limit,
+                "provisional": not isinstance(fitted, AsStored),
+                "folded_messages": folded,
+                "shortened": getattr(fitted, "shortened", False),
+            },
+        )
+
+    def _limit(self, fit: Fit) -> int | None:
+        if fit == "none":
+            return None
+        if fit == "window":
+            return self._budget.model_max_tokens
+        return self._budget.budget_tokens
+
+    def _served(
+        self, request: ContextRequest, version: ContextVersion, rendered: _Rendered
+    ) -> Served:
+        ref = ConversationRef.of_key(request.conversation_key)
+        mark = version.watermark
+        envelope = {
+            "conversation_id": ref.conversation_id,
+            "tenant_id": ref.tenant_id,
+            "format": request.shape,
+            "fit": request.fit,
+            **rendered.fields,
+            "budget": self._budget.budget_tokens,
+            "model_max_tokens": self._budget.model_max_tokens,
+            "pending_compaction": self._pending(request.conversation_key),
+            "watermark": {
+                "message_id": mark.message_id,
+                "partition": mark.partition,
+                "offset": mark.offset,
+                "seq": rendered.version[0],
+            },
+        }
+        head = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+        body = head[:-1].encode() + b',"request":' + rendered.request + b"}"
+        etag = hashlib.sha256(body).hexdigest()[:32]
+        return Served(body, f'"{etag}"', bool(rendered.fields["provisional"]))
+
+
+def _satisfied(version: ContextVersion, request: ContextRequest) -> bool:
+    if request.through is not None and not version.includes:
+        return False
+    if request.after is not None:
+        return version.watermark.covers(*request.after)
+    return True
+
+
+def _shaped(shape: Shape, messages: list[Any]) -> dict[str, Any]:
+    """The provider's request part: ``messages`` (and Anthropic's ``system``)."""
+    if shape == "openai":
+        return {"messages": openai_shape(messages)}
+    if shape == "anthropic":
+        shaped = anthropic_shape(messages)
+        return {"system": shaped.system, "messages": shaped.messages}
+    return {
+        "messages": [public_message(m).model_dump(mode="json", exclude_none=True) for m in messages]
+    }
