@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from core.adapters.postgres.store import PostgresStore
 from core.compaction.calibration import Calibration, open_calibration
 from core.compaction.compactor import PipelineCompactor
 from core.compaction.factory import create_compactor
+from core.compaction.offload import ThreadOffload, planning_threads
 from core.ports.embedding import Embedder
 from core.ports.model import ModelProvider
 from core.settings import ResolvedModel, Settings, resolve_model
@@ -71,12 +73,14 @@ class Opened(StorePorts):
     dsn: str
     embedded: EmbeddedPostgres | None
     compactor: PipelineCompactor  # one per runtime: its circuit breaker spans compactions
+    planning: Executor  # the threads the compactor's text-sized steps run in
 
     def opened_store(self) -> PostgresStore:
         return self.store
 
     async def close(self) -> None:
         embedded, self.embedded = self.embedded, None
+        self.planning.shutdown(wait=False, cancel_futures=True)
         await _release(self.store, embedded)
 
 
@@ -112,8 +116,10 @@ async def open_all(settings: Settings) -> Opened:
     except BaseException:
         await _release(store, embedded)
         raise
-    compactor = _compactor(settings, resolved, model, store, embedder, calibration)
-    return Opened(settings, store, model, resolved, dsn, embedded, compactor)
+    planning = planning_threads()
+    offload = ThreadOffload(planning)
+    compactor = _compactor(settings, resolved, model, store, embedder, offload, calibration)
+    return Opened(settings, store, model, resolved, dsn, embedded, compactor, planning)
 
 
 async def _database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
@@ -150,9 +156,10 @@ def _compactor(
     model: ModelProvider,
     store: PostgresStore,
     embedder: Embedder | None,
+    offload: ThreadOffload,
     calibration: Calibration | None = None,
 ) -> PipelineCompactor:
-    """One per runtime: its circuit breaker and provider guard span compactions."""
+    """One per runtime: its breaker and guard span compactions; ``offload``: its threads."""
     return create_compactor(
         model=model,
         memory=store.archive,
@@ -163,6 +170,7 @@ def _compactor(
         fallback=build_fallback_provider() if resolved.kind != "extractive" else None,
         prices=settings.usage.prices,
         embedder=embedder,
+        offload=offload,
         calibration=calibration,
     )
 

@@ -11,6 +11,7 @@ from core.compaction.attempt import Attempts
 from core.compaction.calibration import Calibration
 from core.compaction.compactor import PipelineCompactor
 from core.compaction.fitting import ClipFitter
+from core.compaction.offload import Offload, ThreadOffload
 from core.compaction.pipeline import Pipeline
 from core.compaction.summarizer import Summarizer
 from core.domain.budget import BudgetConfig
@@ -54,6 +55,7 @@ def create_compactor(
     fallback: ModelProvider | None = None,
     prices: Mapping[str, ModelPrice] | None = None,
     embedder: Embedder | None = None,
+    offload: Offload | None = None,
     calibration: Calibration | None = None,
 ) -> PipelineCompactor:
     """The pipeline over the given ports.
@@ -64,19 +66,18 @@ def create_compactor(
     slots (``[[tenants]]`` ``weight``, 1 by default). ``fallback``: the model
     ``plan(..., fallback=True)`` summarises with (extractive, for a tenant whose
     LLM budget is spent; local, so unguarded). ``prices``: what a compaction's
-    cost is estimated with (``[usage].prices``). ``embedder``: what archived
-    batches and turns are embedded with (none: no vectors). ``calibration``:
-    what ``model``'s calls are measured into; its counter replaces ``counter``.
+    cost is estimated with (``[usage].prices``). ``embedder``: archived vectors.
+    ``calibration``: measures ``model``'s calls; its counter replaces ``counter``.
     """
     guard = guard or ProviderGuard(guard_limits(config, tenant_weights), clock=clock, sleep=sleep)
-    breaker = breaker or CircuitBreaker(
-        config.max_consecutive_failures, config.circuit_cooldown_seconds, clock=clock
-    )
+    cooldown = config.circuit_cooldown_seconds
+    breaker = breaker or CircuitBreaker(config.max_consecutive_failures, cooldown, clock=clock)
     target = budget.target_tokens if budget is not None else None
     counter = counter if calibration is None else calibration.counter
-    make = partial(Summarizer, config=config, sleep=sleep, counter=counter)
+    offload = offload or ThreadOffload()  # where the text-sized steps run
+    make = partial(Summarizer, config=config, sleep=sleep, counter=counter, offload=offload)
     return PipelineCompactor(
-        pipeline=Pipeline(memory, config, counter, ClipFitter(config, counter, target)),
+        pipeline=Pipeline(memory, config, counter, ClipFitter(config, counter, target), offload),
         attempts=Attempts(breaker, guard),
         summarizer=make(model=model, model_name=model_name, guard=guard, calibration=calibration),
         fallback=_fallback(make, fallback),

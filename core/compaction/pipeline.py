@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.compaction.batches import CompactionIds, LiveArchive, cycles_after, stored_batches
 from core.compaction.fitting import ClipFitter
+from core.compaction.offload import Offload, ThreadOffload
 from core.compaction.spend import LlmSpend
 from core.compaction.summarizer import Summarizer
 from core.compaction.writes import compaction_writes
@@ -40,12 +41,16 @@ class Pipeline:
     config: CompactionConfig
     counter: TokenCounter
     fitter: ClipFitter
+    offload: Offload = field(default_factory=ThreadOffload)  # the steps that read every turn
 
     async def compaction(
         self, history: History, ids: CompactionIds, calls: LlmSpend, summarizer: Summarizer
     ) -> Planned | Unchanged:
         """The compaction of ``history``, or why there is none."""
-        split = split_history(history, self.config.keep_recent, self.config.scoring)
+        config = self.config
+        split = await self.offload(
+            lambda: split_history(history, config.keep_recent, config.scoring)
+        )
         planned = None
         if split.to_compress or self._may_refit(history, split):
             planned = await self._summarised(history, split, ids, calls, summarizer)

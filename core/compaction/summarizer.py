@@ -11,11 +11,13 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
 from core.compaction.calibration import Calibration
+from core.compaction.offload import Offload, ThreadOffload
 from core.compaction.spend import LlmSpend
 from core.domain.chunking import Chunk, halve, in_history_order
 from core.domain.clip_archive import batch_label, covered_days
@@ -61,7 +63,8 @@ class Summarizer:
     ``guard`` None: the model is local (the extractive fallback), its calls
     neither take a provider slot nor wait out a provider's outage.
     ``calibration``: what each call's reported input tokens are measured into
-    (the deployment's model; none for the fallback).
+    (the deployment's model; none for the fallback). ``offload`` runs what reads
+    every turn's text (the turns' importance, the ledger) off the event loop.
     """
 
     def __init__(
@@ -74,8 +77,10 @@ class Summarizer:
         sleep: Callable[[float], Awaitable[None]],
         counter: TokenCounter = DEFAULT_COUNTER,
         calibration: Calibration | None = None,
+        offload: Offload | None = None,
     ) -> None:
         self._model = model
+        self._offload = offload or ThreadOffload()
         self._config = config
         self._model_name = model_name
         self._guard = guard
@@ -104,6 +109,17 @@ class Summarizer:
     def _ledger(self, text: str, ranked: Sequence[Specific], allowance: int) -> Ledger:
         return apply_ledger(text, ranked, allowance, self._counter.count)
 
+    def _sources_ledger(
+        self,
+        text: str,
+        sources: Sequence[ConversationMessage],
+        importance: dict[str, float],
+        allowance: int,
+    ) -> Ledger:
+        """The ledger of a summary of ``sources``: one step, run off the loop (its
+        cost grows with the sources' text, bounded per turn by ``rank_specifics``)."""
+        return self._ledger(text, rank_specifics(sources, importance), allowance)
+
     async def summarize_chunks(
         self,
         chunks: Sequence[Chunk],
@@ -120,7 +136,7 @@ class Summarizer:
         running = prior
         pending: deque[tuple[Chunk, int]] = deque((chunk, 0) for chunk in chunks)
         max_tokens, allowance = self._allowances(self._config.max_summary_tokens, within=False)
-        importance = self._importance(position, chunks)
+        importance = await self._offload(lambda: self._importance(position, chunks))
         while pending:
             chunk, used = pending.popleft()
             ordered = in_history_order(chunk, position)
@@ -136,7 +152,9 @@ class Summarizer:
             except _Halve as halved:
                 pending.extendleft(reversed([(half, halved.used) for half in halve(ordered)]))
                 continue
-            ledger = self._ledger(text, rank_specifics(ordered, importance), allowance)
+            ledger = await self._offload(
+                partial(self._sources_ledger, text, ordered, importance, allowance)
+            )
             out.append(_summary_batch(ordered, ledger))
             running = text  # the summary alone: the next chunk's model needs no ledger
         return out

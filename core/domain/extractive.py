@@ -9,7 +9,9 @@ of words nearly every sentence has). It keeps the best ones, no two near
 duplicates, in their original order, within ``max_tokens`` (the output never
 goes over it). Re-summarising keeps each line's own speaker ("User: …"), so
 prefixes never stack ("Earlier: Earlier: …"). It reads the same structured
-request the LLM adapters get, so the pipeline is identical.
+request the LLM adapters get, so the pipeline is identical. A long message is
+read in part, its head and its tail (``core.domain.long_text``): a summary's
+cost is bounded per message.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from core.domain.long_text import head_and_tail
 from core.domain.prompts import (
     DEFAULT_DIRECTIVE,
     PREVIOUS_SUMMARY_PREFIX,
@@ -117,7 +120,7 @@ def _sentences(request: ModelRequest) -> tuple[list[_Sentence], list[_Sentence]]
     for message in request.messages:
         if message.content == DEFAULT_DIRECTIVE:
             continue
-        speaker, text = _speaker_and_text(message.role, message.content)
+        speaker, text = _speaker_and_text(message.role, head_and_tail(message.content))
         target = context if speaker == _CONTEXT else content
         for line_speaker, line in _labelled_lines(speaker, text):
             for piece in _SENTENCE_END.split(line):

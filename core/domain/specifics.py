@@ -26,7 +26,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.domain.long_text import head_and_tail
 from core.domain.messages import ConversationMessage
+from core.domain.spans import ClaimedSpans
 
 SpecificKind = Literal[
     "url", "email", "path", "datetime", "identifier", "amount", "symbol", "quote", "name"
@@ -37,6 +39,10 @@ SECTION_HEADING = "Specifics (by source message; `expand` shows the turn):"
 
 MAX_KEPT = 64
 """How many specifics a batch remembers (ranked) for the re-summaries to come."""
+
+MAX_CANDIDATES = 4 * MAX_KEPT
+"""How many of the ranked specifics the summary is checked against for its ledger:
+a section holds far fewer, and a log pasted into a turn can state thousands."""
 
 _ITEM_SEPARATOR = "; "
 
@@ -205,17 +211,17 @@ def _clean(kind: SpecificKind, match: re.Match[str]) -> str | None:
 
 def mentions_in(text: str, message_id: str, position: int = 0) -> list[Mention]:
     """Every specific in ``text``, each span claimed once, in text order."""
-    claimed: list[tuple[int, int]] = []
+    claimed = ClaimedSpans()
     found: list[tuple[int, Mention]] = []
     for kind, pattern in _PATTERNS:
         for match in pattern.finditer(text):
             start, end = match.span()
-            if start == end or any(start < e and s < end for s, e in claimed):
+            if start == end or claimed.overlaps(start, end):
                 continue
             cleaned = _clean(kind, match)
             if cleaned is None:
                 continue
-            claimed.append((start, end))
+            claimed.add(start, end)
             found.append((start, Mention(kind, cleaned, message_id, position)))
     return [mention for _, mention in sorted(found, key=lambda item: item[0])]
 
@@ -254,6 +260,7 @@ def rank_specifics(
     A specific's score is its kind's weight × the best of its mentions (who
     stated it × the turn's importance × a bonus in a question or its answer)
     × (1 + log of how many turns mention it). Ties keep first-mention order.
+    A long turn is read in part: its head and tail (``core.domain.long_text``).
     """
     importance = importance or {}
     best: dict[tuple[str, str], tuple[float, Mention]] = {}
@@ -263,7 +270,7 @@ def rank_specifics(
         weight = ROLE_WEIGHT.get(message.role, 1.0) * max(importance.get(message.id, 1.0), 0.05)
         if _answers_question(sources, index):
             weight *= QUESTION_ANSWER_BONUS
-        for mention in mentions_in(turn_text(message), message.id, index):
+        for mention in mentions_in(head_and_tail(turn_text(message)), message.id, index):
             key = (mention.kind, normalized(mention.text))
             order.setdefault(key, len(order))
             turns.setdefault(key, set()).add(message.id)
@@ -372,6 +379,10 @@ def apply_ledger(
     count: Callable[[str], int],
 ) -> Ledger:
     """``summary`` with the most important of ``ranked`` it dropped appended,
-    within ``allowance`` tokens (0: none appended, the ranking still remembered)."""
-    shown = choose_ledger(dropped_by(summary, ranked), allowance, count) if allowance > 0 else ()
+    within ``allowance`` tokens (0: none appended, the ranking still remembered).
+    Only the first ``MAX_CANDIDATES`` are considered."""
+    candidates = ranked[:MAX_CANDIDATES]
+    shown = (
+        choose_ledger(dropped_by(summary, candidates), allowance, count) if allowance > 0 else ()
+    )
     return Ledger(with_section(summary, shown), shown, tuple(ranked[:MAX_KEPT]))

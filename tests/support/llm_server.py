@@ -243,7 +243,9 @@ class LLMTestServer:
     # -- lifecycle ---------------------------------------------------------
 
     async def start(self) -> None:
-        app = web.Application()
+        # A provider takes requests far over aiohttp's 1 MiB default (Anthropic's
+        # limit is 32 MB): a compaction of turns of max_content_chars sends several MB.
+        app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post(ANTHROPIC_PATH, self._handle_anthropic)
         app.router.add_post(OPENAI_CHAT_PATH, self._handle_openai_chat)
         app.router.add_post(EMBEDDINGS_PATH, self._handle_embeddings)

@@ -9,6 +9,8 @@ turn-time context fit uses it too.
 
 from __future__ import annotations
 
+import asyncio
+
 from core.domain.extractive import extract_summary
 from core.domain.tokens import DEFAULT_COUNTER, TokenCounter
 from core.ports.model import ModelRequest, ModelResponse, ModelUsage
@@ -25,7 +27,8 @@ class ExtractiveProvider:
         self._counter = counter
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        text, output_tokens = extract_summary(request, self._counter)
+        # Its work grows with the request (bounded per message): not on the event loop.
+        text, output_tokens = await asyncio.to_thread(extract_summary, request, self._counter)
         input_tokens = sum(self._counter.count(m.content) for m in request.messages)
         return ModelResponse(
             text=text,
