@@ -88,9 +88,11 @@ async def test_the_cap_holds_across_every_compaction_of_the_worker() -> None:
     compactor = make(store, model, max_concurrent_llm_calls=3)
     convs = await seeded(store, conversations=20, messages=8)
     tasks = [asyncio.create_task(compactor.compress(msgs, c)) for c, msgs in convs.items()]
-    for _ in range(10):
-        await asyncio.sleep(0)
     guard = compactor.provider_guard
+    # Planning runs in the runtime's threads: wait until every compaction has reached the guard.
+    async with asyncio.timeout(10):
+        while model.running + guard.waiting < 20:
+            await asyncio.sleep(0.001)
     assert (model.running, guard.in_flight, guard.waiting) == (3, 3, 17)
     model.gate.set()
     results = await asyncio.gather(*tasks)
