@@ -54,7 +54,7 @@ second half of the run, when warm-up is over:
 prints a table, writes ``soak.json`` and (with matplotlib, the ``bench``
 extra) ``soak.png`` under ``--out`` (and, every minute while it runs,
 ``soak-partial.json``: the samples so far, what an interrupted run leaves). ``tests/chaos/test_soak.py`` runs the
-same code for three minutes in CI and asserts the verdict.
+same code for under two minutes in CI and asserts the verdict.
 """
 
 from __future__ import annotations
