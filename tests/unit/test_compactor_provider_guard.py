@@ -49,6 +49,30 @@ class GatedModel:
         return ModelResponse(text="a summary")
 
 
+class FirstFailsThenAfterOthers(GatedModel):
+    """The failing conversation fails first; the others are answered only after
+    that, and its later failures only after one of theirs: "others got answers
+    while it kept failing", whatever order the planning threads finish in."""
+
+    def __init__(self, fails: Callable[[ModelRequest], bool]) -> None:
+        super().__init__(fails)
+        self.failed_once = asyncio.Event()
+        self.answered = asyncio.Event()
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        if not self.fails(request):
+            await self.failed_once.wait()
+            response = await super().complete(request)
+            self.answered.set()
+            return response
+        if self.failed_once.is_set():
+            await self.answered.wait()
+        try:
+            return await super().complete(request)
+        finally:
+            self.failed_once.set()
+
+
 def make(store: InMemoryStore, model: GatedModel, **config: object) -> PlanAndApply:
     settings: dict[str, object] = {"chunk_size": 2, "keep_recent": 2, "max_retries": 0}
     settings.update(config)
@@ -89,9 +113,10 @@ async def test_the_cap_holds_across_every_compaction_of_the_worker() -> None:
     convs = await seeded(store, conversations=20, messages=8)
     tasks = [asyncio.create_task(compactor.compress(msgs, c)) for c, msgs in convs.items()]
     guard = compactor.provider_guard
-    # Planning runs in the runtime's threads: wait until every compaction has reached the guard.
+    # Planning runs in the runtime's threads: wait until every compaction has reached
+    # the guard (its queue has no event to await: the condition is polled, bounded).
     async with asyncio.timeout(10):
-        while model.running + guard.waiting < 20:
+        while model.running + guard.waiting < 20:  # noqa: ASYNC110
             await asyncio.sleep(0.001)
     assert (model.running, guard.in_flight, guard.waiting) == (3, 3, 17)
     model.gate.set()
@@ -118,7 +143,9 @@ async def test_a_5xx_only_one_conversation_gets_counts_against_it() -> None:
     """Others got answers while it kept failing: its request is the trouble."""
     store = InMemoryStore()
     convs = await seeded(store, conversations=2, messages=8)
-    model = GatedModel(fails=lambda request: any("c0: " in m.content for m in request.messages))
+    model = FirstFailsThenAfterOthers(
+        fails=lambda request: any("c0: " in m.content for m in request.messages)
+    )
     model.gate.set()
     compactor = make(store, model, max_retries=2, max_consecutive_failures=1)
     poisoned = asyncio.create_task(compactor.compress(convs["c0"], "c0"))
