@@ -26,6 +26,7 @@ budget and are compacted too). Then:
 
     python -m bench.turn_read [--readers 1 4 16 64] [--rate 1000] [--json FILE]
     python -m bench.turn_read --quick
+    python -m bench.turn_plot FILE --out docs/performance-turns.png   # the figure
 """
 
 from __future__ import annotations
@@ -126,16 +127,20 @@ async def burst_phase(
     ids = [f"burst-{n}" for n in range(count)]
     peaks = {"history": 0, "context": 0}
     over_window = {"history": 0.0, "context": 0.0}
+    timeline: list[tuple[float, int, int]] = []  # (s, largest /history, largest /context)
     async with aiohttp.ClientSession(worker_url) as http:
         sending = asyncio.create_task(produce(bootstrap, topic, conversation_events(ids, 300)))
         started, last = time.monotonic(), time.monotonic()
         while not sending.done() or not await settled(http, ids, 300):
             now = time.monotonic()
+            largest = {"history": 0, "context": 0}
             for cid in ids:
                 for source, tokens in (await _handed_out(http, cid)).items():
                     peaks[source] = max(peaks[source], tokens)
+                    largest[source] = max(largest[source], tokens)
                     if tokens > WINDOW:
                         over_window[source] += (now - last) / len(ids)
+            timeline.append((round(now - started, 2), largest["history"], largest["context"]))
             last = now
             if now - started > 600:
                 break
@@ -149,6 +154,9 @@ async def burst_phase(
         **{f"{s}_peak_per_window": round(peaks[s] / WINDOW, 2) for s in peaks},
         **{f"{s}_peak_per_budget": round(peaks[s] / BUDGET, 2) for s in peaks},
         **{f"{s}_seconds_over_window": round(over_window[s], 1) for s in peaks},
+        "window": WINDOW,
+        "budget": BUDGET,
+        "timeline": timeline,
     }
 
 
@@ -227,7 +235,8 @@ def report(results: dict[str, Any]) -> None:
     fit = results["fit"]
     print(f"\nfit (provider down): fitted p95 {fit['fitted']['p95']} ms, plain p95 "
           f"{fit['plain']['p95']} ms: ratio {fit['p95_ratio']}")  # fmt: skip
-    print("\nburst: " + json.dumps(results["burst"]))
+    burst = {k: v for k, v in results["burst"].items() if k != "timeline"}
+    print("\nburst: " + json.dumps(burst))
 
 
 def parse_args() -> argparse.Namespace:
