@@ -83,7 +83,7 @@ def test_the_fit_reads_a_bounded_amount_however_large_the_turns() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(conversations(max_units=30), st.integers(1, MIN_LIMIT))
+@given(conversations(max_units=30), st.integers(1, MIN_LIMIT - 1))
 def test_a_tiny_limit_keeps_the_newest_that_fit_and_is_never_exceeded(
     history: list[ConversationMessage], limit: int
 ) -> None:
