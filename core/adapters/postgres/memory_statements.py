@@ -137,9 +137,16 @@ SELECT r.id, r.seq, r.label, r.conversation_id, r.content, r.depth, r.start_time
 _TURN_COLUMNS = "a.conversation_id, a.id, a.batch_id, a.role, a.content, a.created_at, a.seq"
 
 
+SCORED_TURNS = 2000
+"""The most matching raw turns one list scores (the scope's newest): scoring
+reads each turn's whole tsvector, so a common word in a scope of a million turns
+would otherwise score them all, holding a read connection for seconds."""
+
+
 @cache
 def raw_text_sql(kind: tuple[bool, bool], scan: bool = False) -> str:
-    """BM25 of the turns that match: a term's frequency from the tsvector's
+    """BM25 of the turns that match, the newest ``SCORED_TURNS`` of them at most
+    (their LIMIT before any scoring): a term's frequency from the tsvector's
     positions, its weight (IDF) from the kept figures, the length in words.
     The score is a scalar subquery per row (no per-row sort or aggregate
     node: the cost of a search is in these rows); the matched terms are
@@ -155,8 +162,10 @@ SELECT r.conversation_id, r.id, r.batch_id, r.role, r.content, r.created_at, r.s
                        unnest($2::text[], $3::float8[]) AS w(lexeme, idf),
                        LATERAL (SELECT coalesce(cardinality(u.positions), 1)::float8 AS tf) AS t
                  WHERE w.lexeme = u.lexeme) AS text_score
-          FROM archived_messages AS a
-         WHERE {_matching("a", scan)} AND {_where(kind, "a", 6)}
+          FROM (SELECT * FROM archived_messages AS a
+                 WHERE {_matching("a", scan)} AND {_where(kind, "a", 6)}
+                 ORDER BY a.seq DESC
+                 LIMIT {SCORED_TURNS}) AS a
          ORDER BY text_score DESC, a.seq DESC
          LIMIT $5) AS r
  ORDER BY r.text_score DESC, r.seq DESC
