@@ -134,3 +134,24 @@ async def until_waiting(holder: asyncpg.Connection, sessions: int) -> None:
             if await holder.fetchval(query) >= sessions:
                 return
             await asyncio.sleep(0.02)
+
+
+async def test_the_query_is_embedded_before_a_connection_is_taken(pg_database: str) -> None:
+    """An embedding call (an HTTP round trip to a provider) never holds a read
+    connection: the pool has none in use while the embedder runs."""
+    store = await connected(pg_database, ReadPool(max_size=1, statement_timeout=5))
+    in_use: list[int] = []
+
+    class Watching:
+        model = "watching"
+
+        async def embed(self, texts: list[str]) -> list[list[float]]:
+            in_use.append(store.reads.get_size() - store.reads.get_idle_size())
+            return [[1.0, 0.0, 0.0] for _ in texts]
+
+    try:
+        memory = PostgresStore(store.pool, Watching(), reads=store.reads).memory
+        found = await memory.memory_read("lantern", scope=ReadScope.everything())
+        assert found.mode == "hybrid" and in_use == [0]
+    finally:
+        await store.close()
