@@ -62,8 +62,10 @@ class Turn:
     seq: int
     batch_id: str | None
     role: str
-    content: str
+    content: str  # the turn's first SNIPPET_SCAN_CHARS at least, as the store reads it
     created_at: datetime
+    chars: int = 0  # the whole turn's length when ``content`` is its head (0: ``content``'s)
+    digest: str | None = None  # the whole text's SHA-256 (a long turn read by its head)
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def collapse_duplicates(found: Sequence[Found[Turn]]) -> tuple[list[Found[Turn]]
     kept = []
     for candidate in found:
         turn = candidate.row
-        text = (turn.conversation_id, _copy_text(turn.content))
+        text = (turn.conversation_id, _copy_text(turn))
         if text in first:
             keeper = first[text]
             key = (keeper.conversation_id, keeper.id)
@@ -168,11 +170,14 @@ def collapse_duplicates(found: Sequence[Found[Turn]]) -> tuple[list[Found[Turn]]
     return kept, copies
 
 
-def _copy_text(content: str) -> str:
-    """What two copies share: the words (``COLLAPSE_NORMALIZED_CHARS``), or the text."""
-    if len(content) > COLLAPSE_NORMALIZED_CHARS:
-        return content  # longer than any normalised text: the two kinds never meet
-    return " ".join(content.lower().split())
+def _copy_text(turn: Turn) -> str:
+    """What two copies share: the words (``COLLAPSE_NORMALIZED_CHARS``), or the
+    text, or the whole text's digest when the store read the turn's head only."""
+    if turn.digest is not None:
+        return "\0" + turn.digest  # no stored text holds a NUL: never a turn's words
+    if len(turn.content) > COLLAPSE_NORMALIZED_CHARS:
+        return turn.content  # longer than any normalised text: the two kinds never meet
+    return " ".join(turn.content.lower().split())
 
 
 def fused_turns(text: Candidates[Turn], vector: Candidates[Turn]) -> dict[Key, Ranked[Turn]]:
@@ -265,7 +270,7 @@ def _hit(batch: _Batch, query: str) -> MemoryHit:
 
 
 def turn_hit(turn: Ranked[Turn], query: str) -> TurnHit:
-    text, truncated = snippet(turn.row.content, query)
+    text, truncated = snippet(turn.row.content, query, total=turn.row.chars)
     return TurnHit(
         message_id=turn.row.id,
         role=turn.row.role,
@@ -285,16 +290,20 @@ def turn_hit(turn: Ranked[Turn], query: str) -> TurnHit:
 _QUERY_WORDS = re.compile(r"\w{3,}")
 
 
-def snippet(content: str, query: str, size: int = SNIPPET_CHARS) -> tuple[str, bool]:
+def snippet(
+    content: str, query: str, size: int = SNIPPET_CHARS, *, total: int = 0
+) -> tuple[str, bool]:
     """The whole text when short, else ``size`` characters around the first
     mention of a query word in the turn's head (``SNIPPET_SCAN_CHARS``, the
-    query's first ``SNIPPET_QUERY_WORDS`` words): bounded work per snippet."""
-    if len(content) <= size:
+    query's first ``SNIPPET_QUERY_WORDS`` words): bounded work per snippet.
+    ``total``: the whole turn's length when ``content`` is its head."""
+    length = max(total, len(content))
+    if length <= size:
         return content, False
     first = _first_mention(content[:SNIPPET_SCAN_CHARS].lower(), _query_words(query))
     start = max(0, min(first - size // 3, len(content) - size))
     piece = content[start : start + size]
-    return ("…" if start else "") + piece + ("…" if start + size < len(content) else ""), True
+    return ("…" if start else "") + piece + ("…" if start + size < length else ""), True
 
 
 def _query_words(query: str) -> list[str]:

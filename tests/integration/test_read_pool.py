@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
 
+from core.adapters.postgres import memory as pg_memory
 from core.adapters.postgres import memory_statements
 from core.adapters.postgres.store import PostgresStore, ReadPool
 from core.domain import ranking
@@ -116,9 +118,9 @@ async def test_a_searchs_text_work_runs_off_the_event_loop(
     threads: list[int] = []
     real_snippet = ranking.snippet
 
-    def watched(content: str, query: str, size: int = ranking.SNIPPET_CHARS) -> tuple[str, bool]:
+    def watched(content: str, query: str, size: int = ranking.SNIPPET_CHARS, **more: int) -> Any:
         threads.append(threading.get_ident())
-        return real_snippet(content, query, size)
+        return real_snippet(content, query, size, **more)
 
     monkeypatch.setattr(ranking, "snippet", watched)
     found = await pg_store.memory.memory_read("lantern", sources="raw")
@@ -155,3 +157,34 @@ async def test_the_query_is_embedded_before_a_connection_is_taken(pg_database: s
         assert found.mode == "hybrid" and in_use == [0]
     finally:
         await store.close()
+
+
+async def test_a_search_reads_a_turns_head_and_its_copies_by_digest(
+    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two copies of a 1,000,000-character turn and one that differs at its end:
+    the search reads at most ``SNIPPET_SCAN_CHARS`` of each (the snippet says the
+    turn goes on), and finds the copies by the whole text's digest."""
+    await pg_store.pool.execute(
+        """
+        INSERT INTO archived_messages (conversation_id, id, compaction_id, role, content,
+                                       created_at, token_estimate, seq)
+        SELECT 'c', 'm' || i, 'c-1', 'user',
+               'lantern ' || repeat('x', 999984) || CASE WHEN i = 3 THEN 'ending' ELSE 'endin2' END,
+               now(), 5, i
+          FROM generate_series(1, 3) AS i
+        """
+    )
+    read: list[int] = []
+    real_turn_of = pg_memory.turn_of
+
+    def watched(row: Any) -> Any:
+        read.append(len(row["content"]))
+        return real_turn_of(row)
+
+    monkeypatch.setattr(pg_memory, "turn_of", watched)
+    found = await pg_store.memory.memory_read("lantern", sources="raw")
+    assert read and max(read) <= ranking.SNIPPET_SCAN_CHARS
+    assert sorted(t.message_id for t in found.turns) == ["m2", "m3"]  # m1 and m2: copies
+    assert sum(t.duplicates for t in found.turns) == 1
+    assert all(t.truncated and t.text.endswith("…") for t in found.turns)
