@@ -27,7 +27,7 @@ from faust.types import TableT
 from core.adapters.embedding.factory import build_embedder
 from core.adapters.llm.factory import build_fallback_provider, build_model_provider
 from core.adapters.postgres.embedded import POSTGRES_DSN_ENV, EmbeddedPostgres, resolve_dsn
-from core.adapters.postgres.store import PostgresStore
+from core.adapters.postgres.store import PostgresStore, ReadPool
 from core.compaction.calibration import Calibration, open_calibration
 from core.compaction.compactor import PipelineCompactor
 from core.compaction.factory import create_compactor
@@ -147,6 +147,9 @@ async def _open_store(settings: Settings, dsn: str, embedder: Embedder | None) -
         max_size=settings.postgres.pool_max_size,
         raw_retention_days=settings.archive.raw_retention_days,
         single_conversation_transactions=settings.postgres.single_conversation_transactions,
+        read_pool=ReadPool(
+            settings.postgres.read_pool_max_size, settings.postgres.read_statement_timeout_seconds
+        ),
     )
 
 

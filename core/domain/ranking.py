@@ -28,6 +28,20 @@ TURNS_PER_HIT = 3
 
 SNIPPET_CHARS = 600
 
+SNIPPET_SCAN_CHARS = 100_000
+"""How far into a turn a snippet looks for the query's words. A turn may hold
+1,000,000 characters and a response up to a few hundred snippets: looking
+through every one whole for every word of a 200-word query cost seconds of CPU
+per request. A word first said further in gets the turn's head."""
+
+SNIPPET_QUERY_WORDS = 16
+"""The query's first distinct words (of three letters or more) a snippet looks for."""
+
+COLLAPSE_NORMALIZED_CHARS = 10_000
+"""Turns up to this long are copies when their words match whatever the case and
+spacing; a longer turn only when its text is the same (a dictionary lookup at C
+speed, not a lowered, split and joined copy of a pasted log)."""
+
 BM25_K1 = 1.2
 BM25_B = 0.75
 
@@ -48,8 +62,10 @@ class Turn:
     seq: int
     batch_id: str | None
     role: str
-    content: str
+    content: str  # the turn's first SNIPPET_SCAN_CHARS at least, as the store reads it
     created_at: datetime
+    chars: int = 0  # the whole turn's length when ``content`` is its head (0: ``content``'s)
+    digest: str | None = None  # the whole text's SHA-256 (a long turn read by its head)
 
 
 @dataclass(frozen=True)
@@ -143,7 +159,7 @@ def collapse_duplicates(found: Sequence[Found[Turn]]) -> tuple[list[Found[Turn]]
     kept = []
     for candidate in found:
         turn = candidate.row
-        text = (turn.conversation_id, " ".join(turn.content.lower().split()))
+        text = (turn.conversation_id, _copy_text(turn))
         if text in first:
             keeper = first[text]
             key = (keeper.conversation_id, keeper.id)
@@ -152,6 +168,16 @@ def collapse_duplicates(found: Sequence[Found[Turn]]) -> tuple[list[Found[Turn]]
         first[text] = turn
         kept.append(candidate)
     return kept, copies
+
+
+def _copy_text(turn: Turn) -> str:
+    """What two copies share: the words (``COLLAPSE_NORMALIZED_CHARS``), or the
+    text, or the whole text's digest when the store read the turn's head only."""
+    if turn.digest is not None:
+        return "\0" + turn.digest  # no stored text holds a NUL: never a turn's words
+    if len(turn.content) > COLLAPSE_NORMALIZED_CHARS:
+        return turn.content  # longer than any normalised text: the two kinds never meet
+    return " ".join(turn.content.lower().split())
 
 
 def fused_turns(text: Candidates[Turn], vector: Candidates[Turn]) -> dict[Key, Ranked[Turn]]:
@@ -244,7 +270,7 @@ def _hit(batch: _Batch, query: str) -> MemoryHit:
 
 
 def turn_hit(turn: Ranked[Turn], query: str) -> TurnHit:
-    text, truncated = snippet(turn.row.content, query)
+    text, truncated = snippet(turn.row.content, query, total=turn.row.chars)
     return TurnHit(
         message_id=turn.row.id,
         role=turn.row.role,
@@ -261,19 +287,40 @@ def turn_hit(turn: Ranked[Turn], query: str) -> TurnHit:
     )
 
 
-_QUERY_WORD = re.compile(r"\w{3,}")
+_QUERY_WORDS = re.compile(r"\w{3,}")
 
 
-def snippet(content: str, query: str, size: int = SNIPPET_CHARS) -> tuple[str, bool]:
-    """The whole text when short, else ``size`` characters around the first query word."""
-    if len(content) <= size:
+def snippet(
+    content: str, query: str, size: int = SNIPPET_CHARS, *, total: int = 0
+) -> tuple[str, bool]:
+    """The whole text when short, else ``size`` characters around the first
+    mention of a query word in the turn's head (``SNIPPET_SCAN_CHARS``, the
+    query's first ``SNIPPET_QUERY_WORDS`` words): bounded work per snippet.
+    ``total``: the whole turn's length when ``content`` is its head."""
+    length = max(total, len(content))
+    if length <= size:
         return content, False
-    lowered = content.lower()
-    found = [lowered.find(w.lower()) for w in _QUERY_WORD.findall(query)]
-    first = min((i for i in found if i >= 0), default=0)
+    first = _first_mention(content[:SNIPPET_SCAN_CHARS].lower(), _query_words(query))
     start = max(0, min(first - size // 3, len(content) - size))
     piece = content[start : start + size]
-    return ("…" if start else "") + piece + ("…" if start + size < len(content) else ""), True
+    return ("…" if start else "") + piece + ("…" if start + size < length else ""), True
+
+
+def _query_words(query: str) -> list[str]:
+    """The query's first distinct words of three letters or more, lowered."""
+    words = dict.fromkeys(w.lower() for w in _QUERY_WORDS.findall(query))
+    return list(words)[:SNIPPET_QUERY_WORDS]
+
+
+def _first_mention(window: str, words: Sequence[str]) -> int:
+    """Where the first of ``words`` starts in ``window`` (0: none): each word is
+    looked for only before the best start so far."""
+    best = len(window)
+    for word in words:
+        found = window.find(word, 0, best + len(word) - 1)
+        if found >= 0:
+            best = found
+    return best if best < len(window) else 0
 
 
 def usable(found: Sequence[Found[Row]]) -> list[Found[Row]]:

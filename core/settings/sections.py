@@ -64,6 +64,12 @@ class PostgresSettings(Section):
     data_dir: str = ".state/postgres"
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: int = Field(default=10, ge=1)
+    # The HTTP views' and memory_read's own, smaller pool: however many reads are
+    # in flight, ingest and compaction keep all of pool_max_size. PostgreSQL
+    # cancels a read's statement after read_statement_timeout_seconds (0: never);
+    # the caller gets a 503 naming the timeout. Writes have no statement timeout.
+    read_pool_max_size: int = Field(default=4, ge=1)
+    read_statement_timeout_seconds: float = Field(default=5.0, ge=0)
     # TLS: unset = what the DSN says (asyncpg's default is "prefer"). The DSN's
     # own sslmode / sslrootcert parameters win over these (see docs/security.md).
     sslmode: Literal["disable", "prefer", "require", "verify-ca", "verify-full"] | None = None

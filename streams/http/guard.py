@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from core.domain.tenancy import is_tenant_id
-from core.ports.storage import StoreUnavailable
+from core.ports.storage import StoreReadTimedOut, StoreUnavailable
 from core.settings import Scope, ServiceSettings
 from streams.http import ui
 from streams.http.access import FORBIDDEN, UNAUTHORIZED
@@ -72,6 +72,10 @@ Admission = Caller | Operator | Refusal
 
 
 SEARCH_PATH = "/memory/search"
+READ_TIMED_OUT = (
+    "the read ran past the store's statement timeout"
+    " ([postgres].read_statement_timeout_seconds); retry later or narrow it"
+)
 # Failed authentications: buckets for this many client addresses at most.
 MAX_FAILURE_BUCKETS = 10_000
 
@@ -291,6 +295,10 @@ async def store_outage_is_503(request: web.Request, handler: Handler) -> web.Str
             raise
         return web.json_response(
             {"error": refusal.reason.lower()}, status=refusal.status, headers=_allow(refusal)
+        )
+    except StoreReadTimedOut:
+        return web.json_response(
+            {"error": READ_TIMED_OUT}, status=503, headers={"Retry-After": "1"}
         )
     except StoreUnavailable:
         return web.json_response(

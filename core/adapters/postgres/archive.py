@@ -36,12 +36,16 @@ EXPIRE_BATCH = 1000
 
 @port_errors_on_methods
 class PostgresArchive:
-    """``raw_retention_days``: how long archived raw turns are kept (0: forever)."""
+    """``raw_retention_days``: how long archived raw turns are kept (0: forever);
+    ``reads``: the pool a caller's reads (with a scope) take."""
 
-    def __init__(self, pool: asyncpg.Pool, *, raw_retention_days: int = 0) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, raw_retention_days: int = 0, reads: asyncpg.Pool | None = None
+    ) -> None:
         if raw_retention_days < 0:
             raise ValueError("raw_retention_days must be >= 0 (0 keeps raw turns forever)")
         self._pool = pool
+        self._reads = pool if reads is None else reads
         self._raw_retention_days = raw_retention_days
 
     async def live_batches(self, conversation_id: str) -> list[StoredBatch]:
@@ -65,13 +69,13 @@ class PostgresArchive:
         after: MessageKey | None = None,
         limit: int | None = None,
     ) -> ExpandedBatch | None:
-        async with read_as(self._pool, scope) as conn:
+        async with read_as(self._pool if scope is None else self._reads, scope) as conn:
             return await _expand_batch(conn, conversation_id, batch_id, after=after, limit=limit)
 
     async def compaction_log(
         self, conversation_id: str, *, scope: ReadScope | None = None
     ) -> list[CompactionRecord]:
-        async with read_as(self._pool, scope) as conn:
+        async with read_as(self._pool if scope is None else self._reads, scope) as conn:
             return await _compaction_log(conn, conversation_id)
 
     async def expire_raw_turns(self) -> int:

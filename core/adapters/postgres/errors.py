@@ -31,7 +31,7 @@ import asyncpg
 from asyncpg import exceptions as pg_errors
 from asyncpg.exceptions._base import DataError as ClientDataError
 
-from core.ports.storage import StoreRejected, StoreUnavailable
+from core.ports.storage import StoreReadTimedOut, StoreRejected, StoreUnavailable
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -76,6 +76,12 @@ REJECTED: tuple[type[BaseException], ...] = (
 """The driver errors that mean PostgreSQL (or asyncpg) refuses this data for good."""
 
 
+def timed_out(error: BaseException) -> bool:
+    """Whether PostgreSQL cancelled the statement for its ``statement_timeout``
+    (SQLSTATE 57014 is also a cancel on request, which is an outage's kind)."""
+    return isinstance(error, pg_errors.QueryCanceledError) and "statement timeout" in str(error)
+
+
 def is_unavailable(error: BaseException) -> bool:
     """Whether ``error`` from the driver means the database is (briefly) away."""
     return isinstance(error, UNAVAILABLE) and not isinstance(error, NEVER_UNAVAILABLE)
@@ -98,6 +104,8 @@ def port_errors(func: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, A
             if not is_unavailable(error):
                 raise
             detail = str(error) or "no detail"
+            if timed_out(error):
+                raise StoreReadTimedOut(f"PostgreSQL cancelled a read: {detail}") from error
             raise StoreUnavailable(
                 f"PostgreSQL unavailable ({type(error).__name__}: {detail})"
             ) from error

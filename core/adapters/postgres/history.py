@@ -66,8 +66,11 @@ async def _load_history(
 
 @port_errors_on_methods
 class PostgresHistory:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    """``reads``: the pool a caller's reads (with a scope) take (``store.PostgresStore``)."""
+
+    def __init__(self, pool: asyncpg.Pool, *, reads: asyncpg.Pool | None = None) -> None:
         self._pool = pool
+        self._reads = pool if reads is None else reads
 
     async def load_history(
         self,
@@ -79,7 +82,7 @@ class PostgresHistory:
         after: MessageKey | None = None,
         limit: int | None = None,
     ) -> list[ConversationMessage]:
-        async with read_as(self._pool, scope) as conn:
+        async with read_as(self._pool if scope is None else self._reads, scope) as conn:
             return await _load_history(
                 conn, conversation_id, as_of=as_of, up_to_seq=up_to_seq, after=after, limit=limit
             )

@@ -14,27 +14,28 @@ stop words apply and punctuation cannot change the meaning) are OR-ed, and
 rows with every lexeme rank first. ``mode="websearch"`` uses
 ``websearch_to_tsquery`` instead (quoted phrases, ``or``, ``-word``).
 
-Summaries keep the ranking they always had (``ts_rank_cd``, all-terms first).
-Raw turns are many and short, so they are ranked by BM25 (k1 = 1.2, b = 0.75;
-without an inverse document frequency a word every turn has ("photo") would
-weigh as much as the name that answers the question). Its figures (turns and
-words in the scope, turns holding each term) are kept by the archive path
-(``term_stats``), so a search reads the rows that match and a few figures,
-never the whole scope. A turn's length is its words, stop words included.
+Summaries are ranked by ``ts_rank_cd`` (all-terms first); raw turns by BM25
+(k1 = 1.2, b = 0.75: without an IDF a word every turn has would weigh as much
+as the name that answers the question), from figures the archive path keeps
+(``term_stats``), so a search never reads the whole scope.
 
 Every statement is built for its scope (conversation, tenant, both, or
 everything) so that each plan uses the index its scope needs
 (``memory_statements``). The ranking itself (fusion, IDF, copies collapsed,
 snippets) is pure and lives in ``core.domain.ranking``; this module reads the
-lists, turns their rows into the domain's rows, and hands them over.
+lists and hands their rows over. The ranking's text work (copies, snippets)
+runs in the store's search threads, never on the worker's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
@@ -55,6 +56,7 @@ from core.adapters.postgres.rows import found_in, summary_of, turn_of
 from core.domain.ranking import (
     Candidates,
     Key,
+    Ranked,
     Summary,
     Turn,
     fuse,
@@ -81,6 +83,8 @@ if TYPE_CHECKING:
     from core.adapters.postgres.migrate import AnyConnection
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_LIMIT = 100
 """The most hits one ``memory_read`` returns."""
@@ -229,16 +233,21 @@ class _CandidateLists:
 
 @port_errors_on_methods
 class PostgresMemory:
-    """With an ``embedder``, ``memory_read`` embeds its query and fuses vector and
-    full-text ranks; without one, search is full-text only. (What a compaction
-    archives comes with its vectors on the plan, ``CompactionPlan.embeddings``.)"""
+    """With an ``embedder``, ``memory_read`` embeds its query (before it takes a
+    connection) and fuses vector and full-text ranks; without one, full text only."""
 
     def __init__(
-        self, pool: asyncpg.Pool, embedder: Embedder | None = None, *, candidates_per_half: int = 50
+        self,
+        pool: asyncpg.Pool,
+        embedder: Embedder | None = None,
+        *,
+        candidates_per_half: int = 50,
+        threads: Executor | None = None,
     ) -> None:
         if candidates_per_half < 1:
             raise ValueError("candidates_per_half must be >= 1")
         self._pool = pool
+        self._threads = threads
         self._embedder = embedder
         self._candidates_per_half = candidates_per_half
 
@@ -266,7 +275,15 @@ class PostgresMemory:
         # One connection for the search's 3-5 statements (not one each).
         connection = self._pool.acquire() if scope is None else reading(self._pool, scope)
         async with connection as conn:
-            return await _search(conn, asked, self._embedder, self._candidates_per_half)
+            found = await _candidates(conn, asked, self._embedder, self._candidates_per_half)
+            lists = found.turns
+            turns = {} if lists is None else await self._in_thread(partial(fused_turns, *lists))
+            batches = await found.lists.batches(missing_batch_ids(found.summaries, turns))
+        return await self._in_thread(partial(_result, asked, found.summaries, turns, batches))
+
+    async def _in_thread(self, work: Callable[[], T]) -> T:
+        """Text work off the event loop: the store's threads (None: the loop's default)."""
+        return await asyncio.get_running_loop().run_in_executor(self._threads, work)
 
 
 @dataclass(frozen=True)
@@ -281,9 +298,18 @@ class Asked:
     vector: list[float] | None
 
 
-async def _search(
+@dataclass(frozen=True)
+class _Found:
+    """The lists as read: summaries fused, raw turns not yet (text work: a thread)."""
+
+    lists: _CandidateLists
+    summaries: dict[Key, Ranked[Summary]]
+    turns: tuple[Candidates[Turn], Candidates[Turn]] | None
+
+
+async def _candidates(
     conn: Queryable, asked: Asked, embedder: Embedder | None, candidates_per_half: int
-) -> MemorySearchResult:
+) -> _Found:
     text, scope, limit, sources = asked.text, asked.scope, asked.limit, asked.sources
     terms = await read_terms(conn, text, asked.mode == "websearch", scope)
     per_half = max(candidates_per_half, limit)
@@ -294,16 +320,26 @@ async def _search(
         else {}
     )
     turns = (
-        fused_turns(await lists.turns_by_text(), await lists.turns_by_vector())
+        (await lists.turns_by_text(), await lists.turns_by_vector())
         if sources != "summaries"
-        else {}
+        else None
     )
-    batches = await lists.batches(missing_batch_ids(summaries, turns))
+    return _Found(lists, summaries, turns)
+
+
+def _result(
+    asked: Asked,
+    summaries: Mapping[Key, Ranked[Summary]],
+    turns: Mapping[Key, Ranked[Turn]],
+    batches: Sequence[Summary],
+) -> MemorySearchResult:
+    """The ranked hits with their snippets: text work, run in a thread."""
+    text, limit = asked.text, asked.limit
     return MemorySearchResult(
         hits=tuple(hits(summaries, turns, batches, text, limit)),
         turns=tuple(turn_hit(t, text) for t in ranked_turns(turns)[:limit]),
         mode="hybrid" if asked.vector is not None else "full_text",
-        sources=sources,
+        sources=asked.sources,
         query_mode=asked.mode,
     )
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from core.domain.ranking import BM25_B, BM25_K1
+from core.domain.ranking import BM25_B, BM25_K1, COLLAPSE_NORMALIZED_CHARS, SNIPPET_SCAN_CHARS
 
 
 @dataclass(frozen=True)
@@ -137,17 +137,37 @@ SELECT r.id, r.seq, r.label, r.conversation_id, r.content, r.depth, r.start_time
 _TURN_COLUMNS = "a.conversation_id, a.id, a.batch_id, a.role, a.content, a.created_at, a.seq"
 
 
+def _turn_head(alias: str) -> str:
+    """A listed turn as the search reads it: its head (what a snippet looks
+    through), its length and, when longer than that, its text's SHA-256 (what
+    its copies share): never a whole turn of a million characters per row."""
+    content = f"{alias}.content"
+    return (
+        f"{alias}.conversation_id, {alias}.id, {alias}.batch_id, {alias}.role, "
+        f"left({content}, {SNIPPET_SCAN_CHARS}) AS content, length({content}) AS content_chars, "
+        f"CASE WHEN length({content}) > {min(SNIPPET_SCAN_CHARS, COLLAPSE_NORMALIZED_CHARS)} "
+        f"THEN encode(sha256(convert_to({content}, 'UTF8')), 'hex') END AS digest, "
+        f"{alias}.created_at, {alias}.seq"
+    )
+
+
+SCORED_TURNS = 2000
+"""The most matching raw turns one list scores (the scope's newest): scoring
+reads each turn's whole tsvector, so a common word in a scope of a million turns
+would otherwise score them all, holding a read connection for seconds."""
+
+
 @cache
 def raw_text_sql(kind: tuple[bool, bool], scan: bool = False) -> str:
-    """BM25 of the turns that match: a term's frequency from the tsvector's
+    """BM25 of the turns that match, the newest ``SCORED_TURNS`` of them at most
+    (their LIMIT before any scoring): a term's frequency from the tsvector's
     positions, its weight (IDF) from the kept figures, the length in words.
     The score is a scalar subquery per row (no per-row sort or aggregate
     node: the cost of a search is in these rows); the matched terms are
     listed for the rows returned only.
     $1 match, $2 lexemes, $3 their IDF, $4 average words, $5 limit; scope $6."""
     return f"""
-SELECT r.conversation_id, r.id, r.batch_id, r.role, r.content, r.created_at, r.seq,
-       r.text_score, {_MATCHED.replace("$4", "$2")}
+SELECT {_turn_head("r")}, r.text_score, {_MATCHED.replace("$4", "$2")}
   FROM (SELECT {_TURN_COLUMNS}, a.content_tsv,
                (SELECT sum(w.idf * t.tf * {BM25_K1 + 1} / (t.tf + {BM25_K1}
                            * ({1 - BM25_B} + {BM25_B} * a.word_count / $4::float8)))
@@ -155,8 +175,10 @@ SELECT r.conversation_id, r.id, r.batch_id, r.role, r.content, r.created_at, r.s
                        unnest($2::text[], $3::float8[]) AS w(lexeme, idf),
                        LATERAL (SELECT coalesce(cardinality(u.positions), 1)::float8 AS tf) AS t
                  WHERE w.lexeme = u.lexeme) AS text_score
-          FROM archived_messages AS a
-         WHERE {_matching("a", scan)} AND {_where(kind, "a", 6)}
+          FROM (SELECT * FROM archived_messages AS a
+                 WHERE {_matching("a", scan)} AND {_where(kind, "a", 6)}
+                 ORDER BY a.seq DESC
+                 LIMIT {SCORED_TURNS}) AS a
          ORDER BY text_score DESC, a.seq DESC
          LIMIT $5) AS r
  ORDER BY r.text_score DESC, r.seq DESC
@@ -180,12 +202,14 @@ SELECT {HIT_COLUMNS}, m.embedding <=> $1::vector AS distance
 def raw_vector_sql(kind: tuple[bool, bool]) -> str:
     """$1 vector, $2 model, $3 dimensions, $4 limit; scope $5."""
     return f"""
-SELECT {_TURN_COLUMNS}, a.embedding <=> $1::vector AS distance
-  FROM archived_messages AS a
- WHERE a.embedding IS NOT NULL AND a.embedding_model = $2 AND vector_dims(a.embedding) = $3
-   AND {_where(kind, "a", 5)}
- ORDER BY distance, a.seq DESC
- LIMIT $4
+SELECT {_turn_head("v")}, v.distance
+  FROM (SELECT {_TURN_COLUMNS}, a.embedding <=> $1::vector AS distance
+          FROM archived_messages AS a
+         WHERE a.embedding IS NOT NULL AND a.embedding_model = $2
+           AND vector_dims(a.embedding) = $3 AND {_where(kind, "a", 5)}
+         ORDER BY distance, a.seq DESC
+         LIMIT $4) AS v
+ ORDER BY v.distance, v.seq DESC
 """
 
 

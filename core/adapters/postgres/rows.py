@@ -115,6 +115,8 @@ def turn_of(row: Any) -> Turn:
         role=row["role"],
         content=row["content"],
         created_at=row["created_at"],
+        chars=int(row["content_chars"]),
+        digest=row["digest"],
     )
 
 

@@ -1,4 +1,12 @@
-"""PostgreSQL's storage (``core.ports.storage.Storage``): one pool, one object per role.
+"""PostgreSQL's storage (``core.ports.storage.Storage``): two pools, one object per role.
+
+Reads made on a caller's behalf (the HTTP views, ``memory_read``) take a
+smaller pool of their own whose statements PostgreSQL cancels after
+``read_statement_timeout`` seconds, so however many searches are in flight the
+writers' pool (ingest, compaction, the outbox) keeps every connection it has.
+The writers' statements have no timeout: a cancelled write is retried whole,
+so a bound a large legitimate write exceeds (an erase, a retention sweep)
+would retry it forever; the worker's watchdog is what notices a stall there.
 
 ``PostgresStore`` opens the pool (migrating first) and holds the role objects
 the composition root hands out; each role is implemented in its own module,
@@ -22,6 +30,8 @@ driver's (``errors.port_errors_on_methods`` on each class): an outage is
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -46,10 +56,12 @@ from core.ports.storage import Storage
 
 @port_errors_on_methods
 class PostgresStore:
-    """Every role over one asyncpg pool. ``embedder``: what ``memory_read`` embeds
-    its query with (none: full text only); ``raw_retention_days``: how long
-    archived raw turns are kept (0: forever); ``single_conversation_transactions``:
-    a group of messages is stored in one transaction per conversation."""
+    """Every role over the writers' pool, the callers' reads over ``reads`` (None:
+    the same pool). ``embedder``: what ``memory_read`` embeds its query with
+    (none: full text only); ``threads``: where a search's text work runs (None:
+    the loop's default executor); ``raw_retention_days``: how long archived raw
+    turns are kept (0: forever); ``single_conversation_transactions``: a group of
+    messages is stored in one transaction per conversation."""
 
     def __init__(
         self,
@@ -59,16 +71,23 @@ class PostgresStore:
         candidates_per_half: int = 50,
         raw_retention_days: int = 0,
         single_conversation_transactions: bool = False,
+        reads: asyncpg.Pool | None = None,
+        threads: Executor | None = None,
     ) -> None:
         self._pool = pool
+        self._reads = reads
+        self._threads = threads
         self._embedder = embedder
+        read_pool = pool if reads is None else reads
         self.ingest = PostgresIngest(pool, per_conversation=single_conversation_transactions)
-        self.history = PostgresHistory(pool)
-        self.context = PostgresContext(pool)
+        self.history = PostgresHistory(pool, reads=read_pool)
+        self.context = PostgresContext(read_pool)
         self.compactions = PostgresCompactions(pool)
         self.outbox = PostgresOutbox(pool)
-        self.archive = PostgresArchive(pool, raw_retention_days=raw_retention_days)
-        self.memory = PostgresMemory(pool, embedder, candidates_per_half=candidates_per_half)
+        self.archive = PostgresArchive(pool, raw_retention_days=raw_retention_days, reads=read_pool)
+        self.memory = PostgresMemory(
+            read_pool, embedder, candidates_per_half=candidates_per_half, threads=threads
+        )
         self.tallies = PostgresTallies(pool)
         self.privacy = PostgresPrivacy(pool)
         self.usage = PostgresUsage(pool)
@@ -85,28 +104,30 @@ class PostgresStore:
         run_migrations: bool = True,
         raw_retention_days: int = 0,
         single_conversation_transactions: bool = False,
+        read_pool: ReadPool | None = None,
     ) -> PostgresStore:
-        """A store with its own pool, migrating the database first by default.
+        """A store with its own pools, migrating the database first by default.
 
-        Migrations run on a separate connection before the pool exists, since
-        the pool's connections register the ``vector`` codec, which needs the
+        Migrations run on a separate connection before the pools exist, since
+        their connections register the ``vector`` codec, which needs the
         extension the first migration creates.
         """
         if run_migrations:
             await migrate(dsn)
-        pool = await asyncpg.create_pool(
-            dsn,
-            min_size=min_size,
-            max_size=max_size,
-            init=configure_connection,
-            setup=refuse_read_only,
-            reset=keep_session,
-        )
+        read = ReadPool() if read_pool is None else read_pool
+        pool = await _create_pool(dsn, min_size, max_size)
+        try:
+            reads = await _create_pool(dsn, 0, read.max_size, read.server_settings())
+        except BaseException:
+            await pool.close()
+            raise
         return cls(
             pool,
             embedder,
             raw_retention_days=raw_retention_days,
             single_conversation_transactions=single_conversation_transactions,
+            reads=reads,
+            threads=ThreadPoolExecutor(SEARCH_THREADS, thread_name_prefix="memory-read"),
         )
 
     @property
@@ -117,8 +138,49 @@ class PostgresStore:
     def embedder(self) -> Embedder | None:
         return self._embedder
 
+    @property
+    def reads(self) -> asyncpg.Pool:
+        """The pool the callers' reads take (the writers' pool when it has none)."""
+        return self._pool if self._reads is None else self._reads
+
     async def close(self) -> None:
-        await self._pool.close()
+        try:
+            await self._pool.close()
+            if self._reads is not None:
+                await self._reads.close()
+        finally:
+            if self._threads is not None:
+                self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+SEARCH_THREADS = 2
+"""Threads for searches' text work: Python code, one core at a time (the GIL)."""
+
+
+@dataclass(frozen=True)
+class ReadPool:
+    """The callers' reads' pool: at most ``max_size`` connections, each statement
+    cancelled by PostgreSQL after ``statement_timeout`` seconds (0: never)."""
+
+    max_size: int = 4
+    statement_timeout: float = 5.0
+
+    def server_settings(self) -> dict[str, str]:
+        return {"statement_timeout": f"{round(self.statement_timeout * 1000)}ms"}
+
+
+async def _create_pool(
+    dsn: str, min_size: int, max_size: int, server_settings: dict[str, str] | None = None
+) -> asyncpg.Pool:
+    return await asyncpg.create_pool(
+        dsn,
+        min_size=min(min_size, max_size),
+        max_size=max_size,
+        init=configure_connection,
+        setup=refuse_read_only,
+        reset=keep_session,
+        server_settings=server_settings,
+    )
 
 
 if TYPE_CHECKING:

@@ -19,6 +19,13 @@ class StoreUnavailable(StoreError):
     Nothing is known to have been written; the same call may succeed later."""
 
 
+class StoreReadTimedOut(StoreUnavailable):
+    """A read on a caller's behalf ran past the store's statement timeout and was
+    cancelled (``[postgres].read_statement_timeout_seconds``): the store is busy or
+    the read too large. Nothing was written; a retry later, or a narrower read,
+    may succeed."""
+
+
 class StoreRejected(StoreError):
     """The store refuses this data (text it cannot hold, a value out of range, a
     string too long for its column); retrying gives the same answer. Nothing was

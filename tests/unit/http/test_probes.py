@@ -16,7 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from faust.types import TP
 
-from core.ports.storage import StoreUnavailable
+from core.ports.storage import StoreReadTimedOut, StoreUnavailable
 from core.settings import Settings, parse_settings
 from streams.http.probes import agent_state, liveness, register_probes
 from streams.http.views import register_views
@@ -264,3 +264,23 @@ async def test_a_read_while_the_store_is_unavailable_is_503_with_retry_after(
     found.runtime.is_open = True
     response = await client.get("/conversations/c1/history", headers=headers)
     assert response.status == 404  # open: an unknown conversation, answered
+
+
+async def test_a_read_past_the_statement_timeout_is_503_naming_it(
+    site: tuple[Site, TestClient[Any, Any]],
+) -> None:
+    """A read PostgreSQL cancelled for its statement timeout (the read pool's):
+    a 503 that says so and which setting bounds it, never a 500 with a stack."""
+    found, client = site
+    found.runtime.is_open = True
+
+    async def cancelled(*args: Any, **kwargs: Any) -> Any:
+        raise StoreReadTimedOut("canceling statement due to statement timeout")
+
+    found.store.history.load_history = cancelled  # type: ignore[method-assign]
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    response = await client.get("/conversations/c1/history", headers=headers)
+    assert response.status == 503, await response.text()
+    assert response.headers["Retry-After"] == "1"
+    error = (await response.json())["error"]
+    assert "statement timeout" in error and "read_statement_timeout_seconds" in error
