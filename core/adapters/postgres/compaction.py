@@ -17,6 +17,7 @@ import asyncpg
 
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.errors import port_errors_on_methods
+from core.adapters.postgres.replacements import replace_in_place
 from core.adapters.postgres.rows import batch_rows, tool_calls_json
 from core.domain.compaction import CompactionPlan, StoredTokens
 from core.domain.tenancy import tenant_of
@@ -54,7 +55,9 @@ class PostgresCompactions:
             await _insert_batches(conn, plan)
             await _place_resummarised(conn, plan)
             removed = await _archive_compacted(conn, plan)
-            restored = await _restore_turns(conn, plan)
+            replaced_removed, replaced_added = await replace_in_place(conn, plan)
+            removed += replaced_removed
+            restored = await _restore_turns(conn, plan) + replaced_added
             await _relink_archived_turns(conn, plan)
             await _store_turn_vectors(conn, plan)
             if outbox is not None:
@@ -228,7 +231,8 @@ async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
               LEFT JOIN unnest($4::text[], $5::text[]) AS b(message_id, batch_id)
                 ON b.message_id = g.id
              WHERE g.kind = 'message'
-            ON CONFLICT (conversation_id, id) DO NOTHING
+            ON CONFLICT (conversation_id, id) DO UPDATE SET batch_id = EXCLUDED.batch_id
+                WHERE archived_messages.batch_id IS NULL
         )
         SELECT id, token_estimate FROM gone
         """,
