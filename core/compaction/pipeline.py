@@ -54,10 +54,13 @@ class Pipeline:
         first (``core.compaction.strategies``), then, unless they reached the
         target, ``summarize``."""
         passed = await self._cheap_strategies(history, ids)
+        summarizing = "summarize" in self._strategy_names(ids)
+        if not passed.replaced and not summarizing:
+            return Unchanged("the strategies found nothing to replace")
         if not passed.replaced:
             return await self._summarize(history, ids, calls, summarizer)
         id_pair = (ids.conversation_id, ids.compaction_id)
-        if passed.at_target or "summarize" not in self._strategy_names(ids):
+        if passed.at_target or not summarizing:
             return strategies_only(history, passed, id_pair, calls, self.counter)
         outcome = await self._summarize(passed.history, ids, calls, summarizer)
         if isinstance(outcome, Unchanged):
