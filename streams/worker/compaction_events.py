@@ -30,6 +30,8 @@ def clip_archive_event(
 ) -> ClipArchiveEvent:
     deleted = set(plan.deleted_message_ids)
     clip = plan.clip_archive
+    if clip is None and plan.replaced:  # the strategies alone: the clip-archive stays
+        clip = next((m for m in history if is_clip_archive(m)), None)
     return ClipArchiveEvent(
         compaction_id=plan.compaction_id,
         conversation_id=command.conversation_id,
@@ -64,6 +66,18 @@ def clip_archive_event(
         request_id=command.request_id,
         restored_message_ids=plan.restored_message_ids,
         not_restored_message_ids=plan.not_restored_message_ids,
+        strategies=plan.strategies,
+        replaced_messages=replaced_messages(history, plan),
+    )
+
+
+def replaced_messages(
+    history: Sequence[ConversationMessage], plan: CompactionPlan
+) -> tuple[ConversationMessage, ...]:
+    """The kept messages a strategy replaced, as the model sees them now."""
+    new = {r.id: r.content for r in plan.replaced}
+    return tuple(
+        public_message(m.model_copy(update={"content": new[m.id]})) for m in history if m.id in new
     )
 
 
