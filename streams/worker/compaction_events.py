@@ -29,9 +29,7 @@ def clip_archive_event(
     created: datetime,
 ) -> ClipArchiveEvent:
     deleted = set(plan.deleted_message_ids)
-    clip = plan.clip_archive
-    if clip is None and plan.replaced:  # the strategies alone: the clip-archive stays
-        clip = next((m for m in history if is_clip_archive(m)), None)
+    clip = current_clip_archive(history, plan)
     return ClipArchiveEvent(
         compaction_id=plan.compaction_id,
         conversation_id=command.conversation_id,
@@ -69,6 +67,15 @@ def clip_archive_event(
         strategies=plan.strategies,
         replaced_messages=replaced_messages(history, plan),
     )
+
+
+def current_clip_archive(
+    history: Sequence[ConversationMessage], plan: CompactionPlan
+) -> ConversationMessage | None:
+    """The plan's clip-archive; for the strategies alone, the one that stays."""
+    if plan.clip_archive is None and plan.replaced:
+        return next((m for m in history if is_clip_archive(m)), None)
+    return plan.clip_archive
 
 
 def replaced_messages(
