@@ -58,7 +58,10 @@ class Pipeline:
         if not passed.replaced and not summarizing:
             return Unchanged("the strategies found nothing to replace")
         if not passed.replaced:
-            return await self._summarize(history, ids, calls, summarizer)
+            outcome = await self._summarize(history, ids, calls, summarizer)
+            if isinstance(outcome, Unchanged):
+                return outcome
+            return with_strategies(outcome, history, passed, self.counter)
         id_pair = (ids.conversation_id, ids.compaction_id)
         if passed.at_target or not summarizing:
             return strategies_only(history, passed, id_pair, calls, self.counter)

@@ -100,6 +100,9 @@ async def test_old_tool_results_are_cleared_without_an_llm_call_and_stay_findabl
     assert [t.message_id for t in found.turns] == [history[2].id]
     stored = await backend.stored_tokens(CONV)
     assert stored[history[2].id] == estimate_message_tokens(placeholder)
+    (logged,) = await store.archive.compaction_log(CONV)  # what the inspector shows
+    assert logged.strategies == (freed,) and logged.usage is not None
+    assert logged.usage.calls == 0
 
 
 async def test_a_replayed_clearing_writes_nothing_twice(store: Any, backend: Backend) -> None:

@@ -17,7 +17,7 @@ import asyncpg
 
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.errors import port_errors_on_methods
-from core.adapters.postgres.replacements import replace_in_place
+from core.adapters.postgres.replacements import replace_in_place, strategies_json
 from core.adapters.postgres.rows import batch_rows, tool_calls_json
 from core.domain.compaction import CompactionPlan, StoredTokens
 from core.domain.tenancy import tenant_of
@@ -104,8 +104,8 @@ async def _lock_and_record(conn: AnyConnection, plan: CompactionPlan) -> bool:
                                  batches_created, tokens_before, tokens_after, tenant_id,
                                  summarizer, model, llm_calls, input_tokens, output_tokens,
                                  cache_read_tokens, cache_write_tokens, cost_usd,
-                                 budget_fallback)
-        SELECT $1, $2, $3, $4, $5, $6, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17
+                                 budget_fallback, strategies)
+        SELECT $1, $2, $3, $4, $5, $6, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18::jsonb
           FROM (SELECT pg_advisory_xact_lock($7, hashtext($2))) AS locked
         ON CONFLICT (conversation_id, compaction_id) DO NOTHING
         RETURNING compaction_id
@@ -127,6 +127,7 @@ async def _lock_and_record(conn: AnyConnection, plan: CompactionPlan) -> bool:
         usage.cache_write_tokens,
         usage.cost_usd,
         usage.fallback,
+        strategies_json(plan),
     )
     return recorded is not None
 

@@ -10,6 +10,7 @@ full content. A replayed compaction never gets here (its id is recorded).
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from core.domain.compaction import CompactionPlan
@@ -65,3 +66,10 @@ async def replace_in_place(conn: AnyConnection, plan: CompactionPlan) -> tuple[i
         )
     removed = sum(int(row["token_estimate"]) for row in rows)
     return removed, sum(int(row["new_tokens"]) for row in rows)
+
+
+def strategies_json(plan: CompactionPlan) -> str | None:
+    """The ``compactions.strategies`` value (migration 0015): None when none ran."""
+    if not plan.strategies:
+        return None
+    return json.dumps([s.model_dump() for s in plan.strategies])

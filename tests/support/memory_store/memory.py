@@ -94,6 +94,7 @@ class MemoryArchive:
                 tokens_after=plan.tokens_estimate_after,
                 usage=plan.usage,
                 batches=tuple(self._compacted(b.id) for b in plan.new_batches),
+                strategies=plan.strategies,
             )
             for compaction_id, (when, plan) in self._t.compaction_plans.items()
             if self._t.compaction_owner.get(compaction_id) == conversation_id
