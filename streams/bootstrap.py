@@ -166,7 +166,9 @@ def _compactor(
     return create_compactor(
         model=model,
         memory=store.archive,
-        config=settings.summarization.compaction(),
+        config=settings.summarization.compaction(
+            settings.compaction.strategy_config(settings.tenants)
+        ),
         model_name=resolved.model,
         budget=settings.budget,
         tenant_weights=settings.tenant_weights(),

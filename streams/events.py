@@ -13,6 +13,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from core.domain.messages import ConversationMessage, Role, Text, ToolCall
 from core.domain.specifics import Specific
+from core.domain.strategies import StrategyFreed
 from core.domain.tenancy import TENANT_ID_PATTERN, ConversationRef, conversation_key
 from core.domain.usage import LlmUsage
 
@@ -302,16 +303,28 @@ class ClipArchiveEvent(Scoped, BaseModel):
     request_id: str | None = None
     restored_message_ids: tuple[str, ...] = ()
     not_restored_message_ids: tuple[str, ...] = ()
+    strategies: tuple[StrategyFreed, ...] = Field(
+        default=(),
+        description="The strategies that ran, in order, each with the messages it touched and "
+        "the tokens it freed (clear_tool_results and offload_oversized make no LLM call)",
+    )
+    replaced_messages: tuple[ConversationMessage, ...] = Field(
+        default=(),
+        description="Kept messages whose content a strategy replaced (a placeholder or a "
+        "preview; the full content is archived): the model sees these instead",
+    )
 
     def to_json(self) -> str:
         """The record's value; an ordinary compaction's leaves the request fields out
-        (as before they existed)."""
+        (as before they existed), and one without strategies their fields."""
+        left_out = set() if self.strategies else set(_STRATEGY_FIELDS)
         if self.action == "compact":
-            return self.model_dump_json(exclude=_REQUEST_FIELDS)
-        return self.model_dump_json()
+            left_out |= _REQUEST_FIELDS
+        return self.model_dump_json(exclude=left_out or None)
 
 
 _REQUEST_FIELDS = {"action", "request_id", "restored_message_ids", "not_restored_message_ids"}
+_STRATEGY_FIELDS = {"strategies", "replaced_messages"}
 
 
 def public_message(message: ConversationMessage) -> ConversationMessage:

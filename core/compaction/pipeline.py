@@ -21,12 +21,16 @@ from core.compaction.batches import CompactionIds, LiveArchive, cycles_after, st
 from core.compaction.fitting import ClipFitter
 from core.compaction.offload import Offload, ThreadOffload
 from core.compaction.spend import LlmSpend
+from core.compaction.strategies import StrategyPass, run_strategies
+from core.compaction.strategies.planning import strategies_only, with_strategies
 from core.compaction.summarizer import Summarizer
 from core.compaction.writes import compaction_writes
 from core.domain.chunking import Chunk, chunk_messages, in_history_order
 from core.domain.compaction import CompactionConfig, Planned, Unchanged
 from core.domain.messages import ConversationMessage
 from core.domain.split import HistorySplit, split_history
+from core.domain.strategies import StrategyName
+from core.domain.tenancy import tenant_of
 from core.domain.tokens import TokenCounter, estimate_history_tokens
 from core.ports.storage import MemoryReader
 
@@ -46,7 +50,38 @@ class Pipeline:
     async def compaction(
         self, history: History, ids: CompactionIds, calls: LlmSpend, summarizer: Summarizer
     ) -> Planned | Unchanged:
-        """The compaction of ``history``, or why there is none."""
+        """The compaction of ``history``, or why there is none: the cheap strategies
+        first (``core.compaction.strategies``), then, unless they reached the
+        target, ``summarize``."""
+        passed = await self._cheap_strategies(history, ids)
+        summarizing = "summarize" in self._strategy_names(ids)
+        if not passed.replaced and not summarizing:
+            return Unchanged("the strategies found nothing to replace")
+        if not passed.replaced:
+            outcome = await self._summarize(history, ids, calls, summarizer)
+            if isinstance(outcome, Unchanged):
+                return outcome
+            return with_strategies(outcome, history, passed, self.counter)
+        id_pair = (ids.conversation_id, ids.compaction_id)
+        if passed.at_target or not summarizing:
+            return strategies_only(history, passed, id_pair, calls, self.counter)
+        outcome = await self._summarize(passed.history, ids, calls, summarizer)
+        if isinstance(outcome, Unchanged):
+            return strategies_only(history, passed, id_pair, calls, self.counter)
+        return with_strategies(outcome, history, passed, self.counter)
+
+    def _strategy_names(self, ids: CompactionIds) -> tuple[StrategyName, ...]:
+        return self.config.strategies.for_tenant(tenant_of(ids.conversation_id))
+
+    async def _cheap_strategies(self, history: History, ids: CompactionIds) -> StrategyPass:
+        names, config = self._strategy_names(ids), self.config.strategies
+        target, counter = self.fitter.target, self.counter
+        return await self.offload(lambda: run_strategies(history, names, config, counter, target))
+
+    async def _summarize(
+        self, history: History, ids: CompactionIds, calls: LlmSpend, summarizer: Summarizer
+    ) -> Planned | Unchanged:
+        """Today's LLM pipeline, the ``summarize`` strategy."""
         config = self.config
         split = await self.offload(
             lambda: split_history(history, config.keep_recent, config.scoring)

@@ -17,6 +17,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validato
 from core.domain.messages import ConversationMessage
 from core.domain.scoring import ImportanceScoringConfig
 from core.domain.specifics import Specific
+from core.domain.strategies import ReplacedMessage, StrategyConfig, StrategyFreed
 from core.domain.tokens import estimate_message_tokens
 from core.domain.usage import LlmUsage
 
@@ -106,6 +107,8 @@ class CompactionTuning(BaseModel):
 
 class CompactionConfig(CompactionTuning):
     scoring: ImportanceScoringConfig = ImportanceScoringConfig()
+    # The strategy pipeline ([compaction], per tenant in [[tenants]]).
+    strategies: StrategyConfig = StrategyConfig()
 
 
 class PlanEmbeddings(BaseModel):
@@ -154,6 +157,10 @@ class CompactionPlan(BaseModel):
     # The clip-archive's token count as the compactor counted it (the calibrated
     # rate, core.domain.calibration): what it is stored with. None: characters / 4.
     clip_archive_tokens: int | None = None
+    # Live messages a cheap strategy replaced in place (their full content archived
+    # as raw turns in the same transaction), and what each strategy that ran freed.
+    replaced: tuple[ReplacedMessage, ...] = ()
+    strategies: tuple[StrategyFreed, ...] = ()
 
     @property
     def clip_tokens(self) -> int:
@@ -193,6 +200,7 @@ class CompactionPlan(BaseModel):
             self.messages_compressed == 0
             and not self.new_batches
             and not self.restored_message_ids
+            and not self.replaced
             and self.clip_archive is not None
         )
 
@@ -273,9 +281,11 @@ class StoredTokens:
         plan was made from (``CompactionInputs.stored_tokens``). The clip-archive
         is stored with its count (``CompactionPlan.clip_tokens``), the restored turns
         with their own counts."""
+        replaced = plan.replaced
         return cls(
-            removed=sum(stored[message_id] for message_id in plan.deleted_message_ids),
-            added=plan.clip_tokens + plan.restored_tokens,
+            removed=sum(stored[message_id] for message_id in plan.deleted_message_ids)
+            + sum(stored[r.id] for r in replaced),
+            added=plan.clip_tokens + plan.restored_tokens + sum(r.tokens for r in replaced),
         )
 
 

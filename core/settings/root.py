@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from core.domain.budget import BudgetConfig
 from core.settings.sections import (
     ArchiveSettings,
+    CompactionSettings,
     EmbeddingSettings,
     KafkaSettings,
     PostgresSettings,
@@ -41,6 +42,7 @@ class Settings(BaseSettings):
     )
 
     summarization: SummarizationSettings = SummarizationSettings()
+    compaction: CompactionSettings = CompactionSettings()
     budget: BudgetConfig = BudgetConfig()
     postgres: PostgresSettings = PostgresSettings()
     embedding: EmbeddingSettings = EmbeddingSettings()

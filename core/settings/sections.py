@@ -17,6 +17,13 @@ from pydantic import (
 
 from core.domain.compaction import CompactionConfig, CompactionTuning
 from core.domain.scoring import ImportanceScoringConfig
+from core.domain.strategies import (
+    DEFAULT_STRATEGIES,
+    ClearToolResultsConfig,
+    StrategyConfig,
+    StrategyName,
+    checked_order,
+)
 from core.domain.tenancy import TENANT_ID_PATTERN, is_tenant_id
 from core.domain.usage import DEFAULT_PRICES, ModelPrice
 
@@ -47,10 +54,37 @@ class SummarizationSettings(CompactionTuning, ImportanceScoringConfig):
         fields = ImportanceScoringConfig.model_fields
         return ImportanceScoringConfig(**{name: getattr(self, name) for name in fields})
 
-    def compaction(self) -> CompactionConfig:
+    def compaction(self, strategies: StrategyConfig | None = None) -> CompactionConfig:
         fields = CompactionTuning.model_fields
         return CompactionConfig(
-            scoring=self.scoring(), **{name: getattr(self, name) for name in fields}
+            scoring=self.scoring(),
+            strategies=strategies or StrategyConfig(),
+            **{name: getattr(self, name) for name in fields},
+        )
+
+
+class CompactionSettings(Section):
+    """``[compaction]``: the strategies every compaction runs, cheapest first, each
+    stopping the pipeline once the history is at or under the target
+    (docs/memory.md, "Strategies"). A ``[[tenants]]`` entry may name its own."""
+
+    strategies: tuple[StrategyName, ...] = DEFAULT_STRATEGIES
+    clear_tool_results: ClearToolResultsConfig = ClearToolResultsConfig()
+    # offload_oversized: a message over this many tokens is archived whole and
+    # replaced by a preview (head, tail, its specifics) and a pointer.
+    max_message_tokens: int = Field(default=20_000, ge=1)
+
+    @field_validator("strategies")
+    @classmethod
+    def _order(cls, value: tuple[StrategyName, ...]) -> tuple[StrategyName, ...]:
+        return checked_order(value)
+
+    def strategy_config(self, tenants: tuple[TenantSettings, ...] = ()) -> StrategyConfig:
+        return StrategyConfig(
+            strategies=self.strategies,
+            clear_tool_results=self.clear_tool_results,
+            max_message_tokens=self.max_message_tokens,
+            tenants={t.id: t.strategies for t in tenants if t.strategies is not None},
         )
 
 
@@ -215,3 +249,10 @@ class TenantSettings(Section):
     # The tenant's share of the provider guard's call slots and of the compaction
     # slots, against 1 for every tenant without an entry ([summarization].fair_share).
     weight: float = Field(default=1.0, gt=0, le=1000)
+    # The tenant's own [compaction].strategies (unset: the deployment's).
+    strategies: tuple[StrategyName, ...] | None = None
+
+    @field_validator("strategies")
+    @classmethod
+    def _order(cls, value: tuple[StrategyName, ...] | None) -> tuple[StrategyName, ...] | None:
+        return None if value is None else checked_order(value)

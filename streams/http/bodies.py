@@ -22,6 +22,7 @@ from core.domain.budget import BudgetConfig, over_budget
 from core.domain.clip_archive import is_clip_archive
 from core.domain.messages import ConversationMessage, Text, ToolCall
 from core.domain.specifics import Specific
+from core.domain.strategies import StrategyFreed
 from core.domain.tally import ConversationTally
 from core.domain.tenancy import ConversationRef
 from core.domain.tokens import estimate_history_tokens
@@ -280,6 +281,11 @@ class Compaction(Body):
         "(null for compactions recorded before usage was)"
     )
     batches: list[CompactionBatch]
+    strategies: list[StrategyFreed] = Field(
+        default_factory=list,
+        description="The strategies that ran, in order, and the tokens each freed "
+        "(empty for compactions recorded before they were)",
+    )
 
 
 class CompactionLog(Identity):

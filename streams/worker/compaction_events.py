@@ -29,7 +29,7 @@ def clip_archive_event(
     created: datetime,
 ) -> ClipArchiveEvent:
     deleted = set(plan.deleted_message_ids)
-    clip = plan.clip_archive
+    clip = current_clip_archive(history, plan)
     return ClipArchiveEvent(
         compaction_id=plan.compaction_id,
         conversation_id=command.conversation_id,
@@ -64,6 +64,27 @@ def clip_archive_event(
         request_id=command.request_id,
         restored_message_ids=plan.restored_message_ids,
         not_restored_message_ids=plan.not_restored_message_ids,
+        strategies=plan.strategies,
+        replaced_messages=replaced_messages(history, plan),
+    )
+
+
+def current_clip_archive(
+    history: Sequence[ConversationMessage], plan: CompactionPlan
+) -> ConversationMessage | None:
+    """The plan's clip-archive; for the strategies alone, the one that stays."""
+    if plan.clip_archive is None and plan.replaced:
+        return next((m for m in history if is_clip_archive(m)), None)
+    return plan.clip_archive
+
+
+def replaced_messages(
+    history: Sequence[ConversationMessage], plan: CompactionPlan
+) -> tuple[ConversationMessage, ...]:
+    """The kept messages a strategy replaced, as the model sees them now."""
+    new = {r.id: r.content for r in plan.replaced}
+    return tuple(
+        public_message(m.model_copy(update={"content": new[m.id]})) for m in history if m.id in new
     )
 
 

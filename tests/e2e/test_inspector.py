@@ -42,6 +42,9 @@ def inspector_worker(stack: Stack) -> WorkerProcess:
     for section, values in SECURED.items():
         config.setdefault(section, {}).update(values)
     config["summarization"].update({"provider": "extractive", "chunk_size": 8})
+    # Summaries to inspect: clearing alone brings the sample's tool results under
+    # the target (test_strategies_e2e shows that path).
+    config["compaction"] = {"strategies": ["summarize"]}
     worker = WorkerProcess(
         stack.root,
         "ui",
@@ -152,6 +155,7 @@ def browse(url: str, screenshot: Path, has_specifics: bool) -> None:
         assert "[Context Summary" in messages[0].text
         rows = page.all("#compactions-table tbody tr[data-compaction]")
         assert "extractive" in rows[0].text  # its summariser and spend
+        assert "strategies: summarize −" in rows[0].text  # what each strategy freed
         facts = page.all("#overview-facts div", at_least=7)
         shown = [f.text.lower() for f in facts]  # the labels are upper case by CSS
         assert any("handed to the model" in f and "as stored" in f for f in shown), shown

@@ -15,6 +15,7 @@ from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS, read_as
 from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.rows import BATCH_COLUMNS, row_to_batch, row_to_message
 from core.domain.compaction import StoredBatch
+from core.domain.strategies import StrategyFreed
 from core.domain.usage import LlmUsage
 from core.ports.storage import (
     Archive,
@@ -199,7 +200,7 @@ async def _compaction_log(pool: Queryable, conversation_id: str) -> list[Compact
         SELECT c.compaction_id, c.created_at, c.messages_compressed, c.batches_created,
                c.tokens_before, c.tokens_after, c.summarizer, c.model, c.llm_calls,
                c.input_tokens, c.output_tokens, c.cache_read_tokens, c.cache_write_tokens,
-               c.cost_usd, c.budget_fallback,
+               c.cost_usd, c.budget_fallback, c.strategies,
                coalesce(jsonb_agg(jsonb_build_object(
                    'batch_id', a.id, 'label', a.label, 'depth', a.depth,
                    'start_time', a.start_time, 'end_time', a.end_time,
@@ -224,6 +225,9 @@ async def _compaction_log(pool: Queryable, conversation_id: str) -> list[Compact
             tokens_after=row["tokens_after"],
             usage=_usage(row),
             batches=tuple(CompactedBatch.model_validate(b) for b in _json(row["batches"])),
+            strategies=tuple(
+                StrategyFreed.model_validate(s) for s in _json(row["strategies"] or "[]")
+            ),
         )
         for row in rows
     ]

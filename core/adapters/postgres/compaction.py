@@ -17,6 +17,7 @@ import asyncpg
 
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.errors import port_errors_on_methods
+from core.adapters.postgres.replacements import replace_in_place, strategies_json
 from core.adapters.postgres.rows import batch_rows, tool_calls_json
 from core.domain.compaction import CompactionPlan, StoredTokens
 from core.domain.tenancy import tenant_of
@@ -54,7 +55,9 @@ class PostgresCompactions:
             await _insert_batches(conn, plan)
             await _place_resummarised(conn, plan)
             removed = await _archive_compacted(conn, plan)
-            restored = await _restore_turns(conn, plan)
+            replaced_removed, replaced_added = await replace_in_place(conn, plan)
+            removed += replaced_removed
+            restored = await _restore_turns(conn, plan) + replaced_added
             await _relink_archived_turns(conn, plan)
             await _store_turn_vectors(conn, plan)
             if outbox is not None:
@@ -101,8 +104,8 @@ async def _lock_and_record(conn: AnyConnection, plan: CompactionPlan) -> bool:
                                  batches_created, tokens_before, tokens_after, tenant_id,
                                  summarizer, model, llm_calls, input_tokens, output_tokens,
                                  cache_read_tokens, cache_write_tokens, cost_usd,
-                                 budget_fallback)
-        SELECT $1, $2, $3, $4, $5, $6, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17
+                                 budget_fallback, strategies)
+        SELECT $1, $2, $3, $4, $5, $6, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18::jsonb
           FROM (SELECT pg_advisory_xact_lock($7, hashtext($2))) AS locked
         ON CONFLICT (conversation_id, compaction_id) DO NOTHING
         RETURNING compaction_id
@@ -124,6 +127,7 @@ async def _lock_and_record(conn: AnyConnection, plan: CompactionPlan) -> bool:
         usage.cache_write_tokens,
         usage.cost_usd,
         usage.fallback,
+        strategies_json(plan),
     )
     return recorded is not None
 
@@ -228,7 +232,8 @@ async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
               LEFT JOIN unnest($4::text[], $5::text[]) AS b(message_id, batch_id)
                 ON b.message_id = g.id
              WHERE g.kind = 'message'
-            ON CONFLICT (conversation_id, id) DO NOTHING
+            ON CONFLICT (conversation_id, id) DO UPDATE SET batch_id = EXCLUDED.batch_id
+                WHERE archived_messages.batch_id IS NULL
         )
         SELECT id, token_estimate FROM gone
         """,

@@ -8,6 +8,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from core.domain.compaction import StoredBatch
 from core.domain.messages import ConversationMessage
+from core.domain.strategies import StrategyFreed
 from core.domain.usage import LlmUsage
 from core.ports.storage.reads import MessageKey, ReadScope
 
@@ -54,6 +55,9 @@ class CompactionRecord(BaseModel):
     tokens_after: int
     usage: LlmUsage | None = None  # None: recorded before usage was (migration 0012)
     batches: tuple[CompactedBatch, ...] = ()
+    # The strategies that ran, in order, and what each freed (empty: recorded before
+    # migration 0015, or by a previous release).
+    strategies: tuple[StrategyFreed, ...] = ()
 
 
 class MemoryReader(Protocol):

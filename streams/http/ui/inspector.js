@@ -176,8 +176,14 @@ function renderChart(compactions) {
 
 const KNOWN_COMPACTION_FIELDS = new Set([
   "compaction_id", "created_at", "messages_compressed", "batches_created",
-  "tokens_before", "tokens_after", "batches", "usage",
+  "tokens_before", "tokens_after", "batches", "usage", "strategies",
 ]);
+
+function strategiesRun(strategies) {
+  // Which strategies ran, in order, and the tokens each freed (issue 28).
+  if (!strategies || !strategies.length) return "";
+  return "strategies: " + strategies.map((s) => `${s.strategy} −${s.tokens_freed} (${s.messages} messages)`).join(" · ");
+}
 
 function spent(usage) {
   if (!usage) return "not recorded";
@@ -210,7 +216,7 @@ async function loadCompactions(ticket) {
         el("td", { text: when(c.created_at) }),
         el("td", { text: `${c.messages_compressed} → ${c.batches_created} batches` }),
         el("td", { text: `${c.tokens_before} → ${c.tokens_after}` }),
-        el("td", { class: "usage", text: [spent(c.usage), extraFacts(c, KNOWN_COMPACTION_FIELDS)].filter(Boolean).join(", ") }),
+        el("td", { class: "usage", text: [spent(c.usage), strategiesRun(c.strategies), extraFacts(c, KNOWN_COMPACTION_FIELDS)].filter(Boolean).join(", ") }),
       ),
     );
     for (const batch of c.batches) batches.append(renderBatch(batch));

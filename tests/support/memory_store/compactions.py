@@ -39,15 +39,18 @@ class MemoryCompactions:
         cid = plan.conversation_id
         clip = plan.clip_archive
         found = StoredTokens(
-            removed=sum(self._t.messages[cid, i].tokens for i in plan.deleted_message_ids),
+            removed=sum(self._t.messages[cid, i].tokens for i in plan.deleted_message_ids)
+            + sum(self._t.messages[cid, r.id].tokens for r in plan.replaced),
             added=sum(self._t.archived[cid, i].tokens for i in plan.restored_message_ids)
-            + plan.clip_tokens,
+            + plan.clip_tokens
+            + sum(r.tokens for r in plan.replaced),
         )
         if outbox is not None and found != outbox.tokens:
             raise HistoryConflictError(
                 f"compaction {plan.compaction_id}: {found} stored, {outbox.tokens} announced"
             )
         self._archive(plan)
+        self._replace_in_place(plan)
         for message_id in plan.restored_message_ids:  # a restore: back in the history
             back = self._t.archived.pop((cid, message_id))
             self._t.messages[cid, message_id] = Row(back.message, back.tokens, self._t.next_seq())
@@ -73,6 +76,10 @@ class MemoryCompactions:
     def _check_applicable(self, plan: CompactionPlan) -> None:
         cid = plan.conversation_id
         missing = [i for i in plan.deleted_message_ids if (cid, i) not in self._t.messages]
+        missing += [
+            r.id for r in plan.replaced
+            if (cid, r.id) not in self._t.messages or self._t.messages[cid, r.id].kind != "message"
+        ]  # fmt: skip
         stale = [old for old, _ in plan.superseded if self._live_batch(old) is None]
         unarchived = [i for i in plan.restored_message_ids if (cid, i) not in self._t.archived]
         if missing or stale or unarchived or self._clip_taken(plan):
@@ -102,8 +109,13 @@ class MemoryCompactions:
                 owner.setdefault(message_id, stored.id)
         gone = [self._t.messages.pop((cid, i)) for i in plan.deleted_message_ids]
         for old_row in gone:
-            if old_row.kind != "clip_archive":
-                self._t.archived[cid, old_row.message.id] = Archived(
+            key = (cid, old_row.message.id)
+            earlier = self._t.archived.get(key)  # a replaced turn: its full content stays
+            if earlier is not None:
+                batch = earlier.batch_id or owner.get(old_row.message.id)
+                self._t.archived[key] = replace(earlier, batch_id=batch)
+            elif old_row.kind != "clip_archive":
+                self._t.archived[key] = Archived(
                     old_row.message, owner.get(old_row.message.id), self._t.now(), old_row.tokens
                 )
         for old, new in plan.superseded:
@@ -117,6 +129,17 @@ class MemoryCompactions:
             entry = self._t.archived.get((cid, message_id))
             if entry is not None and message_id not in plan.deleted_message_ids:
                 self._t.archived[cid, message_id] = replace(entry, batch_id=batch_id)
+
+    def _replace_in_place(self, plan: CompactionPlan) -> None:
+        """A strategy's replacements: the full turn archived (once), the live row's
+        content and tokens replaced in place."""
+        cid = plan.conversation_id
+        for r in plan.replaced:
+            row = self._t.messages[cid, r.id]
+            if (cid, r.id) not in self._t.archived:
+                self._t.archived[cid, r.id] = Archived(row.message, None, self._t.now(), row.tokens)
+            shorter = row.message.model_copy(update={"content": r.content})
+            self._t.messages[cid, r.id] = replace(row, message=shorter, tokens=r.tokens)
 
     def _place_resummarised(self, plan: CompactionPlan) -> None:
         """A re-summarised batch takes the earliest slot of the batches it folds in."""

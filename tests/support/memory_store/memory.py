@@ -94,6 +94,7 @@ class MemoryArchive:
                 tokens_after=plan.tokens_estimate_after,
                 usage=plan.usage,
                 batches=tuple(self._compacted(b.id) for b in plan.new_batches),
+                strategies=plan.strategies,
             )
             for compaction_id, (when, plan) in self._t.compaction_plans.items()
             if self._t.compaction_owner.get(compaction_id) == conversation_id
@@ -150,6 +151,7 @@ class MemoryRead:
 
         scores: dict[str, float] = {}
         turns: dict[str, list[tuple[int, ConversationMessage]]] = {}
+        every_turn: list[tuple[int, ConversationMessage]] = []
         for stored in self._t.batches.values():
             if outside(stored.conversation_id):
                 continue
@@ -161,6 +163,8 @@ class MemoryRead:
             if outside(message.conversation_id):
                 continue
             overlap = len(terms & terms_of(message.content))
+            if overlap:  # a turn a strategy archived has no batch, and is found all the same
+                every_turn.append((overlap, message))
             if overlap and entry.batch_id is not None:
                 turns.setdefault(entry.batch_id, []).append((overlap, message))
                 scores[entry.batch_id] = scores.get(entry.batch_id, 0) + overlap
@@ -169,7 +173,11 @@ class MemoryRead:
             self._hit(self._t.batches[b], rank, sorted(turns.get(b, []), key=lambda t: -t[0]))
             for rank, b in enumerate(ranked)
         )
-        return MemorySearchResult(hits=hits, mode="full_text", sources=sources, query_mode=mode)
+        best = sorted(every_turn, key=lambda t: -t[0])[:limit]
+        found = tuple(_turn_hit(overlap, m, index) for index, (overlap, m) in enumerate(best))
+        return MemorySearchResult(
+            hits=hits, mode="full_text", sources=sources, query_mode=mode, turns=found
+        )
 
     @staticmethod
     def _hit(s: StoredBatch, rank: int, turns: list[tuple[int, ConversationMessage]]) -> MemoryHit:
@@ -200,3 +208,16 @@ class MemoryRead:
                 for index, (overlap, m) in enumerate(turns[:3])
             ),
         )
+
+
+def _turn_hit(overlap: int, message: ConversationMessage, index: int) -> TurnHit:
+    return TurnHit(
+        message_id=message.id,
+        role=message.role,
+        created_at=message.created_at,
+        text=message.content,
+        truncated=False,
+        score=float(overlap),
+        text_rank=index + 1,
+        vector_rank=None,
+    )
