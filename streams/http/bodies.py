@@ -303,6 +303,7 @@ class UsageTotals(Body):
     cache_read_tokens: int
     cache_write_tokens: int
     fallback_compactions: int
+    failed_compactions: int
     cost_usd: float
 
     @classmethod

@@ -61,3 +61,23 @@ async def test_a_tenants_llm_tokens_count_no_extractive_compaction(store: Any) -
     assert await store.usage.tenant_llm_tokens("acme", today) == LLM.total_tokens
     assert await store.usage.tenant_llm_tokens("acme", today + timedelta(days=1)) == 0
     assert await store.usage.tenant_llm_tokens("globex", today) == 0
+
+
+async def test_a_failed_compactions_spend_is_counted_by_tenant_and_scope(store: Any) -> None:
+    """Issue 29: a compaction that spent LLM tokens and failed is a content-free row,
+    in its tenant's budget and usage, seen through the read scope like the others."""
+    await compacted(store, "acme/c1", "cmp-1", LLM)
+    today = datetime.now(UTC).date()
+    await store.usage.record_failed_spend("acme", LLM, today)
+    await store.usage.record_failed_spend("acme", EXTRACTIVE, today)
+    await store.usage.record_failed_spend("globex", LLM, today)
+    start = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert await store.usage.tenant_llm_tokens("acme", start) == 2 * LLM.total_tokens
+    assert await store.usage.tenant_llm_tokens("acme", start + timedelta(days=1)) == 0
+    (acme,) = await store.usage.usage_by_day(scope=ReadScope.of_tenant("acme"))
+    assert (acme.compactions, acme.failed_compactions) == (1, 2)
+    assert (acme.llm_calls, acme.input_tokens) == (8, 2500)
+    assert acme.cost_usd == pytest.approx(2 * 0.00249)
+    (globex,) = await store.usage.usage_by_day(scope=ReadScope.of_tenant("globex"))
+    assert (globex.compactions, globex.failed_compactions) == (0, 1)
+    assert await store.usage.usage_by_day(scope=ReadScope.of_tenant("initech")) == []
