@@ -17,10 +17,12 @@ from typing import Protocol
 
 from core.domain.budget import BudgetConfig
 from core.domain.tally import (
+    MAX_ATTEMPTS,
     Completion,
     ConversationTally,
     OperatorRequest,
     completes_outstanding,
+    given_up,
     on_completion,
     on_reconcile,
     on_request,
@@ -42,6 +44,9 @@ from streams.worker.issued_commands import IssuedCommands
 from streams.worker.tally_table import TallyTable
 
 log = logging.getLogger("compactor.worker")
+
+#: Re-sent compaction ids whose sends a worker counts at most at once.
+MAX_COUNTED_RESENDS = 10_000
 
 
 class ControlPorts(Protocol):
@@ -86,6 +91,9 @@ class Control:
         self._eraser = eraser
         self._issued = issued
         self._clock = clock
+        # Sends of each re-sent compaction id (this worker's; a restart starts
+        # the count again): past MAX_ATTEMPTS it is given up (``_count_resend``).
+        self._sends: dict[str, int] = {}
 
     async def apply(self, event: AnyControl, partition: int) -> set[str]:
         """The conversation keys whose entry changed; ``partition``: where the event
@@ -152,8 +160,26 @@ class Control:
                 if tally.epoch == totals.epoch
                 else rebuilt(subject.key, totals.tokens, totals.rows, totals.epoch)
             )
+        late = tally.outstanding
         tally, issue = on_reconcile(tally, self._budget, now, self._command_timeout)
+        if issue and late is not None and tally.outstanding == late:
+            tally, issue = self._count_resend(tally, late, now)
         return await self._put_and_send(subject, tally, totals, issue, "reconcile")
+
+    def _count_resend(
+        self, tally: ConversationTally, compaction_id: str, now: float
+    ) -> tuple[ConversationTally, bool]:
+        """A late command about to be re-sent: re-sent while its sends stay within
+        ``MAX_ATTEMPTS``, else given up (``core.domain.tally.given_up``): a
+        compaction failing at every attempt ran the summariser again each time."""
+        sends = self._sends.pop(compaction_id, 1) + 1
+        if sends <= MAX_ATTEMPTS:
+            if len(self._sends) >= MAX_COUNTED_RESENDS:
+                self._sends.clear()  # bounded memory; the counts start again
+            self._sends[compaction_id] = sends
+            return tally, True
+        self._commands.gave_up(tally.conversation_id, compaction_id, MAX_ATTEMPTS)
+        return given_up(tally, now)
 
     async def _operator_request(self, event: OperatorRequestEvent, subject: Subject) -> set[str]:
         """An operator's recompact or restore: the outstanding command now, or queued

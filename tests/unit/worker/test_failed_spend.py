@@ -14,8 +14,13 @@ from datetime import UTC, datetime
 import pytest
 
 from core.domain.compaction import Failed
+from core.domain.tally import MAX_ATTEMPTS
 from core.ports.storage import HistoryConflictError, ReadScope
-from tests.unit.worker.harness import harness, over_budget
+from streams.events import ReconcileRequest
+from streams.http.bodies import ConversationStatus
+from tests.support.builders import T0
+from tests.support.metrics_text import sample
+from tests.unit.worker.harness import harness, over_budget, settings
 from tests.unit.worker.test_usage_and_budgets import ACME, GistModel, compact_once
 
 pytestmark = pytest.mark.unit
@@ -51,3 +56,40 @@ async def test_a_failure_that_spent_nothing_records_nothing() -> None:
     outcome = await h.components.processor.compact(command)
     assert isinstance(outcome, Failed)
     assert await h.store.usage.usage_by_day(scope=ReadScope.everything()) == []
+
+
+async def test_a_compaction_failing_at_every_attempt_stops_at_the_cap_with_its_spend_counted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every apply refused (as a message squatting the clip-archive id did): the
+    command is sent MAX_ATTEMPTS times in all, then given up, the conversation
+    stalled, logged and counted; a new message asks again."""
+    model = GistModel()
+    h = harness(model=model)
+
+    async def refused(*_: object, **__: object) -> None:
+        raise HistoryConflictError("clip-archive id taken")
+
+    monkeypatch.setattr(h.store.compactions, "apply_compaction", refused)
+    for index in range(8):
+        await h.message(index, f"topic{index} " * 20, tenant="acme")
+    request = ReconcileRequest(conversation_id="c1", tenant_id="acme", requested_at=T0)
+    run = 0
+    for _ in range(MAX_ATTEMPTS + 3):
+        for command in h.commands()[run:]:  # the processor runs each command sent
+            assert isinstance(await h.components.processor.compact(command), Failed)
+        run = len(h.commands())
+        h.clock.now += 61  # past command_timeout_seconds: reconciliation re-sends
+        await h.control(request)
+    assert len(h.commands()) == MAX_ATTEMPTS
+    assert len({c.compaction_id for c in h.commands()}) == 1
+    tally = h.tally("acme/c1")
+    assert tally.stalled and tally.outstanding is None
+    assert sample(h.components.metrics, "compactor_compactions_given_up_total") == 1
+    assert f"sent {MAX_ATTEMPTS} times without a completion" in caplog.text
+    (day,) = await h.store.usage.usage_by_day(scope=ReadScope.everything())
+    assert day.failed_compactions == MAX_ATTEMPTS and day.llm_calls == model.calls
+    status = ConversationStatus.of(tally, settings().budget)
+    assert status.stalled and status.compaction_outstanding is None
+    await h.message(8, "topic8 " * 20, tenant="acme")  # a new message asks again
+    assert len(h.commands()) == MAX_ATTEMPTS + 1 and not h.tally("acme/c1").stalled
