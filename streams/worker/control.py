@@ -122,7 +122,7 @@ class Control:
         """No entry and no rows: an erased or unknown conversation."""
         match event:
             case CompactionCompleted():
-                await self._eraser.tombstone_again(event, totals)
+                await self._eraser.tombstone_again(event, totals.epoch)
             case RecompactRequest() | RestoreRequest():
                 log.warning(
                     "%s request %s of %s: no such conversation (nothing stored)",
@@ -134,9 +134,13 @@ class Control:
         self, event: CompactionCompleted, subject: Subject, now: float
     ) -> set[str]:
         """Only the outstanding command's completion counts, against the store's
-        counts read after it committed."""
+        counts read after it committed. Another one, in a conversation erased and
+        started again since, may be a compaction from before the erase whose
+        clip-archive followed the erase's tombstone: the tombstone goes again."""
         totals = subject.totals
-        if totals is None and completes_outstanding(subject.tally, event.compaction_id):
+        if not completes_outstanding(subject.tally, event.compaction_id):
+            await self._eraser.tombstone_again(event, subject.tally.epoch)
+        elif totals is None:
             totals = await _totals(subject)
         counts = None if totals is None else (totals.tokens, totals.rows)
         tally, issue = on_completion(subject.tally, completion_of(event), self._budget, now, counts)
