@@ -78,6 +78,8 @@ class Tables:
     compaction_usage: dict[str, tuple[str | None, datetime, LlmUsage]] = field(default_factory=dict)
     # usage_aggregates (migration 0014): failed compactions' spend, no conversation.
     failed_spend: list[tuple[str | None, date, LlmUsage]] = field(default_factory=list)
+    # ... and the usage of erased conversations' compactions (tenant, when, spend).
+    erased_usage: list[tuple[str | None, datetime, LlmUsage]] = field(default_factory=list)
     outbox_entries: list[OutboxEntry] = field(default_factory=list)
     fail_next: dict[str, Exception] = field(default_factory=dict)
     outage: dict[str, int] = field(default_factory=dict)

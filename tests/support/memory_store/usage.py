@@ -19,9 +19,10 @@ class MemoryUsage:
 
     async def tenant_llm_tokens(self, tenant_id: str, since: datetime) -> int:
         self._t._call("tenant_llm_tokens")
+        compacted = [*self._t.compaction_usage.values(), *self._t.erased_usage]
         return sum(
             usage.total_tokens
-            for tenant, at, usage in self._t.compaction_usage.values()
+            for tenant, at, usage in compacted
             if tenant == tenant_id and at >= since and usage.summarizer != "extractive"
         ) + sum(
             usage.total_tokens
@@ -54,6 +55,12 @@ class MemoryUsage:
                 continue
             day = at.astimezone(UTC).date()
             if (tenant_id is None or tenant == tenant_id) and (since is None or day >= since):
+                days.setdefault((tenant, day), []).append(usage)
+        for tenant, at, usage in self._t.erased_usage:
+            day = at.astimezone(UTC).date()
+            if not scope.sees(tenant) or (tenant_id is not None and tenant != tenant_id):
+                continue
+            if since is None or day >= since:
                 days.setdefault((tenant, day), []).append(usage)
         return [
             _day(tenant, day, spent, failed.get((tenant, day), []))

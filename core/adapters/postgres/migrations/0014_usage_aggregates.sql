@@ -7,6 +7,11 @@
 -- at every attempt used to be free). budget_tokens is what the daily budget
 -- counts (every LLM token; 0 for the extractive summariser's).
 --
+-- source 'erased': an erase folds the conversation's compactions rows into
+-- sums per tenant and UTC day before it deletes them (one row per tenant and
+-- day per erase), so it neither refunds the tenant's budget of the day nor
+-- removes its usage history.
+--
 -- No conversation_id column (nor compaction id, nor content): an erase leaves
 -- these rows, and they say nothing about any one conversation. Row-level
 -- security by tenant: the views read as compactor_reader, which sees its
