@@ -61,7 +61,12 @@ class MessageEvent(Scoped, BaseModel):
     schema_version: Literal[1] = 1
     # Unique within the conversation: a redelivery (same conversation, same id)
     # is stored once; another conversation may use the same id.
-    message_id: Text = Field(min_length=1, max_length=MAX_ID_LENGTH)
+    message_id: Text = Field(
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        description="Unique within the conversation. Ids starting with clip-archive- or "
+        "provisional- are the service's own (dead-lettered reserved_id)",
+    )
     conversation_id: Text = Field(min_length=1, max_length=MAX_ID_LENGTH)
     role: Role
     content: Text  # Text: no NUL, no lone surrogate (dead-lettered as invalid_text)
@@ -69,7 +74,10 @@ class MessageEvent(Scoped, BaseModel):
     tool_call_id: Text | None = Field(default=None, max_length=MAX_ID_LENGTH)
     created_at: AwareDatetime
     token_count: int | None = Field(
-        default=None, ge=0, description="Provider-reported token count; preferred over the estimate"
+        default=None,
+        ge=0,
+        description="Provider-reported token count; preferred over the estimate, kept within "
+        "[ceil(estimate/4), 64 x estimate + 256] of the service's own estimate",
     )
     tenant_id: TenantId | None = Field(
         default=None,

@@ -256,6 +256,12 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
             registry=r,
         )
+        self.compactions_given_up = Counter(
+            "compactor_compactions_given_up_total",
+            "Compaction ids reconciliation stopped re-sending after MAX_ATTEMPTS sends "
+            "without a completion (the conversation stalled until a new message or a recompact)",
+            registry=r,
+        )
         self.resends_held = Counter(
             "compactor_reconcile_resends_held_total",
             "Late commands not re-sent: still queued or in flight (not lost)",

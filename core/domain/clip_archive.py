@@ -20,7 +20,7 @@ from datetime import UTC, date, datetime
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from core.domain.compaction import SummaryBatch
-from core.domain.messages import ConversationMessage
+from core.domain.messages import CLIP_ARCHIVE_ID_PREFIX, ConversationMessage
 
 CLIP_ARCHIVE_PREFIX = "[Context Summary"
 HEADER_TEMPLATE = (
@@ -239,7 +239,7 @@ def clip_archive_message(
     same row, not a second one.
     """
     return ConversationMessage(
-        id=f"clip-archive-{compaction_id}",
+        id=f"{CLIP_ARCHIVE_ID_PREFIX}{compaction_id}",
         conversation_id=conversation_id,
         role="system",
         content=content,

@@ -259,6 +259,9 @@ class Failed:
     kind: FailureKind
     detail: str
     provider_down_at: int | None = None
+    #: What its LLM calls spent before it failed (a plan the store then refused),
+    #: recorded as a content-free usage row and counted against the tenant's budget.
+    usage: LlmUsage | None = None
 
 
 PlanOutcome = Planned | Unchanged | Failed

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from core.domain.clip_archive import format_timestamp, is_clip_archive, shortened
 from core.domain.extractive import extract_summary
-from core.domain.messages import ConversationMessage
+from core.domain.messages import PROVISIONAL_ID_PREFIX, ConversationMessage
 from core.domain.scoring import DEFAULT_SCORING, ImportanceScoringConfig, score_message
 from core.domain.split import tool_safe_boundary_after
 from core.domain.tokens import DEFAULT_COUNTER, TokenCounter, estimate_message_tokens
@@ -198,7 +198,7 @@ def _digest(head: Sequence[Sized], room: int, settings: FitSettings) -> Sized:
         summary, _ = extract_summary(_digest_request(head, space, settings), counter)
         text = f"{note}\n{summary}"
     digest = ConversationMessage(
-        id=f"provisional-{_fingerprint(head)}",
+        id=f"{PROVISIONAL_ID_PREFIX}{_fingerprint(head)}",
         conversation_id=first.conversation_id,
         role="system",
         content=text,

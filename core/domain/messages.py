@@ -74,6 +74,26 @@ def checked_json_text(value: Any) -> Any:
 Text = Annotated[str, AfterValidator(checked_text)]
 """A string PostgreSQL can store: no NUL, no lone surrogate."""
 
+CLIP_ARCHIVE_ID_PREFIX = "clip-archive-"
+"""The id of a compaction's clip-archive row: ``clip-archive-{compaction id}``."""
+PROVISIONAL_ID_PREFIX = "provisional-"
+"""The id of a provisional context message (``core.domain.context_fit``)."""
+RESERVED_ID_PREFIXES = (CLIP_ARCHIVE_ID_PREFIX, PROVISIONAL_ID_PREFIX)
+"""Message ids the service makes. A producer's message holding one would collide
+with the service's own row (a clip-archive's insert failing on the unique key at
+every attempt, blocking the conversation's compaction), so it is refused."""
+
+
+def reserved_id_problem(message_id: str) -> str | None:
+    """Why a producer may not use ``message_id`` (a service-made id's prefix), or None."""
+    for prefix in RESERVED_ID_PREFIXES:
+        if message_id.startswith(prefix):
+            return (
+                f"message_id starts with {prefix!r}, which the service reserves "
+                "for its own messages"
+            )
+    return None
+
 
 class ToolCall(BaseModel):
     """One tool invocation requested by an assistant turn."""

@@ -33,6 +33,10 @@ _GENERATION_NAMESPACE = uuid.UUID("0b6f7f8e-3f51-4a7e-a1a9-4d35b7c0e2d4")
 CompletionStatus = Literal["compacted", "noop"]
 RequestAction = Literal["recompact", "restore"]
 MAX_QUEUED_REQUESTS = 8  # operator requests waiting behind the outstanding command
+#: Sends of one compaction id (the first and its re-sends) before reconciliation
+#: gives up on it (``given_up``): a compaction that fails every time, each
+#: attempt running the summariser again, is not re-sent for ever (issue 29).
+MAX_ATTEMPTS = 5
 
 
 def compaction_id_for(conversation_id: str, generation: int, epoch: int = 0) -> str:
@@ -284,6 +288,20 @@ def on_reconcile(
     if tally.outstanding is not None:
         return tally.model_copy(update={"outstanding_since": now}), True
     return _issue(tally, now), True
+
+
+def given_up(tally: ConversationTally, now: float) -> tuple[ConversationTally, bool]:
+    """The outstanding command sent ``MAX_ATTEMPTS`` times with no completion, not
+    re-sent: nothing outstanding and ``stalled``, which reconciliation leaves
+    alone until a new message arrives or an operator asks for a recompact (both
+    clear it). An operator request queued behind it goes now (``True``: send).
+    Only fields the previous release knows: a rolling upgrade reads the entry."""
+    tally = tally.model_copy(
+        update={"outstanding": None, "outstanding_since": None, "stalled": True, "request": None}
+    )
+    if tally.queued:
+        return _issue_request(tally, tally.queued[0], now, tally.queued[1:]), True
+    return tally, False
 
 
 def resynced(tally: ConversationTally, token_total: int, message_count: int) -> ConversationTally:

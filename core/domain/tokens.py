@@ -34,6 +34,28 @@ class CharRatioTokenCounter:
 DEFAULT_COUNTER: TokenCounter = CharRatioTokenCounter()
 
 
+#: A producer's ``token_count`` is kept within this band of the service's own
+#: estimate of the same message (``reported_tokens``).
+REPORTED_FLOOR_DIVISOR = 4
+REPORTED_CEILING_FACTOR = 64
+REPORTED_CEILING_SLACK = 256
+
+
+def reported_tokens(reported: int, estimate: int) -> int:
+    """A producer's ``token_count`` clamped to ``[ceil(estimate/4), 64 x estimate + 256]``.
+
+    The floor: no tokenizer packs 16 characters into one token, so a count under a
+    quarter of the characters/4 estimate is wrong or hostile; ``0`` used to turn
+    the conversation's compaction off. The ceiling is loose on purpose: a provider
+    counts what the text estimate misses (a message's framing, several tokens for
+    one emoji or CJK character, a document it read), and an over-count only makes
+    the producer's own conversation compact sooner, paid from its own tenant's
+    budget; the ceiling stops the absurd (a count near the integer limit)."""
+    floor = -(-estimate // REPORTED_FLOOR_DIVISOR)
+    ceiling = estimate * REPORTED_CEILING_FACTOR + REPORTED_CEILING_SLACK
+    return min(max(reported, floor), ceiling)
+
+
 def estimate_tokens(text: str, counter: TokenCounter = DEFAULT_COUNTER) -> int:
     return counter.count(text)
 

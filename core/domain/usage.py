@@ -109,3 +109,5 @@ class UsageDay(BaseModel):
     cache_write_tokens: int
     cost_usd: float
     fallback_compactions: int = 0  # compactions a spent budget sent to the extractive summariser
+    # Compactions that spent LLM tokens and then failed (their spend is in the sums).
+    failed_compactions: int = 0

@@ -171,9 +171,11 @@ class KafkaSettings(Section):
     # longest an erased conversation's bytes can stay in Kafka follows from them.
     messages_retention_hours: float = Field(default=168.0, gt=0)
     dead_letters_retention_hours: float = Field(default=168.0, gt=0)
-    # What a dead letter keeps: "full" = the original bytes (to fix and re-drive),
-    # "redacted" = no value, only the dlq.* headers and the key (conversation id).
-    dead_letter_content: Literal["full", "redacted"] = "full"
+    # What a dead letter keeps: "redacted" (the default) = no value, only the dlq.*
+    # headers and the key (conversation id), so an erased conversation's bad
+    # records keep no content for dead_letters_retention_hours; "full" = the
+    # original bytes, to fix and re-drive (docs/security.md, "Dead letters").
+    dead_letter_content: Literal["full", "redacted"] = "redacted"
 
     @model_validator(mode="after")
     def _enough_replicas(self) -> KafkaSettings:

@@ -13,6 +13,7 @@ from streams.bootstrap import build_app
 from streams.kafka.admin import PreparedTopics, dead_letter_bytes, prepare_topics, worker_kafka
 from streams.kafka.probe import broker_problem
 from streams.kafka.security import kafka_security
+from streams.kafka.topic_drift import refuse_clip_archives_without_compaction
 from streams.logs import configure as configure_logging
 from streams.preflight import startup_checks, worker_bootstrap
 from streams.topics import TopicNames
@@ -39,6 +40,8 @@ def run_worker(
             f"Kafka at {bootstrap} does not answer over {security.describe()}: {problem}"
         )
     prepared = asyncio.run(prepare_topics(bootstrap, settings.kafka, security=security))
+    names = TopicNames.with_prefix(settings.kafka.topic_prefix)
+    refuse_clip_archives_without_compaction(prepared, names)
     settings = settings.model_copy(update={"kafka": worker_kafka(settings.kafka, prepared)})
     _warn_if_dead_letters_cut(settings, prepared)
     app = build_app(settings, bootstrap=bootstrap, config_path=config_path)

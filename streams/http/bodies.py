@@ -91,6 +91,12 @@ class ConversationStatus(Identity):
     compaction_outstanding: str | None = Field(
         description="The id of the compaction asked for and not completed yet, if any"
     )
+    stalled: bool = Field(
+        default=False,
+        description="Over its trigger but not compacted until a new message or an operator's "
+        "recompact: its last compaction found nothing to compress, or its command was sent "
+        "5 times without a completion (compactor_compactions_given_up_total)",
+    )
 
     @classmethod
     def of(cls, tally: ConversationTally, budget: BudgetConfig) -> ConversationStatus:
@@ -103,6 +109,7 @@ class ConversationStatus(Identity):
             compactions=tally.compactions,
             generation=tally.generation,
             compaction_outstanding=tally.outstanding,
+            stalled=tally.stalled,
         )
 
 
@@ -309,6 +316,7 @@ class UsageTotals(Body):
     cache_read_tokens: int
     cache_write_tokens: int
     fallback_compactions: int
+    failed_compactions: int
     cost_usd: float
 
     @classmethod

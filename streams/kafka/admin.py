@@ -13,7 +13,10 @@ is created last, to accept whole the largest record the source topics accept
 (their ``max.message.bytes``) plus the dead letter's own headers. An existing
 topic keeps its configs: the worker never alters a topic (``compactor topics``
 reports what differs, ``--apply-configs`` applies it: ``streams.kafka.topic_drift``;
-docs/security.md says how with ``kafka-configs``).
+docs/security.md says how with ``kafka-configs``), but it refuses to start on a
+clip-archive topic that is not log-compacted
+(``streams.kafka.topic_drift.refuse_clip_archives_without_compaction``):
+erases would not hold there.
 
 Replication (``Replication``): ``[kafka].replication_factor`` and
 ``min_insync_replicas``, or when unset 3 replicas (fewer on a smaller
@@ -54,6 +57,7 @@ DEFAULT_REPLICATION_FACTOR = 3
 DEAD_LETTER_HEADROOM_BYTES = REQUEST_OVERHEAD_BYTES
 MAX_MESSAGE_BYTES = "max.message.bytes"
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
+CLEANUP_POLICY = "cleanup.policy"
 #: Configs where more than wanted is fine: only a smaller value is drift.
 AT_LEAST = frozenset({MAX_MESSAGE_BYTES})
 
@@ -105,7 +109,7 @@ def topic_configs(
     dead-letter topic accepts that plus a dead letter's headers."""
     kafka = kafka or KafkaSettings()
     configs: dict[str, dict[str, str]] = {
-        names.clip_archives: {"cleanup.policy": "compact"},
+        names.clip_archives: {CLEANUP_POLICY: "compact"},
         names.messages: _deleted_after(kafka.messages_retention_hours),
         names.dead_letters: _deleted_after(kafka.dead_letters_retention_hours),
     }
@@ -277,6 +281,8 @@ class PreparedTopics:
     largest_record: int
     #: What the dead-letter topic accepts.
     dead_letter_limit: int
+    #: The clip-archive topic's ``cleanup.policy`` as the broker reports it.
+    clip_archives_policy: str | None = "compact"
 
 
 async def prepare_topics(
@@ -299,9 +305,11 @@ async def prepare_topics(
     try:
         largest = await _largest_record(admin, source_topics(names))
         dead_letter_limit = await _largest_record(admin, [names.dead_letters])
+        clip_archives = await describe_configs(admin, [names.clip_archives])
     finally:
         await admin.close()
-    return PreparedTopics(counts, replication, largest, dead_letter_limit)
+    policy = clip_archives[names.clip_archives][0].get(CLEANUP_POLICY)
+    return PreparedTopics(counts, replication, largest, dead_letter_limit, policy)
 
 
 def worker_kafka(kafka: KafkaSettings, prepared: PreparedTopics) -> KafkaSettings:

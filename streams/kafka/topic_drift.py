@@ -2,8 +2,10 @@
 differs, and with ``--apply-configs`` sets the configs.
 
 The worker itself never alters a topic (``streams.kafka.admin`` only creates
-missing ones). A replication factor that differs is reported, never changed:
-that is a partition reassignment (``kafka-reassign-partitions``).
+missing ones), and refuses to start on a clip-archive topic that is not
+log-compacted (``refuse_clip_archives_without_compaction``). A replication
+factor that differs is reported, never changed: that is a partition
+reassignment (``kafka-reassign-partitions``).
 """
 
 from __future__ import annotations
@@ -137,3 +139,21 @@ async def topic_drift(
         if count < replication.factor or (replication.explicit and count != replication.factor)
     }
     return TopicDrift(configs, fewer)
+
+
+def refuse_clip_archives_without_compaction(prepared: PreparedTopics, names: TopicNames) -> None:
+    """The worker's refusal to start on a clip-archive topic that is not log-compacted
+    (a topic created before the service made it, by hand or by broker auto-creation,
+    with ``cleanup.policy=delete``): an erase's tombstone removes nothing from such a
+    topic, so every erased conversation's summaries would stay readable for its
+    whole retention, unnoticed. Refused rather than warned about: the erase promise
+    would be broken for every conversation, and the fix is one command."""
+    policy = prepared.clip_archives_policy
+    if policy is not None and "compact" in policy.split(","):
+        return
+    raise TopicMismatchError(
+        f"{names.clip_archives} has cleanup.policy={policy}, not compact: an erase's "
+        "tombstone would not remove the erased conversation's clip-archives (docs/security.md, "
+        "Erase); run `compactor topics --apply-configs` (or kafka-configs --alter "
+        "--add-config cleanup.policy=compact) and start the worker again"
+    )

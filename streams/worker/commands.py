@@ -68,6 +68,17 @@ class Commands:
             batch_id=request.batch_id if request else None,
         )
 
+    def gave_up(self, conversation_key: str, compaction_id: str, attempts: int) -> None:
+        """Reconciliation stopped re-sending ``compaction_id``: said in the log, counted."""
+        self._metrics.compactions_given_up.inc()
+        log.warning(
+            "compaction %s of %s sent %d times without a completion: not re-sent; the "
+            "conversation stays stalled until a new message or an operator's recompact "
+            "(compactor recompact)",
+            compaction_id, conversation_key, attempts,
+            extra={"conversation_id": conversation_key, "compaction_id": compaction_id},
+        )  # fmt: skip
+
     async def send(
         self, tally: ConversationTally, up_to_seq: int | None, reason: IssueReason
     ) -> None:

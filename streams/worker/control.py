@@ -17,10 +17,12 @@ from typing import Protocol
 
 from core.domain.budget import BudgetConfig
 from core.domain.tally import (
+    MAX_ATTEMPTS,
     Completion,
     ConversationTally,
     OperatorRequest,
     completes_outstanding,
+    given_up,
     on_completion,
     on_reconcile,
     on_request,
@@ -42,6 +44,9 @@ from streams.worker.issued_commands import IssuedCommands
 from streams.worker.tally_table import TallyTable
 
 log = logging.getLogger("compactor.worker")
+
+#: Re-sent compaction ids whose sends a worker counts at most at once.
+MAX_COUNTED_RESENDS = 10_000
 
 
 class ControlPorts(Protocol):
@@ -86,6 +91,9 @@ class Control:
         self._eraser = eraser
         self._issued = issued
         self._clock = clock
+        # Sends of each re-sent compaction id (this worker's; a restart starts
+        # the count again): past MAX_ATTEMPTS it is given up (``_count_resend``).
+        self._sends: dict[str, int] = {}
 
     async def apply(self, event: AnyControl, partition: int) -> set[str]:
         """The conversation keys whose entry changed; ``partition``: where the event
@@ -114,7 +122,7 @@ class Control:
         """No entry and no rows: an erased or unknown conversation."""
         match event:
             case CompactionCompleted():
-                await self._eraser.tombstone_again(event, totals)
+                await self._eraser.tombstone_again(event, totals.epoch)
             case RecompactRequest() | RestoreRequest():
                 log.warning(
                     "%s request %s of %s: no such conversation (nothing stored)",
@@ -126,9 +134,13 @@ class Control:
         self, event: CompactionCompleted, subject: Subject, now: float
     ) -> set[str]:
         """Only the outstanding command's completion counts, against the store's
-        counts read after it committed."""
+        counts read after it committed. Another one, in a conversation erased and
+        started again since, may be a compaction from before the erase whose
+        clip-archive followed the erase's tombstone: the tombstone goes again."""
         totals = subject.totals
-        if totals is None and completes_outstanding(subject.tally, event.compaction_id):
+        if not completes_outstanding(subject.tally, event.compaction_id):
+            await self._eraser.tombstone_again(event, subject.tally.epoch)
+        elif totals is None:
             totals = await _totals(subject)
         counts = None if totals is None else (totals.tokens, totals.rows)
         tally, issue = on_completion(subject.tally, completion_of(event), self._budget, now, counts)
@@ -152,8 +164,26 @@ class Control:
                 if tally.epoch == totals.epoch
                 else rebuilt(subject.key, totals.tokens, totals.rows, totals.epoch)
             )
+        late = tally.outstanding
         tally, issue = on_reconcile(tally, self._budget, now, self._command_timeout)
+        if issue and late is not None and tally.outstanding == late:
+            tally, issue = self._count_resend(tally, late, now)
         return await self._put_and_send(subject, tally, totals, issue, "reconcile")
+
+    def _count_resend(
+        self, tally: ConversationTally, compaction_id: str, now: float
+    ) -> tuple[ConversationTally, bool]:
+        """A late command about to be re-sent: re-sent while its sends stay within
+        ``MAX_ATTEMPTS``, else given up (``core.domain.tally.given_up``): a
+        compaction failing at every attempt ran the summariser again each time."""
+        sends = self._sends.pop(compaction_id, 1) + 1
+        if sends <= MAX_ATTEMPTS:
+            if len(self._sends) >= MAX_COUNTED_RESENDS:
+                self._sends.clear()  # bounded memory; the counts start again
+            self._sends[compaction_id] = sends
+            return tally, True
+        self._commands.gave_up(tally.conversation_id, compaction_id, MAX_ATTEMPTS)
+        return given_up(tally, now)
 
     async def _operator_request(self, event: OperatorRequestEvent, subject: Subject) -> set[str]:
         """An operator's recompact or restore: the outstanding command now, or queued

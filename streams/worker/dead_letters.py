@@ -55,7 +55,7 @@ class DeadLetters:
         clock: Callable[[], float] = time.time,
         *,
         max_request_bytes: int = 1_048_576,
-        content: Literal["full", "redacted"] = "full",
+        content: Literal["full", "redacted"] = "redacted",
     ) -> None:
         self._publisher = publisher
         self._metrics = metrics

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from core.domain.erasure import merged_offsets
 from core.ports.publisher import Publisher
-from core.ports.storage import CompactionLedger, EraseOutcome, Erasure, PrivacyStore, StoreTotals
+from core.ports.storage import CompactionLedger, EraseOutcome, Erasure, PrivacyStore
 from streams.events import CompactionCompleted, EraseCompleted, EraseRequest
 from streams.metrics import Metrics
 from streams.worker.records import Record, decode_erase
@@ -122,13 +122,15 @@ class Eraser:
             offsets=offsets,
         )
 
-    async def tombstone_again(self, completed: CompactionCompleted, totals: StoreTotals) -> None:
-        """A compaction's completion for an erased conversation with nothing live: the
-        compaction committed before the erase, and its clip-archive may have reached
-        the topic after the erase's tombstone, so the tombstone is sent again (the
-        clip-archive precedes its completion). Nothing is erased here: a completion
-        on the control topic never erases."""
-        if completed.status != "compacted" or totals.epoch == 0:
+    async def tombstone_again(self, completed: CompactionCompleted, epoch: int) -> None:
+        """A compaction's completion for a conversation erased since (``epoch`` > 0,
+        the compaction no longer recorded), whether nothing is live or a new message
+        has started it again: the compaction committed before the erase, and its
+        clip-archive may have reached the topic after the erase's tombstone, so the
+        tombstone is sent again. The relay sends a clip-archive before its
+        completion (``OutboxRelay._send``), so this one lands after it. Nothing is
+        erased here: a completion on the control topic never erases."""
+        if completed.status != "compacted" or epoch == 0:
             return
         if await self._runtime.compactions.compaction_applied(completed.compaction_id):
             return

@@ -16,7 +16,12 @@ from typing import Protocol
 
 from core.domain.budget import BudgetConfig
 from core.domain.tally import on_messages, on_resync
-from core.domain.tokens import DEFAULT_COUNTER, TokenCounter, estimate_message_tokens
+from core.domain.tokens import (
+    DEFAULT_COUNTER,
+    TokenCounter,
+    estimate_message_tokens,
+    reported_tokens,
+)
 from core.ports.storage import IncomingMessage, IngestStore, SaveOutcome, StoreTotals, TallySource
 from streams.events import CompactionCommand, MessageEvent
 from streams.metrics import Metrics
@@ -45,11 +50,13 @@ class IngestPorts(Protocol):
 
 
 def message_tokens(event: MessageEvent, counter: TokenCounter = DEFAULT_COUNTER) -> int:
-    """The provider's count when the producer sent one, else the estimate
-    (``counter``: the runtime's, calibrated with ``[budget].token_estimate``)."""
+    """The provider's count when the producer sent one, clamped to a band of the
+    estimate (``reported_tokens``: ``0`` no longer turns compaction off), else the
+    estimate (``counter``: the runtime's, calibrated with ``[budget].token_estimate``)."""
+    estimate = estimate_message_tokens(event.to_message(), counter)
     if event.token_count is not None:
-        return event.token_count
-    return estimate_message_tokens(event.to_message(), counter)
+        return reported_tokens(event.token_count, estimate)
+    return estimate
 
 
 class Ingest:

@@ -118,10 +118,22 @@ class OutboxRelay:
         return len(rows)
 
     async def _send(self, records: Sequence[OutboxRow | OutboxRecord]) -> None:
-        """Every record in flight at once; returns when the broker has them all."""
-        await asyncio.gather(
-            *(self._publisher.publish(r.topic, r.key.encode(), r.payload.encode()) for r in records)
-        )
+        """The records, in two waves: the clip-archive (every record not on the
+        control topic) acknowledged before the completion is sent. A completion
+        is what makes an erased conversation's worker send its clip-archive
+        tombstone again (``Eraser.tombstone_again``); sent together, the
+        completion could land first and the clip-archive after that tombstone,
+        an erased summary the topic's latest value for the key. Each wave's
+        records are in flight at once; returns when the broker has them all."""
+        first = [r for r in records if r.topic != "control"]
+        then = [r for r in records if r.topic == "control"]
+        for wave in (first, then):
+            await asyncio.gather(
+                *(
+                    self._publisher.publish(r.topic, r.key.encode(), r.payload.encode())
+                    for r in wave
+                )
+            )
         for r in records:
             self._metrics.outbox_published.labels(r.topic).inc()
 

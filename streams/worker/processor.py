@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
 
@@ -28,6 +28,7 @@ from core.compaction.attempt import failure_kind
 from core.domain.budget import BudgetConfig, compaction_due
 from core.domain.compaction import CompactionPlan, Failed, Planned, PlanOutcome, Unchanged
 from core.domain.messages import ConversationMessage
+from core.domain.tenancy import tenant_of
 from core.ports.compactor import Compactor
 from core.ports.publisher import Publisher
 from core.ports.storage import (
@@ -38,6 +39,7 @@ from core.ports.storage import (
     CompactionOutbox,
     CompactionStore,
     HistoryConflictError,
+    UsageStore,
 )
 from streams.events import CompactionCommand
 from streams.metrics import Metrics
@@ -62,6 +64,9 @@ class CompactionPorts(Protocol):
 
     @property
     def compactor(self) -> Compactor: ...
+
+    @property
+    def usage(self) -> UsageStore: ...
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,9 @@ class Processor:
         self._metrics.llm_tokens.labels("output").inc(planned.llm_output_tokens)
         outbox = compaction_outbox(command, inputs, planned.plan, self._now())
         written = await write_plan(self._runtime.compactions, planned.plan, outbox)
+        if isinstance(written, Failed):
+            # Its LLM calls were spent all the same: counted (``_record_spend``).
+            return replace(written, usage=planned.plan.usage)
         return _Written(planned, outbox) if isinstance(written, Applied) else written
 
     async def _ask_compactor(
@@ -220,6 +228,7 @@ class Processor:
         """What a finished compaction means: publish its events, or say why not."""
         match finished:
             case Failed() as failed:
+                await self._record_spend(command, failed)
                 return self._failed(command, failed)
             case AlreadyApplied():
                 return await self._replayed(command)
@@ -254,6 +263,24 @@ class Processor:
                 _not_restored(plan), extra=_fields(command),
             )  # fmt: skip
         return Compacted(plan)
+
+    async def _record_spend(self, command: CompactionCommand, failed: Failed) -> None:
+        """A failed compaction's LLM spend, in a content-free usage row: a
+        compaction failing at every attempt is not free for its tenant's
+        ``llm_tokens_per_day``. Not recorded when it cannot be (the store is
+        away): the failure is what is reported, and the next attempt goes on."""
+        usage = failed.usage
+        if usage is None or usage.calls == 0:
+            return
+        self._metrics.count_usage(usage)
+        tenant = tenant_of(command.conversation_key)
+        try:
+            await self._runtime.usage.record_failed_spend(tenant, usage, self._now().date())
+        except Exception as error:
+            log.warning(
+                "the LLM spend of failed compaction %s was not recorded: %s",
+                command.compaction_id, error, extra=_fields(command),
+            )  # fmt: skip
 
     def _failed(self, command: CompactionCommand, failed: Failed) -> Failed:
         self._metrics.compactions_failed.labels(failed.kind).inc()

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
-from core.domain.messages import INVALID_TEXT, text_problem
+from core.domain.messages import INVALID_TEXT, reserved_id_problem, text_problem
 from streams.events import (
     CONTROL_EVENT,
     AnyControl,
@@ -105,7 +105,8 @@ def check_key(key: str, conversation_id: str) -> None:
 def decode_message(record: Record, max_content_chars: int) -> MessageEvent:
     """The record's ``MessageEvent``. Text no store can hold (a NUL, a lone surrogate,
     in any text field) is ``invalid_text``; tool-call arguments longer serialised
-    than ``max_content_chars`` are ``oversized_arguments``."""
+    than ``max_content_chars`` are ``oversized_arguments``; a ``message_id`` the
+    service makes itself (``clip-archive-…``, ``provisional-…``) is ``reserved_id``."""
     key = decode_key(record)
     try:
         parsed = MessageEvent.model_validate_json(record.value or b"")
@@ -136,6 +137,11 @@ def decode_message(record: Record, max_content_chars: int) -> MessageEvent:
             "oversized_arguments",
         )
     check_key(key, parsed.conversation_id)
+    reserved = reserved_id_problem(parsed.message_id)
+    if reserved is not None:
+        # A clip-archive's id in the kept part would fail every apply of the
+        # conversation's compaction on the unique key (issue 29).
+        raise InvalidRecord(reserved, "reserved_id")
     return parsed
 
 

@@ -291,6 +291,8 @@ class ChaosStack:
                 "partitions": PARTITIONS,
                 "replication_factor": self.replication,
                 "min_insync_replicas": default_min_insync(self.replication),
+                # The invariants compare dead letters with the bytes sent.
+                "dead_letter_content": "full",
                 # A killed worker's partitions move after 6 s, not Faust's 60.
                 "session_timeout_seconds": 6.0,
                 "heartbeat_interval_seconds": 1.0,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from core.domain.usage import LlmUsage
-from core.ports.storage import Applied, ReadScope
+from core.ports.storage import Applied, Erasure, ReadScope
 from tests.support.plans import make_plan, msg, save_all, stored
 
 LLM = LlmUsage(
@@ -61,3 +61,51 @@ async def test_a_tenants_llm_tokens_count_no_extractive_compaction(store: Any) -
     assert await store.usage.tenant_llm_tokens("acme", today) == LLM.total_tokens
     assert await store.usage.tenant_llm_tokens("acme", today + timedelta(days=1)) == 0
     assert await store.usage.tenant_llm_tokens("globex", today) == 0
+
+
+async def test_a_failed_compactions_spend_is_counted_by_tenant_and_scope(store: Any) -> None:
+    """Issue 29: a compaction that spent LLM tokens and failed is a content-free row,
+    in its tenant's budget and usage, seen through the read scope like the others."""
+    await compacted(store, "acme/c1", "cmp-1", LLM)
+    today = datetime.now(UTC).date()
+    await store.usage.record_failed_spend("acme", LLM, today)
+    await store.usage.record_failed_spend("acme", EXTRACTIVE, today)
+    await store.usage.record_failed_spend("globex", LLM, today)
+    start = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert await store.usage.tenant_llm_tokens("acme", start) == 2 * LLM.total_tokens
+    assert await store.usage.tenant_llm_tokens("acme", start + timedelta(days=1)) == 0
+    (acme,) = await store.usage.usage_by_day(scope=ReadScope.of_tenant("acme"))
+    assert (acme.compactions, acme.failed_compactions) == (1, 2)
+    assert (acme.llm_calls, acme.input_tokens) == (8, 2500)
+    assert acme.cost_usd == pytest.approx(2 * 0.00249)
+    (globex,) = await store.usage.usage_by_day(scope=ReadScope.of_tenant("globex"))
+    assert (globex.compactions, globex.failed_compactions) == (0, 1)
+    assert await store.usage.usage_by_day(scope=ReadScope.of_tenant("initech")) == []
+
+
+async def test_an_erase_keeps_the_usage_and_the_budget_spent_without_the_conversation(
+    store: Any,
+) -> None:
+    """Issue 29: an erase deleted the conversation's compactions rows, refunding the
+    day's tenant budget and removing its usage history. Now their sums stay, per
+    tenant and day, without the conversation; a repeated erase adds nothing."""
+    await compacted(store, "acme/c1", "cmp-1", LLM)
+    await compacted(store, "acme/c2", "cmp-2", EXTRACTIVE)
+    start = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    before = await store.usage.usage_by_day(scope=ReadScope.everything())
+    spent = await store.usage.tenant_llm_tokens("acme", start)
+    for request_id in ("req-1", "req-1", "req-2"):  # redelivered, then erased again
+        erasure = Erasure(
+            request_id=request_id,
+            requester="ops",
+            reason="asked",
+            requested_at=datetime.now(UTC),
+            erased_at=datetime.now(UTC),
+            offsets={},
+        )
+        await store.privacy.erase_conversation("acme/c1", erasure)
+    assert not await store.compactions.compaction_applied("cmp-1")
+    assert await store.usage.usage_by_day(scope=ReadScope.everything()) == before
+    assert await store.usage.usage_by_day(scope=ReadScope.of_tenant("acme")) == before
+    assert await store.usage.usage_by_day(scope=ReadScope.of_tenant("globex")) == []
+    assert await store.usage.tenant_llm_tokens("acme", start) == spent == LLM.total_tokens

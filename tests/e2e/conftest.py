@@ -212,6 +212,9 @@ class Stack:
                 "topic_prefix": self.prefix,
                 "partitions": PARTITIONS,
                 "replication_factor": 1,
+                # The tests compare dead letters with the bytes sent (the default,
+                # "redacted", keeps none: tests/unit/worker/test_erase_holds.py).
+                "dead_letter_content": "full",
             },
             "service": {
                 "app_id": self.app_id,

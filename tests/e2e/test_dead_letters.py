@@ -13,6 +13,7 @@ from datetime import datetime
 
 import pytest
 
+from core.domain.tally import compaction_id_for
 from streams.events import DeadLetterHeaders
 from tests.e2e.conftest import KEEP_RECENT, Conversation, Stack, eventually
 from tests.support.kafka_io import Sent
@@ -30,6 +31,7 @@ async def test_bad_records_are_dead_lettered_with_their_bytes_while_good_traffic
     await worker.wait_ready(stack.names.messages)
     good = Conversation("conv-good", "harbor")
     valid = good.until_over(0)
+    squatter = f"clip-archive-{compaction_id_for(good.id, 0)}"
 
     def event(**fields: object) -> dict[str, object]:
         base: dict[str, object] = {
@@ -70,6 +72,14 @@ async def test_bad_records_are_dead_lettered_with_their_bytes_while_good_traffic
             json.dumps(event(message_id="bad-size", content="x" * (MAX_CONTENT + 1))).encode(),
             "oversized",
             (str(MAX_CONTENT + 1), str(MAX_CONTENT), "max_content_chars"),
+        ),
+        # The id of the good conversation's first clip-archive: stored, it would
+        # fail every apply of that compaction on the unique key (issue 29).
+        (
+            good.id.encode(),
+            json.dumps(event(message_id=squatter, conversation_id=good.id, content="x")).encode(),
+            "reserved_id",
+            ("clip-archive-", "reserves"),
         ),
     ]
 
@@ -126,6 +136,7 @@ async def test_bad_records_are_dead_lettered_with_their_bytes_while_good_traffic
             "key_mismatch": 1,
             "missing_key": 1,
             "oversized": 1,
+            "reserved_id": 1,
         }
 
     await eventually(counted, timeout=10, what="dead letters counted")

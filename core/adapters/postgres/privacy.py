@@ -65,6 +65,20 @@ ON CONFLICT (conversation_id) DO UPDATE
 RETURNING epoch
 """
 
+_KEEP_USAGE_SQL = """
+INSERT INTO usage_aggregates (tenant_id, day, source, compactions, llm_calls, input_tokens,
+                              output_tokens, cache_read_tokens, cache_write_tokens,
+                              budget_tokens, cost_usd, fallback_compactions)
+SELECT tenant_id, (created_at AT TIME ZONE 'UTC')::date, 'erased', count(*), sum(llm_calls),
+       sum(input_tokens), sum(output_tokens), sum(cache_read_tokens), sum(cache_write_tokens),
+       coalesce(sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens)
+                FILTER (WHERE summarizer IS NOT NULL AND summarizer <> 'extractive'), 0),
+       coalesce(sum(cost_usd), 0), count(*) FILTER (WHERE budget_fallback)
+  FROM compactions
+ WHERE conversation_id = $1
+ GROUP BY 1, 2
+"""
+
 _AUDIT_SQL = """
 INSERT INTO erase_audit (request_id, conversation_id, requester, reason, requested_at,
                          erased_at, epoch, counts)
@@ -145,7 +159,12 @@ class PostgresPrivacy:
 
 
 async def _delete_rows(conn: asyncpg.Connection, conversation_id: str) -> dict[str, int]:
-    """Empty every table of ``ERASED_TABLES`` of the conversation: rows removed per table."""
+    """Empty every table of ``ERASED_TABLES`` of the conversation: rows removed per table.
+    Its compactions' usage is kept first, summed by tenant and day without the
+    conversation (``usage_aggregates``, migration 0014): an erase neither refunds
+    the tenant's LLM budget of the day nor removes its usage history. A repeated
+    erase finds no compactions left, so it adds nothing."""
+    await conn.execute(_KEEP_USAGE_SQL, conversation_id)
     removed: dict[str, int] = {}
     for table in ERASED_TABLES:
         status = await conn.execute(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Protocol
 
-from core.domain.usage import UsageDay
+from core.domain.usage import LlmUsage, UsageDay
 from core.ports.storage.reads import ReadScope
 
 
@@ -16,6 +16,12 @@ class UsageStore(Protocol):
         """LLM tokens (input, output, cache reads and writes) of the tenant's
         compactions since ``since``, the extractive summariser's not counted:
         what its ``llm_tokens_per_day`` is compared with."""
+        ...
+
+    async def record_failed_spend(self, tenant_id: str | None, usage: LlmUsage, day: date) -> None:
+        """A failed compaction's LLM spend, as a row without conversation or content
+        (``usage_aggregates``): counted by ``tenant_llm_tokens`` and ``usage_by_day``,
+        and kept through an erase."""
         ...
 
     async def usage_by_day(

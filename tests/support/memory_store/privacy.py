@@ -142,7 +142,9 @@ class MemoryPrivacy:
             self._t.applied.discard(c)
             del self._t.compaction_owner[c]
             self._t.compaction_plans.pop(c, None)
-            self._t.compaction_usage.pop(c, None)
+            spent = self._t.compaction_usage.pop(c, None)
+            if spent is not None:  # kept as a content-free aggregate (migration 0014)
+                self._t.erased_usage.append(spent)
         self._t.outbox_entries = [
             o for o in self._t.outbox_entries if o.conversation_id != conversation_id
         ]

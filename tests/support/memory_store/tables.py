@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from core.domain.calibration import TokenRate
 from core.domain.compaction import CompactionPlan, StoredBatch
@@ -76,6 +76,10 @@ class Tables:
     # compaction → (its tenant when it was applied, when, its LLM spend): the
     # compactions table's usage columns (migration 0012)
     compaction_usage: dict[str, tuple[str | None, datetime, LlmUsage]] = field(default_factory=dict)
+    # usage_aggregates (migration 0014): failed compactions' spend, no conversation.
+    failed_spend: list[tuple[str | None, date, LlmUsage]] = field(default_factory=list)
+    # ... and the usage of erased conversations' compactions (tenant, when, spend).
+    erased_usage: list[tuple[str | None, datetime, LlmUsage]] = field(default_factory=list)
     outbox_entries: list[OutboxEntry] = field(default_factory=list)
     fail_next: dict[str, Exception] = field(default_factory=dict)
     outage: dict[str, int] = field(default_factory=dict)

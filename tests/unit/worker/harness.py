@@ -47,7 +47,9 @@ def settings(
     return parse_settings(
         {
             "budget": {"context_budget": 0.5, "model_max_tokens": 400},
-            "kafka": {"topic_prefix": "t."},
+            # The dead letters' bytes are what these tests look at (the default,
+            # "redacted", has none: test_erase_holds.py).
+            "kafka": {"topic_prefix": "t.", "dead_letter_content": "full"},
             "summarization": {"keep_recent": 2, "chunk_size": 4, "retry_backoff_seconds": 0},
             "service": {"command_timeout_seconds": 60, "reconcile_interval_seconds": 10, **service},
             "tenancy": tenancy or {},

@@ -10,6 +10,7 @@ import pytest
 
 from core.domain.tally import compaction_id_for
 from core.ports.storage import IncomingMessage
+from core.settings import parse_settings
 from streams.events import (
     CompactionCompleted,
     DeadLetterHeaders,
@@ -163,12 +164,15 @@ async def test_an_erase_is_audited_once_and_its_completion_carries_the_counts() 
 
 
 async def test_a_redacted_dead_letter_has_no_content() -> None:
+    """Redacted is the default (settings and component alike): after an erase, a
+    conversation's rejected records keep no content for the dead letters' retention."""
+    assert parse_settings({}).kafka.dead_letter_content == "redacted"
     secret = b'{"content": "my card number is 4111"}'
     record = Record(NAMES.messages, 2, 41, b"c1", secret)
     error = InvalidRecord("not a MessageEvent", "invalid_event")
     full, redacted = RecordingPublisher(), RecordingPublisher()
-    await DeadLetters(full, Metrics()).send(record, error)
-    await DeadLetters(redacted, Metrics(), content="redacted").send(record, error)
+    await DeadLetters(full, Metrics(), content="full").send(record, error)
+    await DeadLetters(redacted, Metrics()).send(record, error)
     assert full.sent[0].value == secret
     (letter,) = redacted.sent
     assert letter.value is None and letter.key == b"c1"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -104,3 +106,48 @@ async def test_a_completion_after_an_erase_sends_the_tombstone_again_and_no_entr
     assert "c1" not in h.table
     clips = h.publisher.on("clip_archives")
     assert [p.value is None for p in clips] == [False, True, True]
+
+
+async def test_a_completion_after_an_erase_and_a_new_message_still_sends_the_tombstone() -> None:
+    """Issue 29: a new message restarted the conversation before the old
+    compaction's completion came; the tombstone used to be sent again only when
+    nothing was stored, so the erased summary stayed the key's latest value."""
+    h = harness()
+    command = await over_budget(h)
+    await h.components.processor.compact(command)
+    (completed,) = h.completions()
+    await erase(h)
+    await h.message(100, "a new start")  # the conversation again, epoch 1
+    assert h.tally().epoch == 1
+    await h.control(completed)
+    clips = h.publisher.on("clip_archives")
+    assert [p.value is None for p in clips] == [False, True, True]
+    assert h.tally().message_count == 1  # the old completion changed nothing else
+    await h.control(completed)  # redelivered: one more tombstone at most, never a summary
+    assert all(p.value is None for p in h.publisher.on("clip_archives")[1:])
+
+
+async def test_a_clip_archive_is_acknowledged_before_its_completion_is_sent() -> None:
+    """Whatever the broker's timing: a completion that lands first makes an erased
+    conversation's worker send its tombstone, and the clip-archive after it would
+    have been the key's latest value."""
+    h = harness()
+    command = await over_budget(h)
+    release = asyncio.Event()
+    publish = h.publisher.publish
+    order: list[str] = []
+
+    async def slow_clip_archives(topic: str, key: Any, value: Any, headers: Any = None) -> Any:
+        if topic == "clip_archives":
+            await release.wait()  # the broker takes its time with this one
+        order.append(topic)
+        return await publish(topic, key, value, headers)
+
+    h.publisher.publish = slow_clip_archives  # type: ignore[method-assign]
+    running = asyncio.create_task(h.components.processor.compact(command))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert order == []  # the completion waits for the clip-archive's acknowledgement
+    release.set()
+    await running
+    assert order == ["clip_archives", "control"]
