@@ -118,7 +118,15 @@ class Pipeline:
             clip = fitted or clip
             over_target = self.fitter.over_target_reason(clip, live, kept_tokens)
         return compaction_writes(
-            history, split, archive, clip, restored, self.counter, calls, over_target
+            history,
+            split,
+            archive,
+            clip,
+            restored,
+            self.counter,
+            calls,
+            over_target,
+            self.fitter.target,
         )
 
     async def _resummarise_overflow(

@@ -154,6 +154,10 @@ class CompactionPlan(BaseModel):
     # The clip-archive's token count as the compactor counted it (the calibrated
     # rate, core.domain.calibration): what it is stored with. None: characters / 4.
     clip_archive_tokens: int | None = None
+    # The target the compactor fitted the history under; the store's gate
+    # (core.domain.gate) rejects a plan whose history after is over it. None: no
+    # target, or the compactor already said the history stays over it.
+    target_tokens: int | None = None
 
     @property
     def clip_tokens(self) -> int:
@@ -213,6 +217,7 @@ FailureKind = Literal[
     "model_response",
     "model_error",
     "history_conflict",
+    "gate_rejected",
     "store_unavailable",
     "error",
 ]

@@ -27,6 +27,7 @@ from typing import Generic, Protocol, TypeVar
 from core.compaction.attempt import failure_kind
 from core.domain.budget import BudgetConfig, compaction_due
 from core.domain.compaction import CompactionPlan, Failed, Planned, PlanOutcome, Unchanged
+from core.domain.gate import Rejected
 from core.domain.messages import ConversationMessage
 from core.ports.compactor import Compactor
 from core.ports.publisher import Publisher
@@ -43,6 +44,7 @@ from streams.events import CompactionCommand
 from streams.metrics import Metrics
 from streams.worker.compaction_events import compaction_outbox, completion
 from streams.worker.dead_letters import DeadLetters
+from streams.worker.gate_fallback import GateRejections, next_safe_strategy
 from streams.worker.outbox import OutboxRelay
 from streams.worker.records import InvalidRecord, Record, decode_command
 from streams.worker.scheduler import CompactionScheduler
@@ -137,6 +139,7 @@ class Processor:
         self._metrics = metrics
         self._budget = budget
         self._clock = clock
+        self._rejections = GateRejections(publisher, metrics)
 
     async def compact(self, command: CompactionCommand) -> CommandOutcome:
         """Run the command; one that failed because the provider was down waits for
@@ -189,6 +192,29 @@ class Processor:
         planned = await self._ask_compactor(command, inputs.history)
         if not isinstance(planned, Planned):
             return planned
+        written = await self._write(command, inputs, planned)
+        if not isinstance(written, Rejected):
+            return written
+        fallback = next_safe_strategy(planned.plan, command.action)
+        await self._rejections.report(command, planned.plan, written, fallback, self._now())
+        if fallback is None:
+            return Failed("gate_rejected", f"rejected by the gate: {written.detail}")
+        key, compaction_id = command.conversation_key, command.compaction_id
+        compactor = self._runtime.compactor
+        again = await compactor.plan(
+            inputs.history, key, compaction_id=compaction_id, fallback=True
+        )
+        if not isinstance(again, Planned):
+            return again
+        rewritten = await self._write(command, inputs, again)
+        if isinstance(rewritten, Rejected):
+            await self._rejections.report(command, again.plan, rewritten, None, self._now())
+            return Failed("gate_rejected", f"rejected by the gate: {rewritten.detail}")
+        return rewritten
+
+    async def _write(
+        self, command: CompactionCommand, inputs: CompactionInputs, planned: Planned
+    ) -> _Written | AlreadyApplied | Rejected | Failed:
         self._metrics.llm_tokens.labels("input").inc(planned.llm_input_tokens)
         self._metrics.llm_tokens.labels("output").inc(planned.llm_output_tokens)
         outbox = compaction_outbox(command, inputs, planned.plan, self._now())
@@ -301,7 +327,7 @@ class Processor:
 
 async def write_plan(
     store: CompactionStore, plan: CompactionPlan, outbox: CompactionOutbox | None = None
-) -> Applied | AlreadyApplied | Failed:
+) -> Applied | AlreadyApplied | Rejected | Failed:
     """Write ``plan`` (and ``outbox``) in one transaction. On any failure the
     history stays exactly as it was and ``Failed`` says why."""
     try:

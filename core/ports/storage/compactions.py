@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from core.domain.compaction import CompactionPlan
+from core.domain.gate import Rejected
 from core.ports.storage.outbox import CompactionOutbox
 
 
@@ -19,13 +21,32 @@ class AlreadyApplied:
     """``apply_compaction`` found the compaction id recorded: a replay, nothing written."""
 
 
+ApplyOutcome = Applied | AlreadyApplied | Rejected
+"""What ``apply_compaction`` did; ``Rejected``: the gate (``core.domain.gate``) refused
+the plan inside the transaction, which rolled back (the history is as it was)."""
+
+
+@dataclass(frozen=True)
+class RejectionRecord:
+    """One refused compaction as stored: which, by which summariser, why, when."""
+
+    compaction_id: str
+    summarizer: str
+    reason: str
+    detail: str
+    rejected_at: datetime
+
+
 class CompactionStore(Protocol):
     async def apply_compaction(
         self, plan: CompactionPlan, outbox: CompactionOutbox | None = None
-    ) -> Applied | AlreadyApplied:
+    ) -> ApplyOutcome:
         """Archive (with the plan's vectors), supersede, delete, restore, insert the
         clip-archive and write ``outbox.records``, in one transaction. A
-        compaction id already recorded writes nothing (``AlreadyApplied``).
+        compaction id already recorded writes nothing (``AlreadyApplied``). A plan
+        the gate refuses (``core.domain.gate.check_compaction``, run on the rows
+        the transaction removes and keeps) writes nothing but its rejection
+        (``Rejected``; listed by ``CompactionLedger.rejections``).
 
         Raises ``HistoryConflictError`` (and writes nothing) when the plan's
         messages are no longer all there, or when the stored token counts of
@@ -37,6 +58,10 @@ class CompactionStore(Protocol):
 class CompactionLedger(Protocol):
     async def compaction_applied(self, compaction_id: str) -> bool:
         """Whether the compaction id is recorded (applied, and not erased since)."""
+        ...
+
+    async def rejections(self, conversation_id: str, limit: int = 50) -> list[RejectionRecord]:
+        """The conversation's compactions the gate refused, newest first."""
         ...
 
 
