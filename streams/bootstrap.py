@@ -163,7 +163,9 @@ def _compactor(
     return create_compactor(
         model=model,
         memory=store.archive,
-        config=settings.summarization.compaction(),
+        config=settings.summarization.compaction().model_copy(
+            update={"keep_verbatim": settings.keep_verbatim()}
+        ),
         model_name=resolved.model,
         budget=settings.budget,
         tenant_weights=settings.tenant_weights(),

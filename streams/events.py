@@ -71,6 +71,11 @@ class MessageEvent(Scoped, BaseModel):
     token_count: int | None = Field(
         default=None, ge=0, description="Provider-reported token count; preferred over the estimate"
     )
+    pinned: bool = Field(
+        default=False,
+        description="Keep this message verbatim: no compaction compresses it (it counts "
+        "against the budget). Optional; an operator may pin or unpin it later",
+    )
     tenant_id: TenantId | None = Field(
         default=None,
         description="The conversation's tenant: part of its identity, so the same "
@@ -88,6 +93,7 @@ class MessageEvent(Scoped, BaseModel):
             tool_calls=self.tool_calls or None,
             tool_call_id=self.tool_call_id,
             created_at=self.created_at,
+            pinned=self.pinned,
         )
 
 

@@ -25,8 +25,10 @@ from core.compaction.summarizer import Summarizer
 from core.compaction.writes import compaction_writes
 from core.domain.chunking import Chunk, chunk_messages, in_history_order
 from core.domain.compaction import CompactionConfig, Planned, Unchanged
+from core.domain.keep_rules import keep_test
 from core.domain.messages import ConversationMessage
 from core.domain.split import HistorySplit, split_history
+from core.domain.tenancy import tenant_of
 from core.domain.tokens import TokenCounter, estimate_history_tokens
 from core.ports.storage import MemoryReader
 
@@ -48,8 +50,11 @@ class Pipeline:
     ) -> Planned | Unchanged:
         """The compaction of ``history``, or why there is none."""
         config = self.config
+        rules = config.keep_verbatim.get(tenant_of(ids.conversation_id) or "")
         split = await self.offload(
-            lambda: split_history(history, config.keep_recent, config.scoring)
+            lambda: split_history(
+                history, config.keep_recent, config.scoring, keep_test(history, rules)
+            )
         )
         planned = None
         if split.to_compress or self._may_refit(history, split):

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from core.domain.keep_rules import KeepVerbatim
 from core.domain.messages import ConversationMessage
 from core.domain.scoring import ImportanceScoringConfig
 from core.domain.specifics import Specific
@@ -106,6 +107,9 @@ class CompactionTuning(BaseModel):
 
 class CompactionConfig(CompactionTuning):
     scoring: ImportanceScoringConfig = ImportanceScoringConfig()
+    # Tenant id → its must-survive rules ([[tenants]].keep_verbatim); pinned
+    # messages are kept for every tenant (core.domain.keep_rules).
+    keep_verbatim: dict[str, KeepVerbatim] = Field(default_factory=dict)
 
 
 class PlanEmbeddings(BaseModel):

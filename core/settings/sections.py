@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from core.domain.compaction import CompactionConfig, CompactionTuning
+from core.domain.keep_rules import KeepVerbatim
 from core.domain.scoring import ImportanceScoringConfig
 from core.domain.tenancy import TENANT_ID_PATTERN, is_tenant_id
 from core.domain.usage import DEFAULT_PRICES, ModelPrice
@@ -209,3 +210,7 @@ class TenantSettings(Section):
     # The tenant's share of the provider guard's call slots and of the compaction
     # slots, against 1 for every tenant without an entry ([summarization].fair_share).
     weight: float = Field(default=1.0, gt=0, le=1000)
+    # Messages the tenant's compactions keep verbatim, beside pinned ones: by role,
+    # by tool name (the call and its result), by a regular expression found in the
+    # first 4,096 characters (at most 20 patterns of 200 characters, compiled once).
+    keep_verbatim: KeepVerbatim | None = None

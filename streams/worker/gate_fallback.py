@@ -69,5 +69,13 @@ class GateRejections:
             fallback=fallback,
             rejected_at=now,
         )
-        key = command.conversation_key.encode()
+        key = rejection_key(command.conversation_key)
         await self._publisher.publish("clip_archives", key, event.model_dump_json().encode())
+
+
+def rejection_key(conversation_key: str) -> bytes:
+    """The record key of a conversation's ``CompactionRejected``: not its clip-archive
+    events' key, so log compaction never lets a rejection replace the latest
+    clip-archive event; NUL never occurs in a conversation key (``Text``), so it
+    is no other conversation's key either."""
+    return f"{conversation_key}\x00rejected".encode()
