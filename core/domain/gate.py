@@ -24,10 +24,12 @@ from core.domain.prompts import DATA_TAG, DEFAULT_DIRECTIVE
 from core.domain.specifics import MAX_KEPT, normalized, rank_specifics, split_section
 
 RejectionReason = Literal[
-    "empty_summary", "directive_copy", "echo", "tool_pair_split", "specific_lost", "over_target"
-]
+    "empty_summary", "directive_copy", "echo", "tool_pair_split", "specific_lost", "over_target",
+    "pinned_compressed",
+]  # fmt: skip
 REJECTION_REASONS: tuple[RejectionReason, ...] = (
     "empty_summary", "directive_copy", "echo", "tool_pair_split", "specific_lost", "over_target",
+    "pinned_compressed",
 )  # fmt: skip
 
 EXTRACTIVE = "extractive"
@@ -85,6 +87,9 @@ def check_compaction(given: GateInput) -> GateVerdict:
     """The first check the plan fails, or ``Passed``."""
     raw = [m for m in given.compressed if not m.stored_clip_archive]
     summaries = [split_section(b.batch.content)[0] for b in given.plan.new_batches]
+    pinned = [m.id for m in raw if m.pinned]
+    if pinned:  # pinned after the plan was made: the plan is stale
+        return Rejected("pinned_compressed", f"pinned message(s) compressed: {pinned[:5]}")
     for verdict in (
         _summary_text(summaries, (given.directive, *given.extra_directives)),
         _echo(summaries, raw, verbatim_ok=given.plan.usage.summarizer == EXTRACTIVE),

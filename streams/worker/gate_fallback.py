@@ -79,3 +79,20 @@ def rejection_key(conversation_key: str) -> bytes:
     clip-archive event; NUL never occurs in a conversation key (``Text``), so it
     is no other conversation's key either."""
     return f"{conversation_key}\x00rejected".encode()
+
+
+def pinned_over_budget(conversation_key: str, pinned: int, budget: int, metrics: Metrics) -> bool:
+    """Pinned messages alone over the budget: no compaction can bring the history
+    under it (they are never compressed). Said, not dropped: a metric and a log
+    line naming the conversation; the compaction still compresses what it may,
+    and an operator's recompact is answered 409 (``streams.http.redo``)."""
+    if pinned <= budget:
+        return False
+    metrics.pinned_over_budget.inc()
+    log.warning(
+        "conversation %s: its pinned messages alone (%d tokens) exceed the budget (%d); "
+        "unpin some (compactor unpin) or raise the budget",
+        conversation_key, pinned, budget,
+        extra={"conversation_id": conversation_key},
+    )  # fmt: skip
+    return True

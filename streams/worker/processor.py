@@ -28,6 +28,7 @@ from core.compaction.attempt import failure_kind
 from core.domain.budget import BudgetConfig, compaction_due
 from core.domain.compaction import CompactionPlan, Failed, Planned, PlanOutcome, Unchanged
 from core.domain.gate import Rejected
+from core.domain.keep_rules import pinned_tokens
 from core.domain.messages import ConversationMessage
 from core.ports.compactor import Compactor
 from core.ports.publisher import Publisher
@@ -44,7 +45,7 @@ from streams.events import CompactionCommand
 from streams.metrics import Metrics
 from streams.worker.compaction_events import compaction_outbox, completion
 from streams.worker.dead_letters import DeadLetters
-from streams.worker.gate_fallback import GateRejections, next_safe_strategy
+from streams.worker.gate_fallback import GateRejections, next_safe_strategy, pinned_over_budget
 from streams.worker.outbox import OutboxRelay
 from streams.worker.records import InvalidRecord, Record, decode_command
 from streams.worker.scheduler import CompactionScheduler
@@ -176,6 +177,10 @@ class Processor:
         if command.action == "compact" and not compaction_due(inputs.total, self._budget):
             return await self._complete_without_compaction(command, "under_budget")
         self._metrics.observe_history_at_compaction(inputs.total, self._budget.budget_tokens)
+        pinned = pinned_tokens(inputs.stored_tokens, inputs.history)
+        pinned_over_budget(
+            command.conversation_key, pinned, self._budget.budget_tokens, self._metrics
+        )
         metrics = self._metrics
         metrics.compactions_started.inc()
         metrics.in_flight.inc()

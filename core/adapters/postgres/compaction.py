@@ -18,9 +18,11 @@ import asyncpg
 from core.adapters.postgres.compaction_gate import (
     Refused,
     check_tokens,
+    pinned_tokens,
     read_rejections,
     record_rejection,
     run_gate,
+    set_pinned,
 )
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.errors import port_errors_on_methods
@@ -50,10 +52,9 @@ class PostgresCompactions:
     async def apply_compaction(
         self, plan: CompactionPlan, outbox: CompactionOutbox | None = None
     ) -> ApplyOutcome:
-        """The insert into ``compactions`` decides whether this is a replay: callers
-        ask ``compaction_inputs`` before planning (it saves the LLM calls). The
-        gate runs on the rows the transaction removed and keeps; a refusal rolls
-        the whole transaction back and is recorded after it."""
+        """The insert into ``compactions`` decides whether this is a replay (callers ask
+        ``compaction_inputs`` first: it saves the LLM calls). The gate runs on the rows
+        removed and kept; a refusal rolls it all back and is recorded after it."""
         plan.check_consistent()
         # Every round trip here is paid by every compaction: steps that can share
         # a statement do (the lock and the record; the clip-archive and the
@@ -82,6 +83,12 @@ class PostgresCompactions:
 
     async def rejections(self, conversation_id: str, limit: int = 50) -> list[RejectionRecord]:
         return await read_rejections(self._pool, conversation_id, limit)
+
+    async def set_pinned(self, conversation_id: str, message_id: str, pinned: bool) -> bool:
+        return await set_pinned(self._pool, conversation_id, message_id, pinned)
+
+    async def pinned_tokens(self, conversation_id: str) -> int:
+        return await pinned_tokens(self._pool, conversation_id)
 
     async def compaction_applied(self, compaction_id: str) -> bool:
         found = await self._pool.fetchval(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.rows import row_to_message
 from core.domain.compaction import CompactionPlan, StoredTokens
 from core.domain.gate import (
@@ -113,3 +114,30 @@ def check_tokens(
             f"compaction {plan.compaction_id}: its rows carry {found} stored tokens, "
             f"its completion announces {announced}"
         )
+
+
+async def set_pinned(
+    pool: asyncpg.Pool, conversation_id: str, message_id: str, pinned: bool
+) -> bool:
+    """Under the conversation's lock, so it falls between two compactions' applies
+    (one planned before it that compresses the message is refused by the gate)."""
+    async with pool.acquire() as conn, conn.transaction():
+        found = await conn.fetchval(
+            """
+            UPDATE messages SET pinned = $3
+              FROM (SELECT pg_advisory_xact_lock($4, hashtext($1))) AS locked
+             WHERE conversation_id = $1 AND id = $2 AND kind = 'message'
+            RETURNING id
+            """,
+            conversation_id, message_id, pinned, CONVERSATION_LOCK_CLASS,
+        )  # fmt: skip
+    return found is not None
+
+
+async def pinned_tokens(pool: asyncpg.Pool, conversation_id: str) -> int:
+    total = await pool.fetchval(
+        "SELECT coalesce(sum(token_estimate), 0) FROM messages "
+        "WHERE conversation_id = $1 AND pinned",
+        conversation_id,
+    )
+    return int(total)

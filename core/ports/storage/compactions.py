@@ -65,5 +65,16 @@ class CompactionLedger(Protocol):
         ...
 
 
-class Compactions(CompactionStore, CompactionLedger, Protocol):
+class Pins(Protocol):
+    async def set_pinned(self, conversation_id: str, message_id: str, pinned: bool) -> bool:
+        """Pin (or unpin) a stored message of the conversation; False when it has no
+        such live message (compacted, erased, never sent). Idempotent."""
+        ...
+
+    async def pinned_tokens(self, conversation_id: str) -> int:
+        """The stored tokens of the conversation's pinned messages."""
+        ...
+
+
+class Compactions(CompactionStore, CompactionLedger, Pins, Protocol):
     """The compactions role: what a store implements (``Storage.compactions``)."""

@@ -109,6 +109,21 @@ class MemoryCompactions:
         found = [r for (c, _, _), r in self._t.rejections.items() if c == conversation_id]
         return sorted(found, key=lambda r: r.rejected_at, reverse=True)[:limit]
 
+    async def set_pinned(self, conversation_id: str, message_id: str, pinned: bool) -> bool:
+        self._t._call("set_pinned")
+        row = self._t.messages.get((conversation_id, message_id))
+        if row is None or row.kind != "message":
+            return False
+        row.message = row.message.model_copy(update={"pinned": pinned})
+        return True
+
+    async def pinned_tokens(self, conversation_id: str) -> int:
+        self._t._call("pinned_tokens")
+        return sum(
+            row.tokens for (c, _), row in self._t.messages.items()
+            if c == conversation_id and row.message.pinned
+        )  # fmt: skip
+
     def _check_applicable(self, plan: CompactionPlan) -> None:
         cid = plan.conversation_id
         missing = [i for i in plan.deleted_message_ids if (cid, i) not in self._t.messages]
