@@ -68,3 +68,23 @@ async def test_a_plan_that_cuts_a_tool_call_from_its_live_result_is_refused(stor
     verdict = await store.compactions.apply_compaction(plan, await outbox_of(store, plan))
     assert isinstance(verdict, Rejected) and verdict.reason == "tool_pair_split"
     assert await store.history.load_history(CONV) == before
+
+
+async def test_a_pinned_message_is_stored_pinned_and_a_plan_that_compresses_it_is_refused(
+    store: Any,
+) -> None:
+    """Pinned at ingest (``MessageEvent.pinned``) or by an operator after a plan was
+    made: the gate refuses the stale plan."""
+    pinned = TURNS[0].model_copy(update={"pinned": True})
+    await save_all(store, [pinned, *TURNS[1:]])
+    assert [m.pinned for m in await store.history.load_history(CONV)] == [True, False, False]
+    assert await store.compactions.set_pinned(CONV, TURNS[0].id, True)  # idempotent
+    plan = make_plan(
+        "cmp-pin", [stored("cmp-pin", 0, "The blue plan was renewed.", TURNS[:2])],
+        [m.id for m in TURNS[:2]],
+    )  # fmt: skip
+    verdict = await store.compactions.apply_compaction(plan, await outbox_of(store, plan))
+    assert isinstance(verdict, Rejected) and verdict.reason == "pinned_compressed"
+    assert await store.compactions.set_pinned(CONV, TURNS[0].id, False)
+    assert await store.compactions.set_pinned(CONV, "no-such-id", True) is False
+    assert await store.compactions.apply_compaction(plan, await outbox_of(store, plan)) == Applied()

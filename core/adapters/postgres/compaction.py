@@ -247,7 +247,7 @@ async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> list[
             ON CONFLICT (conversation_id, id) DO NOTHING
         )
         SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at,
-               kind, token_estimate
+               kind, token_estimate, pinned
           FROM gone
         """,
         list(wanted),
