@@ -31,6 +31,7 @@ from core.ports.storage import (
     ExpandedBatch,
     MemoryHit,
     MemorySearchResult,
+    RejectionRecord,
     TurnHit,
 )
 from streams.events import public_message
@@ -282,16 +283,39 @@ class Compaction(Body):
     batches: list[CompactionBatch]
 
 
+class Rejection(Body):
+    """A compaction the gate refused before it took effect (nothing of it written)."""
+
+    compaction_id: str
+    summarizer: str
+    reason: str
+    detail: str
+    rejected_at: AwareDatetime
+
+
 class CompactionLog(Identity):
-    """``GET /conversations/{id}/compactions``: its compactions, oldest first."""
+    """``GET /conversations/{id}/compactions``: its compactions, oldest first, and the
+    compactions the gate refused, newest first."""
 
     compactions: list[Compaction]
+    rejections: list[Rejection] = Field(
+        default_factory=list,
+        description='Compactions the gate refused (docs/memory.md, "The gate"), newest '
+        "first: which summariser wrote the refused summary, the check that failed, what "
+        "it found",
+    )
 
     @classmethod
-    def of(cls, conversation_key: str, records: Sequence[CompactionRecord]) -> CompactionLog:
+    def of(
+        cls,
+        conversation_key: str,
+        records: Sequence[CompactionRecord],
+        rejected: Sequence[RejectionRecord] = (),
+    ) -> CompactionLog:
         return cls(
             **Identity.fields(conversation_key),
             compactions=[Compaction.model_validate(r.model_dump()) for r in records],
+            rejections=[Rejection.model_validate(r, from_attributes=True) for r in rejected],
         )
 
 
