@@ -65,8 +65,7 @@ def register(
     register_timers(worker)
     register_lifecycle(worker)
     register_views(app, settings, components, runtime, config_path)
-    pinned = StorePinnedBudget(runtime, settings.budget.budget_tokens)
-    register_redo(app, components, pinned)  # POST recompact / restore, admin scope
+    register_redo(app, components, StorePinnedBudget(runtime, settings.budget.budget_tokens))
 
 
 def register_agents(worker: Worker) -> None:

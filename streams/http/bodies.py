@@ -294,26 +294,19 @@ class Rejection(Body):
 
 
 class CompactionLog(Identity):
-    """``GET /conversations/{id}/compactions``: its compactions, oldest first, and the
-    compactions the gate refused, newest first."""
+    """``GET /conversations/{id}/compactions``: its compactions, oldest first."""
 
     compactions: list[Compaction]
     rejections: list[Rejection] = Field(
-        default_factory=list,
-        description='Compactions the gate refused (docs/memory.md, "The gate"), newest '
-        "first: which summariser wrote the refused summary, the check that failed, what "
-        "it found",
+        default_factory=list, description="Compactions the gate refused, newest first"
     )
 
     @classmethod
     def of(
-        cls,
-        conversation_key: str,
-        records: Sequence[CompactionRecord],
-        rejected: Sequence[RejectionRecord] = (),
+        cls, key: str, records: Sequence[CompactionRecord], rejected: Sequence[RejectionRecord] = ()
     ) -> CompactionLog:
         return cls(
-            **Identity.fields(conversation_key),
+            **Identity.fields(key),
             compactions=[Compaction.model_validate(r.model_dump()) for r in records],
             rejections=[Rejection.model_validate(r, from_attributes=True) for r in rejected],
         )

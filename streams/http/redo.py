@@ -111,14 +111,8 @@ def _register(
                 return self.json(FORBIDDEN, status=403)
             except (ValueError, ValidationError) as error:
                 return self.json({"error": _first_error(error)}, status=400)
-            if pinned is not None:
-                tokens = await pinned.pinned_tokens(event.conversation_key)
-                if tokens > pinned.budget_tokens:
-                    problem = (
-                        f"the conversation's pinned messages alone ({tokens} tokens) exceed the "
-                        f"budget ({pinned.budget_tokens}): unpin some first (compactor unpin)"
-                    )
-                    return self.json({"error": problem}, status=409)
+            if pinned is not None and (over := await _pinned_over(pinned, event)) is not None:
+                return self.json({"error": over}, status=409)
             await components.requests.send(event)
             components.metrics.operator_requests.labels(action, "requested").inc()
             accepted = RedoAccepted(
@@ -130,6 +124,18 @@ def _register(
             return self.json(accepted.model_dump(mode="json"), status=202)
 
     Redo.__name__ = f"{action.capitalize()}View"
+
+
+async def _pinned_over(pinned: PinnedBudget, event: Any) -> str | None:
+    """Why no recompact can fit the conversation (its pinned messages alone exceed
+    the budget), or None."""
+    tokens = await pinned.pinned_tokens(event.conversation_key)
+    if tokens <= pinned.budget_tokens:
+        return None
+    return (
+        f"the conversation's pinned messages alone ({tokens} tokens) exceed the "
+        f"budget ({pinned.budget_tokens}): unpin some first (compactor unpin)"
+    )
 
 
 def _first_error(error: ValueError | ValidationError) -> str:
