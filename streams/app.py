@@ -18,7 +18,7 @@ from typing import Any
 import faust
 
 from core.settings import Settings
-from streams.http.redo import register_redo
+from streams.http.redo import StorePinnedBudget, register_redo
 from streams.http.views import register_views
 from streams.kafka.consumer import CommandToken, ConsumerSide
 from streams.kafka.faust_app import raw_topic
@@ -65,7 +65,7 @@ def register(
     register_timers(worker)
     register_lifecycle(worker)
     register_views(app, settings, components, runtime, config_path)
-    register_redo(app, components)  # POST recompact / restore, admin scope
+    register_redo(app, components, StorePinnedBudget(runtime, settings.budget.budget_tokens))
 
 
 def register_agents(worker: Worker) -> None:

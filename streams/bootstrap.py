@@ -168,7 +168,7 @@ def _compactor(
         memory=store.archive,
         config=settings.summarization.compaction(
             settings.compaction.strategy_config(settings.tenants)
-        ),
+        ).model_copy(update={"keep_verbatim": settings.keep_verbatim()}),
         model_name=resolved.model,
         budget=settings.budget,
         tenant_weights=settings.tenant_weights(),

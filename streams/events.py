@@ -11,6 +11,7 @@ from typing import Annotated, Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
+from core.domain.gate import RejectionReason as GateReason
 from core.domain.messages import ConversationMessage, Role, Text, ToolCall
 from core.domain.specifics import Specific
 from core.domain.strategies import StrategyFreed
@@ -79,6 +80,11 @@ class MessageEvent(Scoped, BaseModel):
         description="Provider-reported token count; preferred over the estimate, kept within "
         "[ceil(estimate/4), 64 x estimate + 256] of the service's own estimate",
     )
+    pinned: bool = Field(
+        default=False,
+        description="Keep this message verbatim: no compaction compresses it (it counts "
+        "against the budget). Optional; an operator may pin or unpin it later",
+    )
     tenant_id: TenantId | None = Field(
         default=None,
         description="The conversation's tenant: part of its identity, so the same "
@@ -96,6 +102,7 @@ class MessageEvent(Scoped, BaseModel):
             tool_calls=self.tool_calls or None,
             tool_call_id=self.tool_call_id,
             created_at=self.created_at,
+            pinned=self.pinned,
         )
 
 
@@ -333,6 +340,31 @@ class ClipArchiveEvent(Scoped, BaseModel):
 
 _REQUEST_FIELDS = {"action", "request_id", "restored_message_ids", "not_restored_message_ids"}
 _STRATEGY_FIELDS = {"strategies", "replaced_messages"}
+
+
+class CompactionRejected(Scoped, BaseModel):
+    """A compaction the gate refused before it took effect (``core.domain.gate``):
+    nothing of it was written. On the clip-archives topic, keyed like a
+    ``ClipArchiveEvent`` (at least once: de-duplicate by ``compaction_id`` and
+    ``summarizer``); a consumer that reads only ``ClipArchiveEvent`` tells them apart
+    by ``type``, which a clip-archive event does not carry."""
+
+    model_config = EVENT_CONFIG
+
+    type: Literal["compaction_rejected"] = "compaction_rejected"
+    schema_version: Literal[1] = 1
+    compaction_id: str
+    conversation_id: str
+    tenant_id: TenantId | None = None
+    summarizer: str = Field(description="Who wrote the refused summary (llm, extractive)")
+    reason: GateReason = Field(description="The gate's check that failed")
+    detail: str = Field(description="What the check found (counts and ids, never content)")
+    fallback: str | None = Field(
+        default=None,
+        description="What the conversation falls back to: extractive; null: none left, "
+        "the command fails and the history stays as it was",
+    )
+    rejected_at: AwareDatetime
 
 
 def public_message(message: ConversationMessage) -> ConversationMessage:

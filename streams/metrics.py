@@ -151,6 +151,17 @@ class Metrics:
             "the messages kept verbatim leave no room for a clip-archive",
             registry=r,
         )
+        self.compactions_rejected = Counter(
+            "compactor_compactions_rejected_total",
+            "Compactions the gate refused before they took effect (history untouched)",
+            ["reason", "summarizer"],
+            registry=r,
+        )
+        self.pinned_over_budget = Counter(
+            "compactor_pinned_over_budget_total",
+            "Compactions that found a conversation's pinned messages alone over the budget",
+            registry=r,
+        )
         self.history_budget_ratio = Histogram(
             "compactor_history_budget_ratio",
             "Stored history tokens / budget tokens when a compaction loads the history",

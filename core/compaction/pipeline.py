@@ -27,6 +27,7 @@ from core.compaction.summarizer import Summarizer
 from core.compaction.writes import compaction_writes
 from core.domain.chunking import Chunk, chunk_messages, in_history_order
 from core.domain.compaction import CompactionConfig, Planned, Unchanged
+from core.domain.keep_rules import keep_test
 from core.domain.messages import ConversationMessage
 from core.domain.split import HistorySplit, split_history
 from core.domain.strategies import StrategyName
@@ -83,8 +84,11 @@ class Pipeline:
     ) -> Planned | Unchanged:
         """Today's LLM pipeline, the ``summarize`` strategy."""
         config = self.config
+        rules = config.keep_verbatim.get(tenant_of(ids.conversation_id) or "")
         split = await self.offload(
-            lambda: split_history(history, config.keep_recent, config.scoring)
+            lambda: split_history(
+                history, config.keep_recent, config.scoring, keep_test(history, rules)
+            )
         )
         planned = None
         if split.to_compress or self._may_refit(history, split):
@@ -153,7 +157,15 @@ class Pipeline:
             clip = fitted or clip
             over_target = self.fitter.over_target_reason(clip, live, kept_tokens)
         return compaction_writes(
-            history, split, archive, clip, restored, self.counter, calls, over_target
+            history,
+            split,
+            archive,
+            clip,
+            restored,
+            self.counter,
+            calls,
+            over_target,
+            self.fitter.target,
         )
 
     async def _resummarise_overflow(

@@ -23,6 +23,7 @@ def compaction_writes(
     counter: TokenCounter,
     calls: LlmSpend,
     over_target: str | None = None,
+    target: int | None = None,
 ) -> Planned:
     """The compressed messages (and the clip-archive they replace) deleted, the
     archive's new and superseded batches, ``clip`` inserted, ``restored`` turns
@@ -46,5 +47,6 @@ def compaction_writes(
         tokens_estimate_after=estimate_history_tokens(after, counter),
         restored_message_ids=tuple(m.id for m in restored),
         usage=calls.usage(),
+        target_tokens=target if over_target is None else None,
     )
     return Planned(plan, after, over_target, calls.input_tokens, calls.output_tokens)

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from core.domain.keep_rules import KeepVerbatim
 from core.domain.messages import ConversationMessage
 from core.domain.scoring import ImportanceScoringConfig
 from core.domain.specifics import Specific
@@ -109,6 +110,9 @@ class CompactionConfig(CompactionTuning):
     scoring: ImportanceScoringConfig = ImportanceScoringConfig()
     # The strategy pipeline ([compaction], per tenant in [[tenants]]).
     strategies: StrategyConfig = StrategyConfig()
+    # Tenant id → its must-survive rules ([[tenants]].keep_verbatim); pinned
+    # messages are kept for every tenant (core.domain.keep_rules).
+    keep_verbatim: dict[str, KeepVerbatim] = Field(default_factory=dict)
 
 
 class PlanEmbeddings(BaseModel):
@@ -161,6 +165,10 @@ class CompactionPlan(BaseModel):
     # as raw turns in the same transaction), and what each strategy that ran freed.
     replaced: tuple[ReplacedMessage, ...] = ()
     strategies: tuple[StrategyFreed, ...] = ()
+    # The target the compactor fitted the history under; the store's gate
+    # (core.domain.gate) rejects a plan whose history after is over it. None: no
+    # target, or the compactor already said the history stays over it.
+    target_tokens: int | None = None
 
     @property
     def clip_tokens(self) -> int:
@@ -221,6 +229,7 @@ FailureKind = Literal[
     "model_response",
     "model_error",
     "history_conflict",
+    "gate_rejected",
     "store_unavailable",
     "error",
 ]

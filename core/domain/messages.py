@@ -121,6 +121,10 @@ class ConversationMessage(BaseModel):
     tool_calls: tuple[ToolCall, ...] | None = None
     tool_call_id: Text | None = None
     created_at: AwareDatetime
+    # Kept verbatim by every compaction (docs/memory.md, "Pinned messages"): sent
+    # so by the producer, or pinned by an operator since. Left out of a dump
+    # while false, so what the service wrote before it is written the same.
+    pinned: bool = Field(default=False, exclude_if=lambda pinned: not pinned)
 
     # Whether the service itself stored this message as a clip-archive: set only
     # by a store reading back one of its clip-archive rows, or by the compactor

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from core.domain.clip_archive import is_clip_archive
+from core.domain.keep_rules import KeepTest, is_pinned
 from core.domain.messages import ConversationMessage
 from core.domain.scoring import DEFAULT_SCORING, ImportanceScoringConfig, score_message
 
@@ -71,23 +72,40 @@ def tool_safe_boundary_after(body: Sequence[ConversationMessage], boundary: int)
         boundary = max(straddling) + 1
 
 
+def kept_verbatim(body: Sequence[ConversationMessage], boundary: int, keep: KeepTest) -> set[int]:
+    """Positions before ``boundary`` that ``keep`` keeps, with the other half of each
+    tool pair they belong to (a kept call keeps its results, and the reverse)."""
+    kept = {i for i in range(boundary) if keep(body[i])}
+    if not kept:
+        return kept
+    for first, last in _tool_pair_spans(body):
+        if first < boundary and (first in kept or last in kept):
+            kept.update(range(first, min(last + 1, boundary)))
+    return kept
+
+
 def split_history(
     history: Sequence[ConversationMessage],
     keep_recent: int,
     scoring: ImportanceScoringConfig = DEFAULT_SCORING,
+    keep: KeepTest = is_pinned,
 ) -> HistorySplit:
+    """``keep``: messages older than the last ``keep_recent`` that stay verbatim
+    (pinned ones, a tenant's must-survive rules: ``core.domain.keep_rules``);
+    they stay in ``to_keep`` in history order, before the recent ones."""
     if keep_recent < 0:
         raise ValueError("keep_recent must be >= 0")
     prior_summary = history[0] if history and is_clip_archive(history[0]) else None
     body = history[1:] if prior_summary is not None else history
     boundary = tool_safe_boundary(body, max(0, len(body) - keep_recent))
-    older = body[:boundary]
+    pinned = kept_verbatim(body, boundary, keep)
+    older = [m for i, m in enumerate(body[:boundary]) if i not in pinned]
     total = len(older)
     scores = [score_message(message, i, total, scoring) for i, message in enumerate(older)]
     # sorted() is stable: equal scores keep chronological order (compaction-v2.AC3.6).
     order = sorted(range(total), key=scores.__getitem__)
     return HistorySplit(
         to_compress=tuple(older[i] for i in order),
-        to_keep=tuple(body[boundary:]),
+        to_keep=(*(body[i] for i in sorted(pinned)), *body[boundary:]),
         prior_summary=prior_summary,
     )

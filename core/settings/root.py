@@ -11,6 +11,7 @@ from pydantic import field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from core.domain.budget import BudgetConfig
+from core.domain.keep_rules import KeepVerbatim
 from core.settings.sections import (
     ArchiveSettings,
     CompactionSettings,
@@ -79,6 +80,10 @@ class Settings(BaseSettings):
     def tenant(self, tenant_id: str | None) -> TenantSettings | None:
         """The ``[[tenants]]`` entry of ``tenant_id``, if it has one."""
         return next((t for t in self.tenants if t.id == tenant_id), None)
+
+    def keep_verbatim(self) -> dict[str, KeepVerbatim]:
+        """Tenant id → its must-survive rules, for the tenants that set some."""
+        return {t.id: t.keep_verbatim for t in self.tenants if t.keep_verbatim is not None}
 
     def tenant_weights(self) -> dict[str, float]:
         """Tenant → fair-share weight, for the tenants whose entry sets one."""

@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from core.domain.compaction import CompactionConfig, CompactionTuning
+from core.domain.keep_rules import KeepVerbatim
 from core.domain.scoring import ImportanceScoringConfig
 from core.domain.strategies import (
     DEFAULT_STRATEGIES,
@@ -258,3 +259,8 @@ class TenantSettings(Section):
     @classmethod
     def _order(cls, value: tuple[StrategyName, ...] | None) -> tuple[StrategyName, ...] | None:
         return None if value is None else checked_order(value)
+
+    # Messages the tenant's compactions keep verbatim, beside pinned ones: by role,
+    # by tool name (the call and its result), by a regular expression found in the
+    # first 1,024 characters (at most 20 patterns of 200 characters, compiled once).
+    keep_verbatim: KeepVerbatim | None = None

@@ -38,6 +38,7 @@ from streams.cli.kafka_commands import (
     cmd_topics,
     cmd_worker,
 )
+from streams.cli.pin_commands import add_pin_commands, cmd_pin
 from streams.cli.read_commands import add_remote_options, cmd_expand, cmd_history, cmd_memory_read
 from streams.cli.redo import RequestError
 from streams.cli.replay import PublishError
@@ -78,6 +79,8 @@ COMMANDS: dict[str, Handler] = {
     "config": cmd_config,
     "openapi": cmd_openapi,
     "dead-letters": cmd_dead_letters,
+    "pin": cmd_pin,
+    "unpin": cmd_pin,
 }
 
 #: Exit code 2: the configuration (or the topics it names) is wrong.
@@ -253,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # In the order `compactor --help` lists them.
     _add_store_commands(sub)
+    add_pin_commands(sub)
     add_tenant_commands(sub)
     add_usage_command(sub)
     _add_demo(sub)

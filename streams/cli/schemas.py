@@ -21,6 +21,7 @@ from streams.events import (
     ClipArchiveEvent,
     CompactionCommand,
     CompactionCompleted,
+    CompactionRejected,
     DeadLetterHeaders,
     EraseCompleted,
     EraseRequest,
@@ -43,6 +44,7 @@ WIRE_EVENTS: dict[str, tuple[type[BaseModel], Literal["validation", "serializati
     "EraseRequest": (EraseRequest, "serialization"),
     "EraseCompleted": (EraseCompleted, "serialization"),
     "ClipArchiveEvent": (ClipArchiveEvent, "serialization"),
+    "CompactionRejected": (CompactionRejected, "serialization"),
     "DeadLetterHeaders": (DeadLetterHeaders, "serialization"),
 }
 

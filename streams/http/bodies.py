@@ -32,6 +32,7 @@ from core.ports.storage import (
     ExpandedBatch,
     MemoryHit,
     MemorySearchResult,
+    RejectionRecord,
     TurnHit,
 )
 from streams.events import public_message
@@ -295,16 +296,32 @@ class Compaction(Body):
     )
 
 
+class Rejection(Body):
+    """A compaction the gate refused before it took effect (nothing of it written)."""
+
+    compaction_id: str
+    summarizer: str
+    reason: str
+    detail: str
+    rejected_at: AwareDatetime
+
+
 class CompactionLog(Identity):
     """``GET /conversations/{id}/compactions``: its compactions, oldest first."""
 
     compactions: list[Compaction]
+    rejections: list[Rejection] = Field(
+        default_factory=list, description="Compactions the gate refused, newest first"
+    )
 
     @classmethod
-    def of(cls, conversation_key: str, records: Sequence[CompactionRecord]) -> CompactionLog:
+    def of(
+        cls, key: str, records: Sequence[CompactionRecord], rejected: Sequence[RejectionRecord] = ()
+    ) -> CompactionLog:
         return cls(
-            **Identity.fields(conversation_key),
+            **Identity.fields(key),
             compactions=[Compaction.model_validate(r.model_dump()) for r in records],
+            rejections=[Rejection.model_validate(r, from_attributes=True) for r in rejected],
         )
 
 

@@ -129,10 +129,17 @@ ROUTES: tuple[Route, ...] = (
             bodies.RedoAccepted,
             params,
             ("conversation_id",),
-            (400, 401, 403, 413, 429, 503),
+            (400, 401, 403, 409, 413, 429, 503)
+            if action == "recompact"
+            else (400, 401, 403, 413, 429, 503),
             scope="admin",
             notes="An admin token only; no body. Answered 202 once the request is on the "
-            "control topic: the conversation's worker does it.",
+            "control topic: the conversation's worker does it."
+            + (
+                " 409: the conversation's pinned messages alone exceed the budget."
+                if action == "recompact"
+                else ""
+            ),
             method="post",
             ok_status=202,
         )
@@ -203,8 +210,9 @@ _REFUSALS = {
     401: "No valid bearer token",
     403: "The token may not read that (another tenant's, or a missing scope)",
     404: "Unknown (also answered 403 to a tenant token, so the difference reveals nothing)",
-    409: "The message named by through or after is not stored yet (within wait_ms): "
-    "retry after Retry-After seconds",
+    409: "context: the message named by through or after is not stored yet (within "
+    "wait_ms), retry after Retry-After seconds; recompact: the conversation's pinned "
+    "messages alone exceed the budget",
     413: "The request had a body",
     429: "Too many requests for this token, or failed authentications from here: "
     "wait Retry-After seconds",

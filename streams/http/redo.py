@@ -22,12 +22,14 @@ id, so it reaches the owner without forwarding. Kept apart from
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import faust
 from faust.web import Request, Response, View
 from pydantic import ValidationError
 
+from core.ports.storage.compactions import Pins
 from streams.events import MAX_ID_LENGTH
 from streams.http.access import (
     FORBIDDEN,
@@ -41,14 +43,47 @@ from streams.worker.components import Components
 from streams.worker.requests import operator_request
 
 
-def register_redo(app: faust.App, components: Components[Any]) -> None:
-    """The two POST routes (registered by ``streams.app.register``, behind the guard)."""
+class PinnedBudget(Protocol):
+    """What a recompact checks first: the pinned tokens against the budget."""
+
+    @property
+    def budget_tokens(self) -> int: ...
+
+    async def pinned_tokens(self, conversation_id: str) -> int: ...
+
+
+class _PinsRole(Protocol):
+    @property
+    def compactions(self) -> Pins: ...
+
+
+@dataclass(frozen=True)
+class StorePinnedBudget:
+    """``PinnedBudget`` from the worker's runtime (its role looked up at each call,
+    so a runtime not yet open answers ``StoreUnavailable`` like every view)."""
+
+    runtime: _PinsRole
+    budget_tokens: int
+
+    async def pinned_tokens(self, conversation_id: str) -> int:
+        return await self.runtime.compactions.pinned_tokens(conversation_id)
+
+
+def register_redo(
+    app: faust.App, components: Components[Any], pinned: PinnedBudget | None = None
+) -> None:
+    """The two POST routes (registered by ``streams.app.register``, behind the guard).
+    ``pinned``: a recompact of a conversation whose pinned messages alone exceed
+    the budget is answered 409 (no recompact can fit it), not sent."""
     for action in ("recompact", "restore"):
-        _register(app, components, action)
+        _register(app, components, action, pinned if action == "recompact" else None)
 
 
 def _register(
-    app: faust.App, components: Components[Any], action: Literal["recompact", "restore"]
+    app: faust.App,
+    components: Components[Any],
+    action: Literal["recompact", "restore"],
+    pinned: PinnedBudget | None,
 ) -> None:
     @app.page(f"/conversations/{{conversation_id}}/{action}")
     class Redo(View):
@@ -76,6 +111,8 @@ def _register(
                 return self.json(FORBIDDEN, status=403)
             except (ValueError, ValidationError) as error:
                 return self.json({"error": _first_error(error)}, status=400)
+            if pinned is not None and (over := await _pinned_over(pinned, event)) is not None:
+                return self.json({"error": over}, status=409)
             await components.requests.send(event)
             components.metrics.operator_requests.labels(action, "requested").inc()
             accepted = RedoAccepted(
@@ -87,6 +124,18 @@ def _register(
             return self.json(accepted.model_dump(mode="json"), status=202)
 
     Redo.__name__ = f"{action.capitalize()}View"
+
+
+async def _pinned_over(pinned: PinnedBudget, event: Any) -> str | None:
+    """Why no recompact can fit the conversation (its pinned messages alone exceed
+    the budget), or None."""
+    tokens = await pinned.pinned_tokens(event.conversation_key)
+    if tokens <= pinned.budget_tokens:
+        return None
+    return (
+        f"the conversation's pinned messages alone ({tokens} tokens) exceed the "
+        f"budget ({pinned.budget_tokens}): unpin some first (compactor unpin)"
+    )
 
 
 def _first_error(error: ValueError | ValidationError) -> str:

@@ -112,6 +112,9 @@ class CompactionsViewPorts(Protocol):
     def history(self) -> HistoryReader: ...
 
     @property
+    def compactions(self) -> CompactionLedger: ...
+
+    @property
     def archive(self) -> CompactionLogReader: ...
 
 
@@ -291,7 +294,8 @@ def register_compactions(app: faust.App, runtime: CompactionsViewPorts) -> None:
             records = await runtime.archive.compaction_log(key, scope=scope)
             if not records and not await runtime.history.load_history(key, scope=scope, limit=1):
                 return problem_response(self, bodies.unknown_conversation(key), 404)
-            return self.json(json_body(bodies.CompactionLog.of(key, records)))
+            rejected = await runtime.compactions.rejections(key)
+            return self.json(json_body(bodies.CompactionLog.of(key, records, rejected)))
 
 
 def register_document(app: faust.App, service: ServiceSettings) -> None:

@@ -27,6 +27,8 @@ from typing import Generic, Protocol, TypeVar
 from core.compaction.attempt import failure_kind
 from core.domain.budget import BudgetConfig, compaction_due
 from core.domain.compaction import CompactionPlan, Failed, Planned, PlanOutcome, Unchanged
+from core.domain.gate import Rejected
+from core.domain.keep_rules import pinned_tokens
 from core.domain.messages import ConversationMessage
 from core.domain.tenancy import tenant_of
 from core.ports.compactor import Compactor
@@ -45,6 +47,7 @@ from streams.events import CompactionCommand
 from streams.metrics import Metrics
 from streams.worker.compaction_events import compaction_outbox, completion
 from streams.worker.dead_letters import DeadLetters
+from streams.worker.gate_fallback import GateRejections, next_safe_strategy, pinned_over_budget
 from streams.worker.outbox import OutboxRelay
 from streams.worker.records import InvalidRecord, Record, decode_command
 from streams.worker.scheduler import CompactionScheduler
@@ -142,6 +145,7 @@ class Processor:
         self._metrics = metrics
         self._budget = budget
         self._clock = clock
+        self._rejections = GateRejections(publisher, metrics)
 
     async def compact(self, command: CompactionCommand) -> CommandOutcome:
         """Run the command; one that failed because the provider was down waits for
@@ -178,6 +182,10 @@ class Processor:
         if command.action == "compact" and not compaction_due(inputs.total, self._budget):
             return await self._complete_without_compaction(command, "under_budget")
         self._metrics.observe_history_at_compaction(inputs.total, self._budget.budget_tokens)
+        pinned = pinned_tokens(inputs.stored_tokens, inputs.history)
+        pinned_over_budget(
+            command.conversation_key, pinned, self._budget.budget_tokens, self._metrics
+        )
         metrics = self._metrics
         metrics.compactions_started.inc()
         metrics.in_flight.inc()
@@ -194,6 +202,29 @@ class Processor:
         planned = await self._ask_compactor(command, inputs.history)
         if not isinstance(planned, Planned):
             return planned
+        written = await self._write(command, inputs, planned)
+        if not isinstance(written, Rejected):
+            return written
+        fallback = next_safe_strategy(planned.plan, command.action)
+        await self._rejections.report(command, planned.plan, written, fallback, self._now())
+        if fallback is None:
+            return Failed("gate_rejected", f"rejected by the gate: {written.detail}")
+        key, compaction_id = command.conversation_key, command.compaction_id
+        compactor = self._runtime.compactor
+        again = await compactor.plan(
+            inputs.history, key, compaction_id=compaction_id, fallback=True
+        )
+        if not isinstance(again, Planned):
+            return again
+        rewritten = await self._write(command, inputs, again)
+        if isinstance(rewritten, Rejected):
+            await self._rejections.report(command, again.plan, rewritten, None, self._now())
+            return Failed("gate_rejected", f"rejected by the gate: {rewritten.detail}")
+        return rewritten
+
+    async def _write(
+        self, command: CompactionCommand, inputs: CompactionInputs, planned: Planned
+    ) -> _Written | AlreadyApplied | Rejected | Failed:
         self._metrics.llm_tokens.labels("input").inc(planned.llm_input_tokens)
         self._metrics.llm_tokens.labels("output").inc(planned.llm_output_tokens)
         outbox = compaction_outbox(command, inputs, planned.plan, self._now())
@@ -328,7 +359,7 @@ class Processor:
 
 async def write_plan(
     store: CompactionStore, plan: CompactionPlan, outbox: CompactionOutbox | None = None
-) -> Applied | AlreadyApplied | Failed:
+) -> Applied | AlreadyApplied | Rejected | Failed:
     """Write ``plan`` (and ``outbox``) in one transaction. On any failure the
     history stays exactly as it was and ``Failed`` says why."""
     try:

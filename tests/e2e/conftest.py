@@ -161,6 +161,8 @@ def decode_clip_events(records: list[Record]) -> dict[str, ClipArchiveEvent]:
     by_id: dict[str, bytes] = {}
     for record in records:
         assert record.value is not None
+        if b'"type":"compaction_rejected"' in record.value:  # the gate's, not a clip-archive
+            continue
         event = ClipArchiveEvent.model_validate_json(record.value)
         assert record.key == event.conversation_key.encode(), "clip-archive keyed by conversation"
         previous = by_id.setdefault(event.compaction_id, record.value)

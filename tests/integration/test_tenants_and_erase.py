@@ -72,6 +72,15 @@ async def _conversation(store: PostgresStore, bare: str, tenant: str | None, wor
     record = OutboxRecord(topic="clip_archives", key=cid, payload="{}")
     inputs = await store.history.compaction_inputs(plan.compaction_id, cid, up_to_seq=None)
     outbox = CompactionOutbox((record,), StoredTokens.of(plan, inputs.stored_tokens))
+    # First a summary the gate refuses (an empty one): its refusal is the
+    # conversation's row in compaction_rejections.
+    empty = plan.model_copy(
+        update={"new_batches": tuple(
+            b.model_copy(update={"batch": b.batch.model_copy(update={"content": " "})})
+            for b in plan.new_batches
+        )}
+    )  # fmt: skip
+    assert not isinstance(await store.compactions.apply_compaction(empty, outbox), Applied)
     assert await store.compactions.apply_compaction(plan, outbox) == Applied()
     return cid
 

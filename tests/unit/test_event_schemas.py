@@ -43,6 +43,7 @@ def test_every_wire_event_has_a_schema_and_a_section_in_the_readme() -> None:
         "EraseRequest",
         "EraseCompleted",
         "ClipArchiveEvent",
+        "CompactionRejected",
         "DeadLetterHeaders",
     }
     readme = (EVENTS_DOCS / "README.md").read_text()

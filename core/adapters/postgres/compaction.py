@@ -11,23 +11,34 @@ removes and adds carry the stored token counts those records announce.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from core.adapters.postgres.compaction_gate import (
+    Refused,
+    check_tokens,
+    pinned_tokens,
+    read_rejections,
+    record_rejection,
+    run_gate,
+    set_pinned,
+)
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.replacements import replace_in_place, strategies_json
 from core.adapters.postgres.rows import batch_rows, tool_calls_json
-from core.domain.compaction import CompactionPlan, StoredTokens
+from core.domain.compaction import CompactionPlan
 from core.domain.tenancy import tenant_of
 from core.ports.storage import (
     AlreadyApplied,
     Applied,
+    ApplyOutcome,
     CompactionOutbox,
     Compactions,
     HistoryConflictError,
     OutboxRecord,
+    RejectionRecord,
 )
 
 if TYPE_CHECKING:
@@ -41,47 +52,51 @@ class PostgresCompactions:
 
     async def apply_compaction(
         self, plan: CompactionPlan, outbox: CompactionOutbox | None = None
-    ) -> Applied | AlreadyApplied:
-        """The insert into ``compactions`` decides whether this is a replay: callers
-        ask ``compaction_inputs`` before planning (it saves the LLM calls)."""
+    ) -> ApplyOutcome:
+        """The insert into ``compactions`` decides whether this is a replay (callers ask
+        ``compaction_inputs`` first: it saves the LLM calls). The gate runs on the rows
+        removed and kept; a refusal rolls it all back and is recorded after it."""
         plan.check_consistent()
         # Every round trip here is paid by every compaction: steps that can share
         # a statement do (the lock and the record; the clip-archive and the
         # outbox), and a step with nothing to do sends nothing.
-        async with self._pool.acquire() as conn, conn.transaction():
-            if not await _lock_and_record(conn, plan):
-                return AlreadyApplied()
-            await _supersede(conn, plan)
-            await _insert_batches(conn, plan)
-            await _place_resummarised(conn, plan)
-            removed = await _archive_compacted(conn, plan)
-            replaced_removed, replaced_added = await replace_in_place(conn, plan)
-            removed += replaced_removed
-            restored = await _restore_turns(conn, plan) + replaced_added
-            await _relink_archived_turns(conn, plan)
-            await _store_turn_vectors(conn, plan)
-            if outbox is not None:
-                _check_tokens(plan, outbox.tokens, removed, restored)
-            await _insert_clip_archive(conn, plan, outbox.records if outbox is not None else ())
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                if not await _lock_and_record(conn, plan):
+                    return AlreadyApplied()
+                await _supersede(conn, plan)
+                await _insert_batches(conn, plan)
+                await _place_resummarised(conn, plan)
+                gone = await _archive_compacted(conn, plan)
+                replaced_removed, replaced_added = await replace_in_place(conn, plan)
+                await run_gate(conn, plan, gone)
+                removed = sum(int(row["token_estimate"]) for row in gone) + replaced_removed
+                restored = await _restore_turns(conn, plan) + replaced_added
+                await _relink_archived_turns(conn, plan)
+                await _store_turn_vectors(conn, plan)
+                if outbox is not None:
+                    check_tokens(plan, outbox.tokens, removed, restored)
+                records = outbox.records if outbox is not None else ()
+                await _insert_clip_archive(conn, plan, records)
+        except Refused as refused:
+            await record_rejection(self._pool, plan, refused.verdict)
+            return refused.verdict
         return Applied()
+
+    async def rejections(self, conversation_id: str, limit: int = 50) -> list[RejectionRecord]:
+        return await read_rejections(self._pool, conversation_id, limit)
+
+    async def set_pinned(self, conversation_id: str, message_id: str, pinned: bool) -> bool:
+        return await set_pinned(self._pool, conversation_id, message_id, pinned)
+
+    async def pinned_tokens(self, conversation_id: str) -> int:
+        return await pinned_tokens(self._pool, conversation_id)
 
     async def compaction_applied(self, compaction_id: str) -> bool:
         found = await self._pool.fetchval(
             "SELECT EXISTS (SELECT 1 FROM compactions WHERE compaction_id = $1)", compaction_id
         )
         return bool(found)
-
-
-def _check_tokens(
-    plan: CompactionPlan, announced: StoredTokens, removed: int, restored: int
-) -> None:
-    """The completion announces what the store's total moves by; it must be so."""
-    found = StoredTokens(removed=removed, added=plan.clip_tokens + restored)
-    if found != announced:
-        raise HistoryConflictError(
-            f"compaction {plan.compaction_id}: its rows carry {found} stored tokens, "
-            f"its completion announces {announced}"
-        )
 
 
 # -- apply steps (inside the transaction) ----------------------------------------
@@ -208,14 +223,14 @@ def _turn_batches(plan: CompactionPlan) -> dict[str, str]:
     return owner
 
 
-async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
+async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> list[Any]:
     """Move the compacted messages to ``archived_messages`` (raw turns, linked to
     their batch; a replaced clip-archive is dropped), in one statement (its
-    triggers count them into the BM25 figures, migration 0011); the sum of
-    their stored token counts."""
+    triggers count them into the BM25 figures, migration 0011); the rows
+    removed (for the gate, and their stored token counts)."""
     wanted = set(plan.deleted_message_ids)
     if not wanted:
-        return 0
+        return []
     owner = _turn_batches(plan)
     rows = await conn.fetch(
         """
@@ -235,7 +250,9 @@ async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
             ON CONFLICT (conversation_id, id) DO UPDATE SET batch_id = EXCLUDED.batch_id
                 WHERE archived_messages.batch_id IS NULL
         )
-        SELECT id, token_estimate FROM gone
+        SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at,
+               kind, token_estimate, pinned
+          FROM gone
         """,
         list(wanted),
         plan.conversation_id,
@@ -249,7 +266,7 @@ async def _archive_compacted(conn: AnyConnection, plan: CompactionPlan) -> int:
             f"compaction {plan.compaction_id}: {len(missing)} message(s) it compacts are no "
             f"longer in conversation {plan.conversation_id}: {_preview(missing)}"
         )
-    return sum(int(row["token_estimate"]) for row in rows)
+    return list(rows)
 
 
 async def _restore_turns(conn: AnyConnection, plan: CompactionPlan) -> int:

@@ -42,7 +42,8 @@ async def _load_history(
     # strictly after ``after``'s key (LIMIT NULL is no limit).
     rows = await pool.fetch(
         """
-        SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at, kind
+        SELECT id, conversation_id, role, content, tool_calls, tool_call_id, created_at, kind,
+               pinned
           FROM messages
          WHERE conversation_id = $1
            AND (kind = 'clip_archive' OR (
@@ -100,7 +101,8 @@ class PostgresHistory:
         rows = await self._pool.fetch(
             """
             SELECT f.applied, f.total, m.id, m.conversation_id, m.role, m.content,
-                   m.tool_calls, m.tool_call_id, m.created_at, m.kind, m.token_estimate
+                   m.tool_calls, m.tool_call_id, m.created_at, m.kind, m.token_estimate,
+                   m.pinned
               FROM (SELECT EXISTS (SELECT 1 FROM compactions
                                     WHERE conversation_id = $2 AND compaction_id = $1)
                                AS applied,

@@ -85,13 +85,13 @@ ON CONFLICT (conversation_id) DO UPDATE
 # redelivery must not bring it back (see the module's docstring).
 _INSERT_SQL = """
 INSERT INTO messages (id, conversation_id, role, content, tool_calls,
-                      tool_call_id, created_at, token_estimate)
+                      tool_call_id, created_at, token_estimate, pinned)
 SELECT r.id, r.conversation_id, r.role, r.content, r.tool_calls::jsonb,
-       r.tool_call_id, r.created_at, r.token_estimate
+       r.tool_call_id, r.created_at, r.token_estimate, r.pinned
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-              $7::timestamptz[], $8::integer[], $9::integer[])
+              $7::timestamptz[], $8::integer[], $9::integer[], $10::boolean[])
        AS r(id, conversation_id, role, content, tool_calls, tool_call_id,
-            created_at, token_estimate, ord)
+            created_at, token_estimate, ord, pinned)
  WHERE NOT EXISTS (
        SELECT 1 FROM archival_memory AS a
         WHERE a.conversation_id = r.conversation_id AND a.source_message_ids @> ARRAY[r.id])
@@ -252,6 +252,7 @@ async def _insert(
         [r.message.created_at for r in rows],
         [r.tokens for r in rows],
         list(range(len(rows))),
+        [r.message.pinned for r in rows],
     )
     return {(row["conversation_id"], row["id"]): int(row["seq"]) for row in inserted}
 

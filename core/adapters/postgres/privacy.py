@@ -28,6 +28,7 @@ from core.ports.storage import EraseOutcome, Erasure, PrivacyStore, TenantConfli
 # with KEPT_TABLES, against every table with a conversation_id column).
 ERASED_TABLES = (
     "outbox",
+    "compaction_rejections",
     "compactions",
     # Before archived_messages, whose delete trigger would otherwise empty them
     # first (and the erase would report them as never there).

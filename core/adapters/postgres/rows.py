@@ -32,6 +32,7 @@ def row_to_message(row: Any) -> ConversationMessage:
         else tuple(ToolCall.model_validate(call) for call in raw_calls),
         tool_call_id=row["tool_call_id"],
         created_at=row["created_at"],
+        pinned=bool(row.get("pinned") or False),
     )
     kind = row.get("kind")
     return message.as_clip_archive() if kind == "clip_archive" else message

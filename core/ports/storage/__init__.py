@@ -32,9 +32,11 @@ from core.ports.storage.calibration import TokenRates
 from core.ports.storage.compactions import (
     AlreadyApplied,
     Applied,
+    ApplyOutcome,
     CompactionLedger,
     Compactions,
     CompactionStore,
+    RejectionRecord,
 )
 from core.ports.storage.context import ContextReader, ContextSnapshot, ContextVersion, Watermark
 from core.ports.storage.errors import (
@@ -116,6 +118,7 @@ class Storage(Protocol):
 __all__ = [
     "AlreadyApplied",
     "Applied",
+    "ApplyOutcome",
     "Archive",
     "CompactedBatch",
     "CompactionInputs",
@@ -151,6 +154,7 @@ __all__ = [
     "QueryMode",
     "RawTurnRetention",
     "ReadScope",
+    "RejectionRecord",
     "SaveOutcome",
     "SaveStatus",
     "SearchSources",

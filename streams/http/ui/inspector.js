@@ -87,11 +87,12 @@ function when(iso) {
 function renderMessage(message, isClip) {
   const item = el(
     "li",
-    { class: `message role-${message.role}` + (isClip ? " clip" : "") },
+    { class: `message role-${message.role}` + (isClip ? " clip" : "") + (message.pinned ? " pinned" : "") },
     el(
       "div",
       { class: "meta" },
       el("span", { class: "role", text: isClip ? "clip-archive" : message.role }),
+      ...(message.pinned ? [el("span", { class: "pin", title: "pinned: kept verbatim by every compaction", text: "pinned" })] : []),
       el("span", { text: when(message.created_at) }),
       el("span", { text: message.id }),
     ),
@@ -224,7 +225,20 @@ async function loadCompactions(ticket) {
   if (!log.compactions.length) {
     rows.append(el("tr", {}, el("td", { colspan: "4", class: "muted", text: "not compacted yet" })));
   }
+  renderRejections(log.rejections || []);
   renderChart(log.compactions);
+}
+
+function renderRejections(rejections) {
+  const list = $("rejections-list");
+  list.replaceChildren();
+  for (const r of rejections) {
+    list.append(el("li", { class: "rejection", "data-compaction": r.compaction_id },
+      el("span", { text: when(r.rejected_at) }),
+      el("span", { class: "reason", text: r.reason }),
+      el("span", { text: `${r.summarizer}: ${r.detail}` })));
+  }
+  if (!rejections.length) list.append(el("li", { class: "muted", text: "none refused" }));
 }
 
 function renderBatch(batch) {

@@ -8,13 +8,16 @@ from dataclasses import replace
 from datetime import timedelta
 
 from core.domain.compaction import CompactionPlan, StoredBatch, StoredTokens
+from core.domain.gate import GateInput, Rejected, check_compaction, gate_applies
 from core.domain.tenancy import tenant_of
 from core.ports.storage import (
     AlreadyApplied,
     Applied,
+    ApplyOutcome,
     CompactionOutbox,
     HistoryConflictError,
     OutboxRow,
+    RejectionRecord,
 )
 from tests.support.memory_store.tables import (
     Archived,
@@ -30,7 +33,7 @@ class MemoryCompactions:
 
     async def apply_compaction(
         self, plan: CompactionPlan, outbox: CompactionOutbox | None = None
-    ) -> Applied | AlreadyApplied:
+    ) -> ApplyOutcome:
         self._t._call("apply_compaction")
         plan.check_consistent()
         if plan.compaction_id in self._t.applied:
@@ -49,6 +52,9 @@ class MemoryCompactions:
             raise HistoryConflictError(
                 f"compaction {plan.compaction_id}: {found} stored, {outbox.tokens} announced"
             )
+        verdict = self._gate(plan)
+        if verdict is not None:
+            return verdict
         self._archive(plan)
         self._replace_in_place(plan)
         for message_id in plan.restored_message_ids:  # a restore: back in the history
@@ -72,6 +78,54 @@ class MemoryCompactions:
             )
             self._t.outbox_entries.append(OutboxEntry(row, plan.conversation_id, self._t.now()))
         return Applied()
+
+    def _gate(self, plan: CompactionPlan) -> Rejected | None:
+        """PostgreSQL's gate (``compaction_gate.run_gate``), on the same rows, before
+        anything is touched; a refusal is recorded and nothing else written."""
+        if not gate_applies(plan):
+            return None
+        cid, gone = plan.conversation_id, set(plan.deleted_message_ids)
+        compressed = [
+            row.message.as_clip_archive() if row.kind == "clip_archive" else row.message
+            for row in (self._t.messages[cid, i] for i in plan.deleted_message_ids)
+        ]
+        kept = [
+            row.message for (c, m), row in self._t.messages.items()
+            if c == cid and m not in gone and row.kind == "message"
+            and (row.message.tool_calls or row.message.tool_call_id)
+        ]  # fmt: skip
+        verdict = check_compaction(GateInput(plan, compressed, kept))
+        if not isinstance(verdict, Rejected):
+            return None
+        key = (cid, plan.compaction_id, plan.usage.summarizer)
+        self._t.rejections.setdefault(
+            key,
+            RejectionRecord(
+                plan.compaction_id, plan.usage.summarizer, verdict.reason, verdict.detail,
+                self._t.now(),
+            ),
+        )  # fmt: skip
+        return verdict
+
+    async def rejections(self, conversation_id: str, limit: int = 50) -> list[RejectionRecord]:
+        self._t._call("rejections")
+        found = [r for (c, _, _), r in self._t.rejections.items() if c == conversation_id]
+        return sorted(found, key=lambda r: r.rejected_at, reverse=True)[:limit]
+
+    async def set_pinned(self, conversation_id: str, message_id: str, pinned: bool) -> bool:
+        self._t._call("set_pinned")
+        row = self._t.messages.get((conversation_id, message_id))
+        if row is None or row.kind != "message":
+            return False
+        row.message = row.message.model_copy(update={"pinned": pinned})
+        return True
+
+    async def pinned_tokens(self, conversation_id: str) -> int:
+        self._t._call("pinned_tokens")
+        return sum(
+            row.tokens for (c, _), row in self._t.messages.items()
+            if c == conversation_id and row.message.pinned
+        )  # fmt: skip
 
     def _check_applicable(self, plan: CompactionPlan) -> None:
         cid = plan.conversation_id

@@ -68,6 +68,10 @@ class MemoryPrivacy:
         for compaction_id, owner in list(self._t.compaction_owner.items()):
             if owner == source:
                 self._t.compaction_owner[compaction_id] = target
+        for (cid, *rest), refusal in list(self._t.rejections.items()):
+            if cid == source:
+                del self._t.rejections[cid, *rest]
+                self._t.rejections[target, rest[0], rest[1]] = refusal
         for item in self._t.outbox_entries:
             if item.conversation_id == source:
                 item.conversation_id = target
@@ -132,6 +136,9 @@ class MemoryPrivacy:
         batches = [i for i, b in self._t.batches.items() if b.conversation_id == conversation_id]
         owned = {c for c, owner in self._t.compaction_owner.items() if owner == conversation_id}
         outbox = [o for o in self._t.outbox_entries if o.conversation_id == conversation_id]
+        refused = [k for k in self._t.rejections if k[0] == conversation_id]
+        for key in refused:
+            del self._t.rejections[key]
         for key in messages:
             del self._t.messages[key]
         for key in archived:
@@ -153,6 +160,7 @@ class MemoryPrivacy:
         self._t.watermarks.pop(conversation_id, None)
         return {
             "outbox": len(outbox),
+            "compaction_rejections": len(refused),
             "compactions": len(owned),
             "archived_messages": len(archived),
             "archival_memory": len(batches),

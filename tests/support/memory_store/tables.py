@@ -17,7 +17,14 @@ from core.domain.compaction import CompactionPlan, StoredBatch
 from core.domain.erasure import EraseMark
 from core.domain.messages import ConversationMessage
 from core.domain.usage import LlmUsage
-from core.ports.storage import MessageKey, OutboxRow, ReadScope, StoreUnavailable, Watermark
+from core.ports.storage import (
+    MessageKey,
+    OutboxRow,
+    ReadScope,
+    RejectionRecord,
+    StoreUnavailable,
+    Watermark,
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,8 @@ class Tables:
     # ... and the usage of erased conversations' compactions (tenant, when, spend).
     erased_usage: list[tuple[str | None, datetime, LlmUsage]] = field(default_factory=list)
     outbox_entries: list[OutboxEntry] = field(default_factory=list)
+    # compaction_rejections: (conversation, compaction, summariser) → the refusal
+    rejections: dict[tuple[str, str, str], RejectionRecord] = field(default_factory=dict)
     fail_next: dict[str, Exception] = field(default_factory=dict)
     outage: dict[str, int] = field(default_factory=dict)
     closed: bool = False

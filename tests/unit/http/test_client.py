@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from core.ports.storage import RejectionRecord
 from core.settings import Settings
 from streams.cli.errors import CommandError
 from streams.cli.read_commands import cmd_expand, cmd_history, cmd_memory_read
@@ -29,6 +30,7 @@ from streams.client import (
     Unavailable,
     retry_after_seconds,
 )
+from tests.support.builders import T0
 from tests.unit.http.test_http_security import (
     ACME,
     ADMIN,
@@ -237,3 +239,22 @@ async def test_cli_reads_from_a_worker_print_the_apis_json_and_text(
     monkeypatch.delenv("COMPACTOR_TOKEN")
     with pytest.raises(CommandError, match="401"):
         await cmd_history(config, args(conversation_id="acme-c0", url=url))
+
+
+async def test_the_compaction_log_lists_rejected_compactions_and_pinned_messages_are_marked(
+    worker: tuple[Site, str],
+) -> None:
+    """What the inspector shows (issue 28): a refusal with its reason; a pinned message."""
+    site, url = worker
+    tables = site.store.compactions._t
+    tables.rejections["acme/acme-c0", "cmp-x", "anthropic"] = RejectionRecord(
+        "cmp-x", "anthropic", "echo", "the summaries repeat 90% of the compressed text", T0
+    )
+    stored = await site.store.history.load_history("acme/acme-c0")
+    plain = next(m for m in stored if m.role == "user")
+    assert await site.store.compactions.set_pinned("acme/acme-c0", plain.id, True)
+    async with CompactorClient(url, ACME) as client:
+        log = await client.compactions("acme-c0")
+        assert [(r.compaction_id, r.reason) for r in log.rejections] == [("cmp-x", "echo")]
+        pinned = [m.id for m in [m async for m in client.history("acme-c0")] if m.pinned]
+        assert pinned == [plain.id]

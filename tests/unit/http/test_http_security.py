@@ -24,7 +24,7 @@ from core.settings import ConfigError, Settings, parse_settings
 from streams.events import MessageEvent
 from streams.http.access import Forbidden
 from streams.http.auth import AuthPolicy, Principal, check_exposure, env_tokens
-from streams.http.redo import register_redo
+from streams.http.redo import StorePinnedBudget, register_redo
 from streams.http.search import search_request
 from streams.http.views import register_views
 from streams.worker.components import Components
@@ -70,7 +70,8 @@ class Site:
 
         self.app.router.route_topic_req = same_node  # type: ignore[method-assign]
         register_views(self.app, config, self.components, ViewRuntime(self.store))
-        register_redo(self.app, self.components)  # the admin's POST routes, as a worker has
+        pinned = StorePinnedBudget(self.store, config.budget.budget_tokens)
+        register_redo(self.app, self.components, pinned)  # the admin's POST routes, as a worker has
         self.offset = 0
 
     async def message(

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from core.ports.storage import IncomingMessage
 from streams.events import CONTROL_EVENT, RecompactRequest, RestoreRequest
 from tests.support.memory_store import RecordingPublisher
+from tests.support.plans import msg
 from tests.unit.http.test_http_security import ACME, ADMIN, SECURED, Site, bearer, settings
 
 pytestmark = pytest.mark.unit
@@ -89,3 +91,25 @@ async def test_a_body_is_refused_before_anything_else_and_get_is_not_allowed(
     response = await client.post("/memory/search?q=x", headers=bearer(ACME))
     assert response.status == 403  # every POST needs the admin scope
     assert sent(served) == []
+
+
+async def test_a_recompact_whose_pinned_messages_alone_exceed_the_budget_is_409(
+    site: tuple[Site, TestClient[Any, Any]],
+) -> None:
+    """No recompact can fit it: said at once, nothing sent (issue 28)."""
+    served, client = site
+    pinned = msg(0, "keep this", conversation_id="acme/c-1").model_copy(update={"pinned": True})
+    budget = served.store.compactions  # the role the route asks
+    await served.store.ingest.save_messages([IncomingMessage(pinned, 10**9)])
+    assert await budget.pinned_tokens("acme/c-1") == 10**9
+    response = await client.post(
+        "/conversations/c-1/recompact?tenant_id=acme", headers=bearer(ADMIN)
+    )
+    assert response.status == 409
+    assert "pinned messages alone" in (await response.json())["error"]
+    assert sent(served) == []
+    assert await budget.set_pinned("acme/c-1", pinned.id, False)
+    response = await client.post(
+        "/conversations/c-1/recompact?tenant_id=acme", headers=bearer(ADMIN)
+    )
+    assert response.status == 202

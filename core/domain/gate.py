@@ -1,0 +1,192 @@
+"""The gate a compaction passes before it takes effect.
+
+A store runs ``check_compaction`` inside the transaction that applies a plan,
+on the rows the plan really removes and keeps, so a summary that is empty, a
+copy of the directive, an echo of its input, one that splits a tool call from
+its result, loses a specific or leaves the history over the target is never
+applied: the transaction rolls back and the history stays exactly as it was.
+
+Every check is bounded: the echo check compares at most ``MAX_SHINGLES`` word
+shingles of each side, specifics are read from each turn's head and tail
+(``rank_specifics``); ``gate_cost`` tells a store when the check is big enough to
+run off the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from core.domain.compaction import CompactionPlan
+from core.domain.messages import ConversationMessage
+from core.domain.prompts import DATA_TAG, DEFAULT_DIRECTIVE
+from core.domain.specifics import MAX_KEPT, normalized, rank_specifics, split_section
+
+RejectionReason = Literal[
+    "empty_summary", "directive_copy", "echo", "tool_pair_split", "specific_lost", "over_target",
+    "pinned_compressed",
+]  # fmt: skip
+REJECTION_REASONS: tuple[RejectionReason, ...] = (
+    "empty_summary", "directive_copy", "echo", "tool_pair_split", "specific_lost", "over_target",
+    "pinned_compressed",
+)  # fmt: skip
+
+EXTRACTIVE = "extractive"
+"""``LlmUsage.summarizer`` of the extractive summariser: the fallback after a refusal."""
+SHINGLE_WORDS = 8
+MAX_SHINGLES = 20_000
+ECHO_SHARE = 0.5
+"""A summary repeating more than half of the compressed text's shingles is an echo."""
+OFF_LOOP_CHARS = 200_000
+"""Above this many characters (summaries and compressed turns), run the gate off the loop."""
+
+
+@dataclass(frozen=True)
+class Passed:
+    """The plan may take effect."""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The plan must not take effect: ``reason`` (one of ``REJECTION_REASONS``), and
+    what was found (for the log and the ``CompactionRejected`` event)."""
+
+    reason: RejectionReason
+    detail: str
+
+
+GateVerdict = Passed | Rejected
+
+
+@dataclass(frozen=True)
+class GateInput:
+    """What the store knows inside the apply: the plan, the turns it removes
+    (read from the rows it deletes) and the tool turns that stay live."""
+
+    plan: CompactionPlan
+    compressed: Sequence[ConversationMessage]
+    kept_tool_turns: Sequence[ConversationMessage] = ()
+    directive: str = DEFAULT_DIRECTIVE
+    extra_directives: tuple[str, ...] = field(default=())
+
+
+def gate_applies(plan: CompactionPlan) -> bool:
+    """Only a plan that writes new summaries of raw turns has something to check: a
+    restore, or a rebuilt clip-archive alone, writes no new summary text."""
+    return bool(plan.new_batches) and not plan.restored_message_ids
+
+
+def gate_cost(plan: CompactionPlan, compressed: Sequence[ConversationMessage]) -> int:
+    """Characters the gate reads (to decide whether to run it off the loop)."""
+    summaries = sum(len(b.batch.content) for b in plan.new_batches)
+    return summaries + sum(len(m.content) for m in compressed)
+
+
+def check_compaction(given: GateInput) -> GateVerdict:
+    """The first check the plan fails, or ``Passed``."""
+    raw = [m for m in given.compressed if not m.stored_clip_archive]
+    summaries = [split_section(b.batch.content)[0] for b in given.plan.new_batches]
+    pinned = [m.id for m in raw if m.pinned]
+    if pinned:  # pinned after the plan was made: the plan is stale
+        return Rejected("pinned_compressed", f"pinned message(s) compressed: {pinned[:5]}")
+    for verdict in (
+        _summary_text(summaries, (given.directive, *given.extra_directives)),
+        _echo(summaries, raw, verbatim_ok=given.plan.usage.summarizer == EXTRACTIVE),
+        _tool_pairs(raw, given.kept_tool_turns),
+        _specifics(given.plan, raw),
+        _target(given.plan),
+    ):
+        if isinstance(verdict, Rejected):
+            return verdict
+    return Passed()
+
+
+def _summary_text(summaries: Sequence[str], directives: Sequence[str]) -> GateVerdict:
+    for text in summaries:
+        if not text.strip():
+            return Rejected("empty_summary", "a new summary batch is empty")
+        folded = normalized(text)
+        for directive in directives:
+            wanted = normalized(directive)
+            if wanted and (folded == wanted or (len(folded) > 40 and folded in wanted)):
+                return Rejected("directive_copy", "a new summary repeats the directive")
+    return Passed()
+
+
+def _echo(
+    summaries: Sequence[str], raw: Sequence[ConversationMessage], *, verbatim_ok: bool
+) -> GateVerdict:
+    """Fence markers, or (for a model's summary: an extractive one is made of the
+    turns' own sentences) more than ``ECHO_SHARE`` of the compressed shingles."""
+    for text in summaries:
+        if f"<{DATA_TAG}" in text or f"</{DATA_TAG}" in text:
+            return Rejected("echo", f"a new summary contains the {DATA_TAG} fence markers")
+    source = _shingles(m.content for m in raw)
+    if not source or verbatim_ok:
+        return Passed()
+    said = _shingles(summaries)
+    repeated = len(source & said) / len(source)
+    if repeated > ECHO_SHARE:
+        return Rejected("echo", f"the summaries repeat {repeated:.0%} of the compressed text")
+    return Passed()
+
+
+def _shingles(texts: Iterable[str]) -> set[tuple[str, ...]]:
+    """Word ``SHINGLE_WORDS``-grams of ``texts``, at most ``MAX_SHINGLES`` (a text of
+    fewer words is one shingle)."""
+    found: set[tuple[str, ...]] = set()
+    for text in texts:
+        words = text.casefold().split()
+        if 0 < len(words) < SHINGLE_WORDS:
+            found.add(tuple(words))
+        for start in range(max(0, len(words) - SHINGLE_WORDS + 1)):
+            if len(found) >= MAX_SHINGLES:
+                return found
+            found.add(tuple(words[start : start + SHINGLE_WORDS]))
+    return found
+
+
+def _tool_pairs(
+    raw: Sequence[ConversationMessage], kept: Sequence[ConversationMessage]
+) -> GateVerdict:
+    """Every call compressed has its result compressed with it; no kept turn is
+    the other half of a compressed pair."""
+    calls = {c.id for m in raw for c in m.tool_calls or ()}
+    results = {m.tool_call_id for m in raw if m.role == "tool" and m.tool_call_id}
+    kept_calls = {c.id for m in kept for c in m.tool_calls or ()}
+    kept_results = {m.tool_call_id for m in kept if m.role == "tool" and m.tool_call_id}
+    split = sorted((calls - results) | (results & kept_calls) | (calls & kept_results))
+    if split:
+        return Rejected("tool_pair_split", f"tool call(s) cut from their result: {split[:5]}")
+    return Passed()
+
+
+def _specifics(plan: CompactionPlan, raw: Sequence[ConversationMessage]) -> GateVerdict:
+    """Each new summary of raw turns states, or remembers in its ledger, every
+    specific of its turns (the first ``MAX_KEPT`` when there are more)."""
+    by_id = {m.id: m for m in raw}
+    for stored in plan.new_batches:
+        batch = stored.batch
+        sources = [by_id[i] for i in batch.source_message_ids if i in by_id]
+        if batch.depth != 0 or not sources:
+            continue
+        ranked = rank_specifics(sources)
+        kept = {normalized(s.text) for s in (*batch.specifics, *batch.ledger)}
+        said = normalized(batch.content)
+        lost = [s.text for s in ranked if normalized(s.text) not in kept | {""}]
+        lost = [text for text in lost if normalized(text) not in said]
+        if lost and len(kept) < min(len(ranked), MAX_KEPT):
+            # A count, not the specifics: the detail is stored and published.
+            return Rejected("specific_lost", f"{len(lost)} specific(s) of batch {stored.id} lost")
+    return Passed()
+
+
+def _target(plan: CompactionPlan) -> GateVerdict:
+    target = plan.target_tokens
+    if target is not None and plan.tokens_estimate_after > target:
+        return Rejected(
+            "over_target",
+            f"history after is {plan.tokens_estimate_after} tokens > target {target}",
+        )
+    return Passed()
