@@ -34,12 +34,12 @@ from streams.http.bodies import (
     CompactionLog,
     ContextBody,
     ConversationStatus,
-    Health,
     HistoryPage,
     Message,
     SearchResult,
     UsageReport,
 )
+from streams.http.probe_bodies import Health
 
 Model = TypeVar("Model", bound=BaseModel)
 Sleep = Callable[[float], Awaitable[None]]

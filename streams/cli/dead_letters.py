@@ -46,7 +46,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from pydantic import ValidationError
 
 from core.settings import KafkaSettings
-from streams.events import DeadLetterHeaders
+from streams.dead_letter_headers import DeadLetterHeaders
 from streams.kafka.admin import MIN_INSYNC_REPLICAS, Replication, cluster_brokers
 from streams.kafka.security import PLAINTEXT, KafkaSecurity
 

@@ -17,12 +17,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from streams.dead_letter_headers import DeadLetterHeaders
 from streams.events import (
     ClipArchiveEvent,
     CompactionCommand,
     CompactionCompleted,
     CompactionRejected,
-    DeadLetterHeaders,
     EraseCompleted,
     EraseRequest,
     MessageEvent,

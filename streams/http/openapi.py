@@ -22,7 +22,7 @@ from pydantic.json_schema import models_json_schema
 from core.domain.tenancy import TENANT_ID_PATTERN
 from core.settings import ServiceSettings
 from streams.events import MAX_ID_LENGTH
-from streams.http import bodies, params
+from streams.http import bodies, params, probe_bodies
 from streams.http.params import Params
 
 API_TITLE = "context-compactor worker"
@@ -167,7 +167,7 @@ ROUTES: tuple[Route, ...] = (
         "/healthz",
         "getHealth",
         "ok, or degraded (503) with the problems",
-        bodies.Health,
+        probe_bodies.Health,
         refusals=(401, 413, 429),
         scope="metrics",
         secured=False,
@@ -189,7 +189,7 @@ ROUTES: tuple[Route, ...] = (
         "/livez",
         "getLiveness",
         "Kubernetes liveness: the app and its agents are running (open)",
-        bodies.Liveness,
+        probe_bodies.Liveness,
         refusals=(413,),
         secured=False,
         extra_ok={503: "dead"},
@@ -198,7 +198,7 @@ ROUTES: tuple[Route, ...] = (
         "/readyz",
         "getReadiness",
         "Kubernetes readiness: PostgreSQL answers and partitions are assigned (open)",
-        bodies.Readiness,
+        probe_bodies.Readiness,
         refusals=(413,),
         secured=False,
         extra_ok={503: "not ready"},

@@ -40,7 +40,7 @@ from core.ports.storage import (
 )
 from core.settings import ResolvedModel, ServiceSettings, Settings
 from streams.database import explicit_dsn
-from streams.http import bodies, openapi, pages, ui
+from streams.http import bodies, openapi, pages, probe_bodies, ui
 from streams.http.access import (
     addressed,
     json_body,
@@ -176,9 +176,9 @@ def register_operations(app: faust.App, components: Components[Any], runtime: Vi
             except Exception:  # not started yet (or stopping): nothing assigned
                 assignment = set()
             health = components.health
-            answer = bodies.Health(
+            answer = probe_bodies.Health(
                 status="ok" if health.ok else "degraded",
-                problems=[bodies.HealthProblem.model_validate(p) for p in health.describe()],
+                problems=[probe_bodies.HealthProblem.model_validate(p) for p in health.describe()],
                 app_id=app.conf.id,
                 summariser=runtime.resolved_model.kind,
                 assigned_partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assignment),

@@ -9,8 +9,8 @@
 ``commands``       the command of a tally's outstanding compaction, and its sending
 ``failures``       the failure policy: an outage waited out, a rejection dead-lettered,
                    a group that keeps failing split to find the culprit
-``processor``      run one compaction command: plan, apply with its events, relay;
-                   ``CommandIntake`` feeds the scheduler
+``intake``         ``CommandIntake``: decoded commands to the scheduler
+``processor``      run one compaction command: plan, apply with its events, relay
 ``scheduler``      at most N compactions at once, one per conversation, acks in order
 ``outbox``         the events a compaction publishes, and their relay
 ``reconciler``     lost commands, failed compactions, a table that drifted

@@ -25,9 +25,10 @@ from streams.worker.components import Components
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
 from streams.worker.ingest_notices import IngestNotices
+from streams.worker.intake import CommandIntake
 from streams.worker.issued_commands import IssuedCommands
 from streams.worker.outbox import OutboxRelay
-from streams.worker.processor import CommandIntake, Processor
+from streams.worker.processor import Processor
 from streams.worker.reconciler import CommandBacklog, Reconciler
 from streams.worker.records import Record
 from streams.worker.requests import OperatorRequests

@@ -11,8 +11,9 @@ from streams.worker.accounting import Accounting
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
 from streams.worker.ingest_notices import IngestNotices
+from streams.worker.intake import CommandIntake
 from streams.worker.outbox import OutboxRelay
-from streams.worker.processor import CommandIntake, Processor
+from streams.worker.processor import Processor
 from streams.worker.reconciler import Reconciler
 from streams.worker.requests import OperatorRequests
 from streams.worker.tally_table import TallyTable

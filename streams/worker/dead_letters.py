@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from core.ports.publisher import Publisher, RecordTooLarge
-from streams.events import DeadLetterHeaders
+from streams.dead_letter_headers import DeadLetterHeaders
 from streams.metrics import Metrics
 from streams.worker.records import InvalidRecord, Record
 

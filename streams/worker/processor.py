@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol
 
 from core.compaction.attempt import failure_kind
 from core.domain.budget import BudgetConfig, compaction_due
@@ -46,11 +46,8 @@ from core.ports.storage import (
 from streams.events import CompactionCommand
 from streams.metrics import Metrics
 from streams.worker.compaction_events import compaction_outbox, completion
-from streams.worker.dead_letters import DeadLetters
 from streams.worker.gate_fallback import GateRejections, next_safe_strategy, pinned_over_budget
 from streams.worker.outbox import OutboxRelay
-from streams.worker.records import InvalidRecord, Record, decode_command
-from streams.worker.scheduler import CompactionScheduler
 from streams.worker.tenant_budget import TenantBudgets
 
 log = logging.getLogger("compactor.worker")
@@ -375,45 +372,3 @@ async def write_plan(
         return Failed("history_conflict", f"history changed during compaction: {error}")
     except Exception as error:
         return Failed(failure_kind(error), f"{type(error).__name__}: {error}")
-
-
-Token = TypeVar("Token")
-
-
-class CommandIntake(Generic[Token]):
-    """Hands decoded commands to the scheduler; an unusable one is dead-lettered.
-
-    Dead-lettered records still go through the scheduler (with no work), so
-    their offsets are acked in order with the commands around them.
-    """
-
-    def __init__(
-        self,
-        processor: Processor,
-        scheduler: CompactionScheduler[Token],
-        dead_letters: DeadLetters,
-    ) -> None:
-        self._processor = processor
-        self.scheduler = scheduler
-        self._dead_letters = dead_letters
-
-    async def submit(self, record: Record, partition: Hashable, token: Token) -> None:
-        work = None
-        conversation_id = None
-        try:
-            command = decode_command(record)
-        except InvalidRecord as error:
-            await self._dead_letters.send(record, error)
-        else:
-            conversation_id = command.conversation_key
-
-            async def work() -> None:
-                await self._processor.compact(command)
-
-        await self.scheduler.submit(
-            partition=partition,
-            offset=record.offset,
-            token=token,
-            conversation_id=conversation_id,
-            work=work,
-        )

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from streams.events import DeadLetterHeaders
+from streams.dead_letter_headers import DeadLetterHeaders
 from tests.e2e.conftest import Stack, eventually
 from tests.support.metrics_text import label_values
 

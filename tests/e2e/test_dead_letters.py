@@ -14,7 +14,7 @@ from datetime import datetime
 import pytest
 
 from core.domain.tally import compaction_id_for
-from streams.events import DeadLetterHeaders
+from streams.dead_letter_headers import DeadLetterHeaders
 from tests.e2e.conftest import KEEP_RECENT, Conversation, Stack, eventually
 from tests.support.kafka_io import Sent
 from tests.support.metrics_text import label_values

@@ -18,7 +18,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from streams.events import DeadLetterHeaders
+from streams.dead_letter_headers import DeadLetterHeaders
 from streams.kafka.admin import DEAD_LETTER_HEADROOM_BYTES, describe_topic_configs
 from streams.worker.dead_letters import FALLBACK_REQUEST_BYTES, REQUEST_OVERHEAD_BYTES
 from tests.e2e.conftest import Stack, eventually

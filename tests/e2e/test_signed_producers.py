@@ -16,7 +16,7 @@ import pytest
 
 from core.domain.signatures import SIGNATURE_HEADER, signature
 from core.domain.tenancy import conversation_key
-from streams.events import DeadLetterHeaders
+from streams.dead_letter_headers import DeadLetterHeaders
 from tests.e2e.conftest import Conversation, Stack
 from tests.e2e.test_erase import compactor
 

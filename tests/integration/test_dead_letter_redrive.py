@@ -38,7 +38,7 @@ from streams.cli.dead_letters import (
     since_time,
 )
 from streams.cli.redrive import Redriver
-from streams.events import DeadLetterHeaders
+from streams.dead_letter_headers import DeadLetterHeaders
 from streams.kafka.admin import ensure_topics
 from streams.topics import TopicNames
 

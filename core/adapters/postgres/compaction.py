@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from core.adapters.postgres.clip_archive_rows import insert_clip_archive
 from core.adapters.postgres.compaction_gate import (
     Refused,
     check_tokens,
@@ -27,7 +28,7 @@ from core.adapters.postgres.compaction_gate import (
 from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.replacements import replace_in_place, strategies_json
-from core.adapters.postgres.rows import batch_rows, tool_calls_json
+from core.adapters.postgres.rows import batch_rows
 from core.domain.compaction import CompactionPlan
 from core.domain.tenancy import tenant_of
 from core.ports.storage import (
@@ -37,7 +38,6 @@ from core.ports.storage import (
     CompactionOutbox,
     Compactions,
     HistoryConflictError,
-    OutboxRecord,
     RejectionRecord,
 )
 
@@ -77,7 +77,7 @@ class PostgresCompactions:
                 if outbox is not None:
                     check_tokens(plan, outbox.tokens, removed, restored)
                 records = outbox.records if outbox is not None else ()
-                await _insert_clip_archive(conn, plan, records)
+                await insert_clip_archive(conn, plan, records)
         except Refused as refused:
             await record_rejection(self._pool, plan, refused.verdict)
             return refused.verdict
@@ -338,54 +338,6 @@ async def _store_turn_vectors(conn: AnyConnection, plan: CompactionPlan) -> None
             for message_id, vector in embeddings.turns.items()
         ],
     )
-
-
-_OUTBOX_ROWS = """
-    INSERT INTO outbox (compaction_id, topic, key, payload, conversation_id)
-    SELECT {compaction}, o.topic, o.key, o.payload, {conversation}
-      FROM unnest({topics}::text[], {keys}::text[], {payloads}::text[])
-           WITH ORDINALITY AS o(topic, key, payload, n)
-     ORDER BY o.n
-"""
-
-
-async def _insert_clip_archive(
-    conn: AnyConnection, plan: CompactionPlan, outbox: Sequence[OutboxRecord]
-) -> None:
-    """Insert the clip-archive and, in the same statement, the outbox rows (in order)."""
-    clip = plan.clip_archive
-    columns = ([r.topic for r in outbox], [r.key for r in outbox], [r.payload for r in outbox])
-    if clip is None:  # a restore that left no batch live
-        rows = _OUTBOX_ROWS.format(
-            compaction="$1", conversation="$2", topics="$3", keys="$4", payloads="$5"
-        )
-        await conn.execute(rows, plan.compaction_id, plan.conversation_id, *columns)
-        return
-    rows = _OUTBOX_ROWS.format(
-        compaction="$9", conversation="$2", topics="$10", keys="$11", payloads="$12"
-    )
-    try:
-        await conn.execute(
-            f"""
-            WITH clip AS (
-                INSERT INTO messages (id, conversation_id, role, content, tool_calls,
-                                      tool_call_id, created_at, token_estimate, kind,
-                                      compaction_id)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'clip_archive', $9)
-            )
-            {rows}
-            """,
-            clip.id, clip.conversation_id, clip.role, clip.content,
-            tool_calls_json(clip.tool_calls), clip.tool_call_id, clip.created_at,
-            plan.clip_tokens, plan.compaction_id, *columns,
-        )  # fmt: skip
-    except asyncpg.UniqueViolationError as error:
-        # Either another clip-archive exists that the plan did not know to
-        # replace, or the id is taken: the plan was computed from stale history.
-        raise HistoryConflictError(
-            f"compaction {plan.compaction_id}: cannot insert clip-archive {clip.id}: "
-            f"{error.detail or error}"
-        ) from error
 
 
 # -- helpers -------------------------------------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core.domain.tally import compaction_id_for
-from streams.events import DeadLetterHeaders, MessageEvent, ReconcileRequest
+from streams.dead_letter_headers import DeadLetterHeaders
+from streams.events import MessageEvent, ReconcileRequest
 from tests.support.builders import T0
 from tests.support.metrics_text import sample
 from tests.unit.worker.harness import NAMES, compacted, harness

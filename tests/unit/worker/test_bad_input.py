@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from core.domain.messages import INVALID_TEXT, ConversationMessage, ToolCall, text_problem
 from core.ports.storage import IncomingMessage, SaveOutcome, StoreRejected
-from streams.events import DeadLetterHeaders, MessageEvent
+from streams.dead_letter_headers import DeadLetterHeaders
+from streams.events import MessageEvent
 from streams.worker.records import InvalidRecord, Record, decode_message
 from tests.support.builders import T0
 from tests.support.stores import round_trips

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.ports.publisher import RecordTooLarge
-from streams.events import DeadLetterHeaders
+from streams.dead_letter_headers import DeadLetterHeaders
 from streams.worker.dead_letters import FALLBACK_REQUEST_BYTES, REQUEST_OVERHEAD_BYTES
 from streams.worker.records import Record
 from tests.unit.worker.harness import NAMES, harness

@@ -11,9 +11,9 @@ import pytest
 from core.domain.tally import compaction_id_for
 from core.ports.storage import IncomingMessage
 from core.settings import parse_settings
+from streams.dead_letter_headers import DeadLetterHeaders
 from streams.events import (
     CompactionCompleted,
-    DeadLetterHeaders,
     EraseRequest,
     MessageEvent,
 )

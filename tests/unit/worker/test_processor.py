@@ -10,7 +10,8 @@ import pytest
 
 from core.domain.compaction import CompactionPlan, Failed, Planned, PlanOutcome
 from core.ports.publisher import PublisherUnavailable
-from streams.events import DeadLetterHeaders, ReconcileRequest
+from streams.dead_letter_headers import DeadLetterHeaders
+from streams.events import ReconcileRequest
 from streams.worker.processor import Compacted, Noop, Replayed
 from streams.worker.runtime import StaticRuntime
 from tests.support.builders import T0

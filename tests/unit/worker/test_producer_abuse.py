@@ -20,7 +20,7 @@ import pytest
 from core.domain.messages import CLIP_ARCHIVE_ID_PREFIX, PROVISIONAL_ID_PREFIX
 from core.domain.tally import compaction_id_for
 from core.domain.tokens import reported_tokens
-from streams.events import DeadLetterHeaders
+from streams.dead_letter_headers import DeadLetterHeaders
 from streams.worker.processor import Compacted
 from streams.worker.records import InvalidRecord, Record, decode_message
 from tests.support.builders import T0

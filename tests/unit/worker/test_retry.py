@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.ports.publisher import PublisherUnavailable
-from streams.events import DeadLetterHeaders
+from streams.dead_letter_headers import DeadLetterHeaders
 from tests.support.metrics_text import sample
 from tests.unit.worker.harness import NAMES, backed_off, harness
 

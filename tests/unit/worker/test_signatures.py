@@ -13,7 +13,8 @@ from datetime import timedelta
 import pytest
 
 from core.domain.signatures import SIGNATURE_HEADER, signature, verified
-from streams.events import DeadLetterHeaders, MessageEvent
+from streams.dead_letter_headers import DeadLetterHeaders
+from streams.events import MessageEvent
 from streams.worker.records import Record
 from tests.support.builders import T0
 from tests.unit.worker.harness import NAMES, Harness, harness

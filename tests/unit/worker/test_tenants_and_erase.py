@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from streams.events import DeadLetterHeaders, MessageEvent
+from streams.dead_letter_headers import DeadLetterHeaders
+from streams.events import MessageEvent
 from tests.support.builders import T0
 from tests.support.metrics_text import sample
 from tests.unit.worker.harness import NAMES, Harness, harness, over_budget

@@ -19,7 +19,8 @@ import pytest
 from core.domain.clip_archive import is_clip_archive
 from core.domain.split import split_history
 from core.ports.storage import IncomingMessage, TenantConflictError
-from streams.events import DeadLetterHeaders, MessageEvent
+from streams.dead_letter_headers import DeadLetterHeaders
+from streams.events import MessageEvent
 from tests.support.builders import T0, message
 from tests.unit.worker.harness import NAMES, Harness, harness, words
 
