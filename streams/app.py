@@ -2,10 +2,9 @@
 handlers and HTTP views, each a thin call into a component. Nothing is built
 here (``streams.bootstrap`` builds); behaviour lives in the components.
 
-Agents: accounting (messages; control, apart so completions never queue
-behind messages; erase requests, from their own topic) and the processor
-(commands). Timers: reconciliation,
-outbox relay, table flush, lag, progress. The picture is in docs/architecture.md.
+Agents: accounting (messages; control, apart so completions never queue behind
+messages; erase requests, from their own topic) and the processor (commands).
+Timers: reconciliation, outbox relay, table flush, lag, progress (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import Any
 import faust
 
 from core.settings import Settings
-from streams.http.redo import StorePinnedBudget, register_redo
+from streams.http.pins import register_admin_posts
 from streams.http.views import register_views
 from streams.kafka.consumer import CommandToken, ConsumerSide
 from streams.kafka.faust_app import raw_topic
@@ -65,7 +64,7 @@ def register(
     register_timers(worker)
     register_lifecycle(worker)
     register_views(app, settings, components, runtime, config_path)
-    register_redo(app, components, StorePinnedBudget(runtime, settings.budget.budget_tokens))
+    register_admin_posts(app, components, runtime, settings.budget.budget_tokens)
 
 
 def register_agents(worker: Worker) -> None:

@@ -373,6 +373,17 @@ class RedoAccepted(Body):
     )
 
 
+class PinChanged(Body):
+    """``POST .../messages/{message_id}/pin`` and ``/unpin``: stored, at once."""
+
+    conversation_id: str
+    tenant_id: str | None
+    message_id: str
+    pinned: bool
+    pinned_tokens: int  # the conversation's pinned messages, after the change
+    budget_tokens: int
+
+
 def unknown_conversation(conversation_key: str) -> Problem:
     ref = ConversationRef.of_key(conversation_key)
     where = "" if ref.tenant_id is None else f" of tenant {ref.tenant_id!r}"

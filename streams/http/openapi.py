@@ -156,6 +156,26 @@ ROUTES: tuple[Route, ...] = (
             ),
         )
     ),
+    *(
+        Route(
+            f"/conversations/{{conversation_id}}/messages/{{message_id}}/{action}",
+            f"{action}Message",
+            summary,
+            bodies.PinChanged,
+            params.TenantParams,
+            ("conversation_id", "message_id"),
+            (400, 401, 403, 404, 413, 429, 503),
+            scope="admin",
+            notes="An admin token only; no body. Stored at once under the conversation's "
+            "lock (any worker answers); 404: no such live message (compacted, erased, "
+            "never stored).",
+            method="post",
+        )
+        for action, summary in (
+            ("pin", "Keep a stored message verbatim through every compaction"),
+            ("unpin", "Let compactions compress a pinned message again"),
+        )
+    ),
     Route(
         "/openapi.json",
         "getOpenApi",

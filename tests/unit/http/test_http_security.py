@@ -24,6 +24,7 @@ from core.settings import ConfigError, Settings, parse_settings
 from streams.events import MessageEvent
 from streams.http.access import Forbidden
 from streams.http.auth import AuthPolicy, Principal, check_exposure, env_tokens
+from streams.http.pins import register_pins
 from streams.http.redo import StorePinnedBudget, register_redo
 from streams.http.search import search_request
 from streams.http.views import register_views
@@ -72,6 +73,7 @@ class Site:
         register_views(self.app, config, self.components, ViewRuntime(self.store))
         pinned = StorePinnedBudget(self.store, config.budget.budget_tokens)
         register_redo(self.app, self.components, pinned)  # the admin's POST routes, as a worker has
+        register_pins(self.app, self.store, config.budget.budget_tokens, self.components.metrics)
         self.offset = 0
 
     async def message(

@@ -266,6 +266,20 @@ async def test_every_answer_matches_its_schema(
             admin,
             400,
         ),
+        (
+            "/conversations/{conversation_id}/messages/{message_id}/pin",
+            "/conversations/acme-c0/messages/acme-c0-m0039/pin",
+            {"tenant_id": "acme"},
+            admin,
+            200,
+        ),
+        (
+            "/conversations/{conversation_id}/messages/{message_id}/unpin",
+            "/conversations/acme-c0/messages/nope/unpin",
+            {"tenant_id": "acme"},
+            admin,
+            404,
+        ),
     ]
     for method, cases in (("get", asked), ("post", posted)):
         for documented, path, query, headers, status in cases:
