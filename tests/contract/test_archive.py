@@ -18,6 +18,10 @@ TURNS = [
     "Let's meet on 14 May at the harbour cafe.",
     "I changed my mind: the offsite moves to Porto.",
 ]
+SUMMARIES = [
+    "Offsite planning: Lisbon host; the budget is 4,250 euros, approved by Dana.",
+    "Meet on 14 May at the harbour cafe; the offsite moves to Porto.",
+]
 
 
 async def compact_all(store: Any) -> CompactionPlan:
@@ -27,8 +31,9 @@ async def compact_all(store: Any) -> CompactionPlan:
     plan = make_plan(
         "cmp-1",
         [
-            stored("cmp-1", 0, "Offsite planning: Lisbon host.", messages[:3], end=2),
-            stored("cmp-1", 1, "Budget approved; venue moved.", messages[3:], start=3, end=5),
+            # Each summary keeps its turns' specifics, as the store's gate requires.
+            stored("cmp-1", 0, SUMMARIES[0], messages[:3], end=2),
+            stored("cmp-1", 1, SUMMARIES[1], messages[3:], start=3, end=5),
         ],
         [m.id for m in messages],
     )
