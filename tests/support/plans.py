@@ -10,6 +10,7 @@ from typing import Any
 
 from core.domain.compaction import CompactionPlan, StoredBatch, SummaryBatch
 from core.domain.messages import ConversationMessage, ToolCall
+from core.domain.specifics import Specific, rank_specifics
 from core.domain.tokens import estimate_message_tokens
 from tests.support.stores import saved
 
@@ -51,7 +52,10 @@ def stored(
     start: int = 0,
     end: int = 10,
     superseded_by: str | None = None,
+    specifics: Sequence[Specific] | None = None,
 ) -> StoredBatch:
+    """``specifics``: the turns' own, ranked, unless given (``()``: a summary that
+    forgot them, which the store's gate refuses)."""
     return StoredBatch(
         id=f"{compaction_id}:{index}",
         label=f"compaction-batch-{conversation_id}-{index}",
@@ -63,6 +67,9 @@ def stored(
             end_time=T0 + timedelta(seconds=end),
             message_count=len(sources),
             source_message_ids=tuple(m.id for m in sources),
+            # As every summary the pipeline makes: its turns' specifics remembered
+            # (the store's gate refuses a summary of raw turns that loses them).
+            specifics=tuple(rank_specifics(sources) if specifics is None else specifics),
         ),
         compaction_id=compaction_id,
         superseded_by=superseded_by,

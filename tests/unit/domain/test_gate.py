@@ -23,7 +23,8 @@ GOOD = "The customer wants the blue plan renewed; invoices go to finance."
 def plan_of(
     summary: str, turns: list[ConversationMessage] = TURNS, **update: object
 ) -> CompactionPlan:
-    plan = make_plan("c1", [stored("c1", 0, summary, turns)], [m.id for m in turns])
+    batch = stored("c1", 0, summary, turns, specifics=())  # what the summary says only
+    plan = make_plan("c1", [batch], [m.id for m in turns])
     return plan.model_copy(update={"usage": LlmUsage(summarizer="anthropic"), **update})
 
 
