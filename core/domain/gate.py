@@ -164,12 +164,19 @@ def _tool_pairs(
 
 def _specifics(plan: CompactionPlan, raw: Sequence[ConversationMessage]) -> GateVerdict:
     """Each new summary of raw turns states, or remembers in its ledger, every
-    specific of its turns (the first ``MAX_KEPT`` when there are more)."""
+    specific of its turns (the first ``MAX_KEPT`` when there are more).
+
+    A batch that remembers its turns' ranked specifics (``specifics``: what the
+    pipeline's ledger carries forward) has kept them by construction; its own
+    ranking weighs the turns' importance, so it is not compared with an
+    unweighted one here (that comparison refused every compaction of the README's
+    sample with the extractive summariser). A batch remembering none must state
+    its turns' specifics in its text."""
     by_id = {m.id: m for m in raw}
     for stored in plan.new_batches:
         batch = stored.batch
         sources = [by_id[i] for i in batch.source_message_ids if i in by_id]
-        if batch.depth != 0 or not sources:
+        if batch.depth != 0 or not sources or batch.specifics:
             continue
         ranked = rank_specifics(sources)
         kept = {normalized(s.text) for s in (*batch.specifics, *batch.ledger)}

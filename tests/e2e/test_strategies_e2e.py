@@ -13,14 +13,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
 def agent_events() -> list[dict[str, object]]:
-    """Six tool calls, each answered by a ~200-token result: over the 1,000-token
-    budget, and under the 800-token target once all but the last are cleared."""
+    """Six tool calls, each answered by a 167-token result: 944 tokens before the
+    last result, 1,111 with it, so the conversation goes over the 1,000-token
+    budget with its last event whatever groups ingest makes (with 200-token
+    results the fifth crossed it, and the sixth sometimes came after the
+    compaction); under the 800-token target once all but the last are cleared."""
     chat = Conversation("agent-1", "agent")
     events = [chat.message(role="user", content="review the repository please")]
     for i in range(6):
         call = {"id": f"call-{i}", "name": "read_file", "arguments": {"path": f"f{i}.py"}}
         events.append(chat.message(role="assistant", content="", tool_calls=[call]))
-        body = f"needle{i} " + "source line " * 66
+        body = f"needle{i} " + "source line " * 55
         events.append(chat.message(role="tool", content=body, tool_call_id=f"call-{i}"))
     return events
 
