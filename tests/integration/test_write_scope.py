@@ -30,6 +30,7 @@ import asyncpg
 import pytest
 
 from core.adapters.postgres.store import PostgresStore
+from core.domain.gate import Rejected
 from core.domain.messages import ConversationMessage
 from core.domain.tenancy import conversation_key
 from core.ports.storage import IncomingMessage
@@ -42,6 +43,7 @@ from streams.worker.records import Record
 from streams.worker.runtime import StaticRuntime
 from tests.support import write_audit
 from tests.support.llm_server import ANTHROPIC_PATH, LLMTestServer
+from tests.support.plans import make_plan, stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -252,6 +254,17 @@ async def drive_every_write_path(
     )
     record = Record(names.erasures, 0, next(offsets), b"globex-1", erase.model_dump_json().encode())
     await run.components.accounting.handle(record)
+
+    # 6. A compaction the store's gate refuses (an empty summary): its refusal is
+    #    recorded, nothing else written.
+    live = [m for m in await store.history.load_history("plain-1") if m.id.startswith("plain-1")]
+    refused = make_plan(
+        "refused-1",
+        [stored("refused-1", 0, "", live[:2], conversation_id="plain-1")],
+        [m.id for m in live[:2]],
+        conversation_id="plain-1",
+    )
+    assert isinstance(await store.compactions.apply_compaction(refused), Rejected)
 
 
 @pytest.mark.parametrize("single", [True, False], ids=["single_conversation", "default"])

@@ -34,6 +34,9 @@ TRUNCATE_TRIGGER_NAME = "write_scope_audit_truncate"
 # public schema must have a conversation_id column.
 NOT_CONVERSATION_DATA: dict[str, str] = {
     "schema_migrations": "migration bookkeeping (core.adapters.postgres.migrate), one row per migration",
+    "usage_aggregates": "LLM spend per tenant and UTC day (migration 0014): the failed "
+    "compactions' and the erased conversations' usage, folded in with no conversation id "
+    "and no content",
     "token_calibration": "tokens per character of each provider and model (migration 0016): "
     "a rate, no conversation's data",
 }
