@@ -195,17 +195,7 @@ class MemoryRead:
             vector_rank=None,
             superseded=s.superseded_by is not None,
             turns=tuple(
-                TurnHit(
-                    message_id=m.id,
-                    role=m.role,
-                    created_at=m.created_at,
-                    text=m.content,
-                    truncated=False,
-                    score=float(overlap),
-                    text_rank=index + 1,
-                    vector_rank=None,
-                )
-                for index, (overlap, m) in enumerate(turns[:3])
+                _turn_hit(overlap, m, index) for index, (overlap, m) in enumerate(turns[:3])
             ),
         )
 
