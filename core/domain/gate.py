@@ -37,12 +37,7 @@ EXTRACTIVE = "extractive"
 SHINGLE_WORDS = 8
 MAX_SHINGLES = 20_000
 ECHO_SHARE = 0.5
-"""A summary repeating more than half of the compressed text's shingles is an echo;
-one whose own shingles are more than half repeats is a loop (a small model's
-greedy decoding runs one sentence on until ``max_tokens``: docs/memory.md, "A
-real small model, by hand")."""
-MIN_LOOP_SHINGLES = 16
-"""Fewer shingles than this are too short to call a loop."""
+"""A summary repeating more than half of the compressed text's shingles is an echo."""
 OFF_LOOP_CHARS = 200_000
 """Above this many characters (summaries and compressed turns), run the gate off the loop."""
 
@@ -123,14 +118,10 @@ def _echo(
     summaries: Sequence[str], raw: Sequence[ConversationMessage], *, verbatim_ok: bool
 ) -> GateVerdict:
     """Fence markers, or (for a model's summary: an extractive one is made of the
-    turns' own sentences) a loop, or more than ``ECHO_SHARE`` of the compressed
-    shingles."""
+    turns' own sentences) more than ``ECHO_SHARE`` of the compressed shingles."""
     for text in summaries:
         if f"<{DATA_TAG}" in text or f"</{DATA_TAG}" in text:
             return Rejected("echo", f"a new summary contains the {DATA_TAG} fence markers")
-        looped = None if verbatim_ok else _repeats_itself(text)
-        if looped is not None:
-            return Rejected("echo", f"a new summary repeats itself ({looped:.0%} of it)")
     source = _shingles(m.content for m in raw)
     if not source or verbatim_ok:
         return Passed()
@@ -139,18 +130,6 @@ def _echo(
     if repeated > ECHO_SHARE:
         return Rejected("echo", f"the summaries repeat {repeated:.0%} of the compressed text")
     return Passed()
-
-
-def _repeats_itself(text: str) -> float | None:
-    """The share of ``text``'s word shingles (its first ``MAX_SHINGLES``) that repeat
-    an earlier one, when over ``ECHO_SHARE``; else None."""
-    words = text.casefold().split()[: MAX_SHINGLES + SHINGLE_WORDS - 1]
-    count = len(words) - SHINGLE_WORDS + 1
-    if count < MIN_LOOP_SHINGLES:
-        return None
-    distinct = {tuple(words[start : start + SHINGLE_WORDS]) for start in range(count)}
-    repeated = 1 - len(distinct) / count
-    return repeated if repeated > ECHO_SHARE else None
 
 
 def _shingles(texts: Iterable[str]) -> set[tuple[str, ...]]:
