@@ -99,7 +99,13 @@ class Pipeline:
 
     def chunks(self, messages: Sequence[ConversationMessage]) -> Sequence[Chunk]:
         config = self.config
-        return chunk_messages(messages, config.chunk_size, config.max_chunk_tokens, self.counter)
+        return chunk_messages(
+            messages,
+            config.chunk_size,
+            config.max_chunk_tokens,
+            self.counter,
+            min_chunk_tokens=config.min_chunk_tokens,
+        )
 
     async def _summarised(
         self,

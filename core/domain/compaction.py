@@ -90,6 +90,11 @@ class CompactionTuning(BaseModel):
     resummarize_buffer: int = Field(default=2, ge=0)
     prompt: str | None = None
     max_chunk_tokens: int | None = Field(default=None, ge=1)
+    # A chunk of short turns grows past chunk_size until it carries this many
+    # estimated tokens, so each request's fixed parts (system prompt, directive,
+    # running summary) are amortised (issue 28; docs/memory.md, "What a
+    # summarisation request costs"). 0: chunk_size alone.
+    min_chunk_tokens: int = Field(default=1500, ge=0)
     timeout_seconds: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
     retry_backoff_seconds: float = Field(default=1.0, ge=0)
