@@ -112,6 +112,12 @@ def _system_field(system_prompt: str | None) -> str:
     return DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
 
 
+def instructions(system_prompt: str | None) -> tuple[str, str]:
+    """(the system field, the directive) of every request made with the configured
+    ``system_prompt``: what a summary must not merely copy (the gate)."""
+    return _system_field(system_prompt), DEFAULT_DIRECTIVE
+
+
 def _assistant_text(message: ConversationMessage) -> str:
     """Assistant content plus its tool calls, which are often the substance of the turn."""
     parts = [message.content] if message.content else []
