@@ -210,18 +210,21 @@ def _plus(total: LlmUsage, usage: ModelUsage) -> LlmUsage:
 
 
 async def cost_table(turns: int) -> None:
-    rows: list[tuple[str, str, int | None]] = [
-        ("chat, ~30-token turns", "chat", 20), ("chat, ~30-token turns", "chat", 40),
-        ("chat, ~30-token turns", "chat", None), ("long, ~300-token turns", "long", 20),
-        ("long, ~300-token turns", "long", None),
+    # (label, kind, turns, chunk): the long chat session needs several chunks by tokens.
+    rows: list[tuple[str, str, int, int | None]] = [
+        ("chat, ~30-token turns", "chat", turns, 20), ("chat, ~30-token turns", "chat", turns, 40),
+        ("chat, ~30-token turns", "chat", turns, None),
+        ("chat, ~30-token turns", "chat", 10 * turns, None),
+        ("long, ~300-token turns", "long", turns // 2, 20),
+        ("long, ~300-token turns", "long", turns // 2, None),
     ]  # fmt: skip
     print("\n## Request cost (billed input per compressed token, the test server's count)\n")
     print("| session | chunk | shape | calls | billed / compressed | fence + directive | "
           "system prompt | running summary | template + reminder |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     async with LLMTestServer() as server:
-        for label, kind, chunk in rows:
-            turns_of = session(kind, turns if kind == "chat" else turns // 2, seed=1)
+        for label, kind, count, chunk in rows:
+            turns_of = session(kind, count, seed=1)
             for shape, builder in (
                 ("before", legacy_request),
                 ("after", build_summarization_request),
@@ -229,7 +232,7 @@ async def cost_table(turns: int) -> None:
                 cost = await request_cost(server, builder, turns_of, chunk)
                 per = [cost.parts[p] / cost.compressed for p in cost.parts]
                 size = chunk or "default (by tokens)"
-                print(f"| {label} | {size} | {shape} | {cost.usage.calls} | "
+                print(f"| {label}, {count} | {size} | {shape} | {cost.usage.calls} | "
                       f"{billed_input_tokens(cost.usage) / cost.compressed:.2f} | "
                       + " | ".join(f"{x:.2f}" for x in per) + " |")  # fmt: skip
 
