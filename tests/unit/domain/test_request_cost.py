@@ -35,9 +35,10 @@ def turns_of(count: int, tokens: int) -> list[ConversationMessage]:
     out = []
     for n in range(count):
         text, at = f"turn {n}:", n
-        while stand_in_tokens(text) < tokens:
-            text += " " + WORDS[at % len(WORDS)]
-            at += 7
+        counted = stand_in_tokens(text)
+        while counted < tokens:  # words apart: their counts add up
+            word = WORDS[at % len(WORDS)]
+            text, counted, at = f"{text} {word}", counted + stand_in_tokens(word), at + 7
         out.append(message(n, "user" if n % 2 == 0 else "assistant", text))
     return out
 
