@@ -47,6 +47,8 @@ from bench.harness import REPO_ROOT, print_header
 from core.adapters.llm.anthropic import AnthropicProvider
 from core.compaction.calibration import Calibration
 from core.domain.calibration import TokenRate
+from core.domain.chunking import Chunk, chunk_messages
+from core.domain.compaction import CompactionConfig
 from core.domain.messages import ConversationMessage
 from core.domain.prompts import DEFAULT_SYSTEM_PROMPT, build_summarization_request
 from core.domain.usage import LlmUsage, billed_input_tokens
@@ -149,15 +151,29 @@ class Cost:
         self.parts[part] = self.parts.get(part, 0) + tokens
 
 
+def chunked(turns: Sequence[ConversationMessage], chunk: int | None) -> list[Chunk]:
+    """``chunk`` turns a chunk, or (None) as the product chunks them with its
+    defaults: ``chunk_size`` turns, more while under ``min_chunk_tokens``."""
+    if chunk is not None:
+        return [tuple(turns[start : start + chunk]) for start in range(0, len(turns), chunk)]
+    config = CompactionConfig()
+    return list(
+        chunk_messages(turns, config.chunk_size, config.max_chunk_tokens,
+                       min_chunk_tokens=config.min_chunk_tokens)
+    )  # fmt: skip
+
+
 async def request_cost(
-    server: LLMTestServer, builder: Builder, turns: Sequence[ConversationMessage], chunk: int
+    server: LLMTestServer,
+    builder: Builder,
+    turns: Sequence[ConversationMessage],
+    chunk: int | None,
 ) -> Cost:
-    """Fold-in over ``turns`` in chunks of ``chunk``, each request sent and counted."""
+    """Fold-in over ``turns`` chunked by ``chunked``, each request sent and counted."""
     provider = AnthropicProvider("key", base_url=server.base_url)
     cost, running = Cost(), None
     try:
-        for start in range(0, len(turns), chunk):
-            part = turns[start : start + chunk]
+        for part in chunked(turns, chunk):
             request = builder(
                 system_prompt=None, previous_summary=running, messages=part,
                 model_name="claude-haiku-4-5", max_tokens=1024,
@@ -194,22 +210,29 @@ def _plus(total: LlmUsage, usage: ModelUsage) -> LlmUsage:
 
 
 async def cost_table(turns: int) -> None:
-    rows = [("chat, ~30-token turns", "chat", 20), ("chat, ~30-token turns", "chat", 40),
-            ("long, ~300-token turns", "long", 20)]  # fmt: skip
+    # (label, kind, turns, chunk): the long chat session needs several chunks by tokens.
+    rows: list[tuple[str, str, int, int | None]] = [
+        ("chat, ~30-token turns", "chat", turns, 20), ("chat, ~30-token turns", "chat", turns, 40),
+        ("chat, ~30-token turns", "chat", turns, None),
+        ("chat, ~30-token turns", "chat", 10 * turns, None),
+        ("long, ~300-token turns", "long", turns // 2, 20),
+        ("long, ~300-token turns", "long", turns // 2, None),
+    ]  # fmt: skip
     print("\n## Request cost (billed input per compressed token, the test server's count)\n")
     print("| session | chunk | shape | calls | billed / compressed | fence + directive | "
           "system prompt | running summary | template + reminder |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     async with LLMTestServer() as server:
-        for label, kind, chunk in rows:
-            turns_of = session(kind, turns if kind == "chat" else turns // 2, seed=1)
+        for label, kind, count, chunk in rows:
+            turns_of = session(kind, count, seed=1)
             for shape, builder in (
                 ("before", legacy_request),
                 ("after", build_summarization_request),
             ):
                 cost = await request_cost(server, builder, turns_of, chunk)
                 per = [cost.parts[p] / cost.compressed for p in cost.parts]
-                print(f"| {label} | {chunk} | {shape} | {cost.usage.calls} | "
+                size = chunk or "default (by tokens)"
+                print(f"| {label}, {count} | {size} | {shape} | {cost.usage.calls} | "
                       f"{billed_input_tokens(cost.usage) / cost.compressed:.2f} | "
                       + " | ".join(f"{x:.2f}" for x in per) + " |")  # fmt: skip
 

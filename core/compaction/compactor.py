@@ -148,5 +148,6 @@ class PipelineCompactor:
         outcome = await self._attempts.run(ids, lambda: planning(calls), calls)
         if not isinstance(outcome, Planned):
             return outcome
-        plan = await with_embeddings(self._embedder, outcome.plan, history)
+        plan = outcome.plan.model_copy(update={"instructions": summarizer.instructions})
+        plan = await with_embeddings(self._embedder, plan, history)
         return replace(outcome, plan=plan)

@@ -54,7 +54,7 @@ class Pipeline:
         """The compaction of ``history``, or why there is none: the cheap strategies
         first (``core.compaction.strategies``), then, unless they reached the
         target, ``summarize``."""
-        passed = await self._cheap_strategies(history, ids)
+        passed = await self.cheap_strategies(history, ids)
         summarizing = "summarize" in self._strategy_names(ids)
         if not passed.replaced and not summarizing:
             return Unchanged("the strategies found nothing to replace")
@@ -74,7 +74,9 @@ class Pipeline:
     def _strategy_names(self, ids: CompactionIds) -> tuple[StrategyName, ...]:
         return self.config.strategies.for_tenant(tenant_of(ids.conversation_id))
 
-    async def _cheap_strategies(self, history: History, ids: CompactionIds) -> StrategyPass:
+    async def cheap_strategies(self, history: History, ids: CompactionIds) -> StrategyPass:
+        """The tenant's strategies before ``summarize`` on ``history`` (also run by
+        the operator's recompact, ``core.compaction.redo``)."""
         names, config = self._strategy_names(ids), self.config.strategies
         target, counter = self.fitter.target, self.counter
         return await self.offload(lambda: run_strategies(history, names, config, counter, target))
@@ -99,7 +101,13 @@ class Pipeline:
 
     def chunks(self, messages: Sequence[ConversationMessage]) -> Sequence[Chunk]:
         config = self.config
-        return chunk_messages(messages, config.chunk_size, config.max_chunk_tokens, self.counter)
+        return chunk_messages(
+            messages,
+            config.chunk_size,
+            config.max_chunk_tokens,
+            self.counter,
+            min_chunk_tokens=config.min_chunk_tokens,
+        )
 
     async def _summarised(
         self,

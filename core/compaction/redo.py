@@ -2,7 +2,10 @@
 
 Both read the archive (live batches and their raw turns), summarise what
 needs it and end in ``Pipeline.shape`` like any compaction, so they are
-fitted under the target and applied and published the same way.
+fitted under the target and applied and published the same way. A recompact
+runs the tenant's cheap strategies on the live history first, as a compaction
+does; a restore does not (it is an undo: clearing would take back the turns
+the operator asked for).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from core.compaction.batches import (
 )
 from core.compaction.pipeline import History, Pipeline
 from core.compaction.spend import LlmSpend
+from core.compaction.strategies.planning import strategies_only, with_strategies
 from core.compaction.summarizer import Summarizer
 from core.domain.compaction import Planned, StoredBatch, Unchanged, restored_by
 from core.domain.messages import ConversationMessage
@@ -37,10 +41,26 @@ class Redo:
     async def recompact(
         self, history: History, ids: CompactionIds, calls: LlmSpend
     ) -> Planned | Unchanged:
-        """Re-summarise the live batches from their archived raw turns with the
-        current prompt, model and settings: one compaction whose new batches
-        supersede them (a batch whose raw turns expired stays as it is). The live
-        messages are kept; the clip-archive is rebuilt and fitted under the target."""
+        """The tenant's cheap strategies on the live history (as a compaction runs
+        them), then the live batches re-summarised from their archived raw turns
+        with the current prompt, model and settings: one compaction whose new
+        batches supersede them (a batch whose raw turns expired stays as it is).
+        The live messages are kept (cleared or offloaded as the strategies say);
+        the clip-archive is rebuilt and fitted under the target."""
+        passed = await self.pipeline.cheap_strategies(history, ids)
+        planned = await self._rebuilt(passed.history, ids, calls)
+        counter = self.pipeline.counter
+        if not passed.replaced:
+            return planned
+        if isinstance(planned, Unchanged):  # no batch to rebuild: the strategies alone
+            id_pair = (ids.conversation_id, ids.compaction_id)
+            return strategies_only(history, passed, id_pair, calls, counter)
+        return with_strategies(planned, history, passed, counter)
+
+    async def _rebuilt(
+        self, history: History, ids: CompactionIds, calls: LlmSpend
+    ) -> Planned | Unchanged:
+        """The live batches rebuilt from their raw turns, ``history`` kept live."""
         existing = await self.memory.live_batches(ids.conversation_id)
         rebuilt, untouched, turns = await self._raw_turns(ids.conversation_id, existing)
         if not rebuilt:

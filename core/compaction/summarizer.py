@@ -23,7 +23,11 @@ from core.domain.chunking import Chunk, halve, in_history_order
 from core.domain.clip_archive import batch_label, covered_days
 from core.domain.compaction import CompactionConfig, StoredBatch, SummaryBatch, merged_batch
 from core.domain.messages import ConversationMessage
-from core.domain.prompts import build_resummarization_request, build_summarization_request
+from core.domain.prompts import (
+    build_resummarization_request,
+    build_summarization_request,
+    instructions,
+)
 from core.domain.scoring import score_message
 from core.domain.specifics import (
     Ledger,
@@ -95,6 +99,11 @@ class Summarizer:
     @property
     def model_name(self) -> str:
         return self._model_name
+
+    @property
+    def instructions(self) -> tuple[str, ...]:
+        """The system prompt and directive of its requests (configured per deployment)."""
+        return instructions(self._config.prompt)
 
     def _allowances(self, max_tokens: int, *, within: bool) -> tuple[int, int]:
         """(the model's max_tokens, the ledger's allowance). ``within``: both must

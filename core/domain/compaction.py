@@ -90,6 +90,11 @@ class CompactionTuning(BaseModel):
     resummarize_buffer: int = Field(default=2, ge=0)
     prompt: str | None = None
     max_chunk_tokens: int | None = Field(default=None, ge=1)
+    # A chunk of short turns grows past chunk_size until it carries this many
+    # estimated tokens, so each request's fixed parts (system prompt, directive,
+    # running summary) are amortised (issue 28; docs/memory.md, "What a
+    # summarisation request costs"). 0: chunk_size alone.
+    min_chunk_tokens: int = Field(default=6000, ge=0)
     timeout_seconds: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
     retry_backoff_seconds: float = Field(default=1.0, ge=0)
@@ -169,6 +174,10 @@ class CompactionPlan(BaseModel):
     # (core.domain.gate) rejects a plan whose history after is over it. None: no
     # target, or the compactor already said the history stays over it.
     target_tokens: int | None = None
+    # The system prompt and the directive its summaries were asked with (the
+    # deployment's configured prompt, core.domain.prompts.instructions): the gate
+    # refuses a summary that copies one of them.
+    instructions: tuple[str, ...] = ()
 
     @property
     def clip_tokens(self) -> int:

@@ -62,7 +62,10 @@ GateVerdict = Passed | Rejected
 @dataclass(frozen=True)
 class GateInput:
     """What the store knows inside the apply: the plan, the turns it removes
-    (read from the rows it deletes) and the tool turns that stay live."""
+    (read from the rows it deletes) and the tool turns that stay live. A summary
+    copying ``directive``, ``extra_directives`` or the instructions the plan's
+    summaries were asked with (``plan.instructions``: the configured prompt) is
+    refused."""
 
     plan: CompactionPlan
     compressed: Sequence[ConversationMessage]
@@ -91,7 +94,9 @@ def check_compaction(given: GateInput) -> GateVerdict:
     if pinned:  # pinned after the plan was made: the plan is stale
         return Rejected("pinned_compressed", f"pinned message(s) compressed: {pinned[:5]}")
     for verdict in (
-        _summary_text(summaries, (given.directive, *given.extra_directives)),
+        _summary_text(
+            summaries, (given.directive, *given.extra_directives, *given.plan.instructions)
+        ),
         _echo(summaries, raw, verbatim_ok=given.plan.usage.summarizer == EXTRACTIVE),
         _tool_pairs(raw, given.kept_tool_turns),
         _specifics(given.plan, raw),

@@ -276,6 +276,7 @@ class ChaosStack:
                 "base_url": self.llm.openai_base_url,
                 "model": "test-model",
                 "chunk_size": 10,
+                "min_chunk_tokens": 0,  # chunks of chunk_size turns, however short
                 "keep_recent": 6,
                 "max_summary_tokens": 200,
                 "timeout_seconds": 5.0,

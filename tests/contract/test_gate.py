@@ -55,6 +55,20 @@ async def test_a_refused_plan_writes_nothing_and_is_recorded_once(
     assert await store.compactions.apply_compaction(good) == AlreadyApplied()
 
 
+async def test_a_summary_copying_the_configured_prompt_is_refused(store: Any) -> None:
+    """The plan names the prompt its summaries were asked with (issue 28): the store's
+    gate compares with it, not only with the default directive."""
+    prompt = "Write the renewal desk's handover: what each customer asked and was promised."
+    await save_all(store, TURNS)
+    before = await store.history.load_history(CONV)
+    plan = make_plan(
+        "cmp-prompt", [stored("cmp-prompt", 0, prompt, TURNS[:2])], [m.id for m in TURNS[:2]]
+    ).model_copy(update={"usage": LlmUsage(summarizer="anthropic"), "instructions": (prompt,)})
+    verdict = await store.compactions.apply_compaction(plan, await outbox_of(store, plan))
+    assert isinstance(verdict, Rejected) and verdict.reason == "directive_copy"
+    assert await store.history.load_history(CONV) == before
+
+
 async def test_a_plan_that_cuts_a_tool_call_from_its_live_result_is_refused(store: Any) -> None:
     call = msg(3, "", role="assistant", tool_calls=[ToolCall(id="t1", name="renew")])
     result = msg(4, "ok", role="tool", tool_call_id="t1")

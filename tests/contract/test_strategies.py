@@ -65,6 +65,7 @@ def compactor(
     config = CompactionConfig(
         keep_recent=2,
         chunk_size=4,
+        min_chunk_tokens=0,
         strategies=StrategyConfig(strategies=names, **strategy),
     )
     budget = BudgetConfig(context_budget=1.0, model_max_tokens=int(target / 0.8))

@@ -197,6 +197,7 @@ class Stack:
                 "base_url": self.llm.openai_base_url,
                 "model": "test-model",
                 "chunk_size": 5,
+                "min_chunk_tokens": 0,  # chunks of chunk_size turns, however short
                 "keep_recent": KEEP_RECENT,
                 "max_summary_tokens": 200,
                 "timeout_seconds": 5.0,

@@ -93,6 +93,7 @@ def make(
 ):  # type: ignore[no-untyped-def]
     defaults: dict[str, Any] = {
         "chunk_size": 3,
+        "min_chunk_tokens": 0,  # chunks of chunk_size turns, however short (these tests count calls)
         "keep_recent": 2,
         "timeout_seconds": 5,
         "retry_backoff_seconds": 0.5,

@@ -41,7 +41,7 @@ def write(tmp_path: Path, dsn: str, all_events: list[MessageEvent]) -> tuple[Pat
     config.write_text(
         f'[postgres]\ndsn = "{dsn}"\n'
         "[budget]\ncontext_budget = 0.5\nmodel_max_tokens = 400\n"  # 200 tokens
-        "[summarization]\nkeep_recent = 2\nchunk_size = 4\n"
+        "[summarization]\nkeep_recent = 2\nchunk_size = 4\nmin_chunk_tokens = 0\n"
     )
     transcript = tmp_path / "t.jsonl"
     transcript.write_text("".join(e.model_dump_json() + "\n" for e in all_events))

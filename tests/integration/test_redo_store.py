@@ -27,7 +27,9 @@ BUDGET = BudgetConfig(context_budget=0.5, model_max_tokens=2000)  # 1,000 tokens
 
 
 def compactor(store: PostgresStore) -> PipelineCompactor:
-    config = CompactionConfig(keep_recent=2, chunk_size=4, retry_backoff_seconds=0)
+    config = CompactionConfig(
+        keep_recent=2, chunk_size=4, min_chunk_tokens=0, retry_backoff_seconds=0
+    )
     return create_compactor(
         model=ExtractiveProvider(), memory=store.archive, config=config, model_name="x",
         budget=BUDGET,

@@ -106,6 +106,7 @@ def settings_for(dsn: str, llm: LLMTestServer, single_conversation_transactions:
                 "model": "claude-test",
                 "keep_recent": 2,
                 "chunk_size": 2,
+                "min_chunk_tokens": 0,
                 # Re-summarise once more than 3 batches are live: supersedes batches.
                 "clip_first": 1,
                 "clip_last": 1,

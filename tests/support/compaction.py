@@ -13,6 +13,7 @@ from core.compaction.compactor import PipelineCompactor
 from core.compaction.factory import create_compactor
 from core.domain.clip_archive import is_clip_archive
 from core.domain.compaction import CompactionPlan, Failed, Planned, StoredBatch, Unchanged
+from core.domain.gate import Rejected
 from core.domain.messages import ConversationMessage
 from core.domain.tokens import estimate_history_tokens
 from core.ports.storage import AlreadyApplied, Storage
@@ -105,7 +106,7 @@ class PlanAndApply:
         planned: Planned,
     ) -> Compressed:
         match await write_plan(self.store.compactions, planned.plan):
-            case Failed(detail=detail):
+            case Failed(detail=detail) | Rejected(detail=detail):  # refused: not applied
                 return Compressed(found, cid, target, failed=True, reason=detail)
             case AlreadyApplied():
                 return Compressed(found, cid, target, reason="compaction already applied",

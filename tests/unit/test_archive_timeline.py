@@ -77,7 +77,12 @@ async def test_chunk_order_decides_what_a_batch_spans(order: str) -> None:
     store = InMemoryStore()
     for m in _history(30):
         await saved(store, m, 10)
-    config = CompactionConfig(chunk_size=5, keep_recent=5, chunk_order=order)  # type: ignore[arg-type]
+    config = CompactionConfig(
+        chunk_size=5,
+        keep_recent=5,
+        chunk_order=order,
+        min_chunk_tokens=0,  # type: ignore[arg-type]
+    )
     compactor = applying_compactor(
         store=store,
         model=ExtractiveProvider(),

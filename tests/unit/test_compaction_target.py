@@ -85,7 +85,9 @@ def compactor(
     budget: BudgetConfig | None,
     **config: object,
 ) -> PlanAndApply:
-    defaults: dict[str, object] = {"chunk_size": 4, "keep_recent": 2, "max_summary_tokens": 200}
+    defaults: dict[str, object] = {
+        "chunk_size": 4, "min_chunk_tokens": 0, "keep_recent": 2, "max_summary_tokens": 200,
+    }  # fmt: skip
     defaults.update(config)
     return applying_compactor(
         store=store,

@@ -74,7 +74,9 @@ class FirstFailsThenAfterOthers(GatedModel):
 
 
 def make(store: InMemoryStore, model: GatedModel, **config: object) -> PlanAndApply:
-    settings: dict[str, object] = {"chunk_size": 2, "keep_recent": 2, "max_retries": 0}
+    settings: dict[str, object] = {
+        "chunk_size": 2, "min_chunk_tokens": 0, "keep_recent": 2, "max_retries": 0,
+    }  # fmt: skip
     settings.update(config)
 
     async def no_wait(seconds: float) -> None:

@@ -7,7 +7,7 @@ import pytest
 from core.domain.compaction import CompactionPlan
 from core.domain.gate import GateInput, Passed, Rejected, check_compaction, gate_applies
 from core.domain.messages import ConversationMessage, ToolCall
-from core.domain.prompts import DEFAULT_DIRECTIVE
+from core.domain.prompts import DEFAULT_DIRECTIVE, instructions
 from core.domain.usage import LlmUsage
 from tests.support.plans import make_plan, msg, stored
 
@@ -57,6 +57,24 @@ def test_an_empty_summary_is_rejected(summary: str) -> None:
 def test_a_copy_of_the_directive_is_rejected() -> None:
     assert reason(plan_of(DEFAULT_DIRECTIVE)) == "directive_copy"
     assert reason(plan_of(DEFAULT_DIRECTIVE.splitlines()[1])) == "directive_copy"
+
+
+CONFIGURED = (
+    "You write the handover notes of a support desk: who asked what, what was "
+    "promised, and what is still open, in the customer's own words."
+)
+
+
+def test_a_copy_of_the_configured_prompt_is_rejected() -> None:
+    """The plan names the instructions its summaries were asked with (the
+    deployment's prompt): a summary copying them is refused, not only a copy of
+    the default directive."""
+    copied = plan_of(CONFIGURED, instructions=instructions(CONFIGURED))
+    assert reason(copied) == "directive_copy"
+    assert reason(plan_of(CONFIGURED.split(":")[0], instructions=(CONFIGURED,))) == (
+        "directive_copy"
+    )
+    assert verdict(plan_of(GOOD, instructions=instructions(CONFIGURED))) == Passed()
 
 
 def test_an_echo_with_fence_markers_is_rejected() -> None:

@@ -50,7 +50,13 @@ def settings(
             # The dead letters' bytes are what these tests look at (the default,
             # "redacted", has none: test_erase_holds.py).
             "kafka": {"topic_prefix": "t.", "dead_letter_content": "full"},
-            "summarization": {"keep_recent": 2, "chunk_size": 4, "retry_backoff_seconds": 0},
+            # min_chunk_tokens 0: chunks of chunk_size turns, however short.
+            "summarization": {
+                "keep_recent": 2,
+                "chunk_size": 4,
+                "min_chunk_tokens": 0,
+                "retry_backoff_seconds": 0,
+            },
             "service": {"command_timeout_seconds": 60, "reconcile_interval_seconds": 10, **service},
             "tenancy": tenancy or {},
             "tenants": tenants or [],
