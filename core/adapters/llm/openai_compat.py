@@ -132,8 +132,10 @@ def parse_completion(result: object) -> ModelResponse:
             f"expected a ChatCompletion, got {type(result).__name__}", provider=PROVIDER
         )
     choices = getattr(result, "choices", None)
-    if not isinstance(choices, list) or not choices:
+    if not isinstance(choices, list):  # not a completion: a proxy's page, a cut body
         raise ModelUnreadableError("response has no choices", provider=PROVIDER)
+    if not choices:  # a completion with nothing in it: this request's answer
+        raise ModelResponseError("response has no choices", provider=PROVIDER)
     choice = choices[0]
     finish_reason = getattr(choice, "finish_reason", None)
     content = getattr(getattr(choice, "message", None), "content", None)
