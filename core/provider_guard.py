@@ -14,7 +14,7 @@ alone:
   call starts before it ends. A call that would start during a pause waits it
   out when the wait is short (``max_wait_seconds``), else it is refused;
 * ``failure_threshold`` provider failures in a row (429, 5xx or overloaded,
-  broken connection, timeout, rejected key), from whichever conversations,
+  broken connection or body, timeout, rejected key), from whichever conversations,
   open the breaker for a cool-down that doubles each time it opens again, up
   to ``max_cooldown_seconds``. Calls are refused while it is open; after the
   cool-down one probe call goes through (half-open): an answer closes the
@@ -25,8 +25,10 @@ fails fast with its history untouched. Its command then waits in
 ``until_answering`` and goes again as soon as the guard admits calls (its
 half-open probe answered), paced by the same limits; reconciliation is the
 net only for a command that waited past its timeout.
-An answer that rejects the request itself (a 400, a malformed body) says the
-provider is up, and neither counts as a failure nor resets the count.
+An answer that rejects the request itself (a 400, a reply with no text) says
+the provider is up, and neither counts as a failure nor resets the count. A 200
+whose body is no response at all (broken JSON, a proxy's HTML page:
+``ModelUnreadableError``) is a server error: the path to the provider is down.
 """
 
 from __future__ import annotations
@@ -172,17 +174,30 @@ class ProviderGuard:
         a probe is out, for its verdict. The caller bounds the wait.
         """
         while True:
-            state = self.state()
-            if state == "half_open" and not self._probe_in_flight:
+            if self.answering_since(since):
                 return
+            state = self.state()
             if state in ("open", "paused"):  # a late answer while open changes nothing
                 await self._waiting(self._sleep(max(self.retry_in(), 0.001)))
                 if self.state() == "closed":
                     return  # a pause (retry-after) is over: calls go again
                 continue
-            if state == "closed" and self.successes > since:
-                return
             await self._waiting(asyncio.shield(self._next_change()))
+
+    def answering_since(self, since: int) -> bool:
+        """Would a call go now, the provider having answered anyone since its
+        answer count was ``since``, or as the half-open probe? What
+        ``until_answering`` waits for, asked without waiting."""
+        state = self.state()
+        if state == "half_open":
+            return not self._probe_in_flight
+        return state == "closed" and self.successes > since
+
+    def in_outage(self) -> bool:
+        """Is the provider failing for everyone now: the breaker tripped (open or
+        half-open) or a ``retry-after`` pause on? A failure then may be the
+        outage's even when it cannot be told apart from the request's own."""
+        return self._tripped or self.state() == "paused"
 
     def _next_change(self) -> asyncio.Future[None]:
         if self._changed is None or self._changed.done():

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from core.compaction.batches import CompactionIds
 from core.compaction.spend import LlmSpend
-from core.domain.circuit import CircuitBreaker
+from core.domain.circuit import CircuitBreaker, DuringOutage
 from core.domain.compaction import Failed, FailureKind, Planned, PlanOutcome, Unchanged
 from core.ports.model import (
     ModelAuthError,
@@ -27,6 +27,7 @@ from core.ports.model import (
     ModelResponseError,
     ModelServerError,
     ModelTimeoutError,
+    ModelUnreadableError,
 )
 from core.ports.storage import HistoryConflictError, StoreUnavailable
 from core.provider_guard import ProviderGuard, ProviderUnavailableError
@@ -41,6 +42,7 @@ _KINDS: tuple[tuple[type[Exception], FailureKind], ...] = (
     (ModelRateLimitError, "rate_limited"),
     (ModelAuthError, "model_auth"),
     (ModelTimeoutError, "model_timeout"),
+    (ModelUnreadableError, "model_response"),  # a ModelServerError: first
     (ModelServerError, "model_server"),
     (ModelResponseError, "model_response"),
     (ModelError, "model_error"),
@@ -68,9 +70,9 @@ class Attempts:
         provider was down), ``Unchanged`` and ``Planned`` are returned as they are.
         ``calls``: what the step's LLM calls add up to (when they first failed)."""
         conversation_id = ids.conversation_id
-        if not self.breaker.try_acquire(conversation_id):
-            retry_in = self.breaker.retry_in(conversation_id)
-            return Failed("circuit_open", f"circuit open: retry in {retry_in:.0f}s")
+        refused = self._refused(conversation_id)
+        if refused is not None:
+            return refused
         started = time.perf_counter()
         try:
             outcome = await step()
@@ -85,6 +87,23 @@ class Attempts:
         self.breaker.record_success(conversation_id)
         _log_planned(outcome, time.perf_counter() - started)
         return outcome
+
+    def _refused(self, conversation_id: str) -> Failed | None:
+        """``None`` when the conversation's breaker lets an attempt go. A circuit
+        opened during a provider outage is released once the provider answers
+        again; until then its refusal waits for the provider
+        (``provider_down_at``), not for reconciliation."""
+        outage = self.breaker.outage_of(conversation_id)
+        if outage is not None and self.guard.answering_since(outage.answers):
+            self.breaker.end_outage(conversation_id)
+        if self.breaker.try_acquire(conversation_id):
+            return None
+        retry_in = self.breaker.retry_in(conversation_id)
+        outage = self.breaker.outage_of(conversation_id)
+        if outage is None:
+            return Failed("circuit_open", f"circuit open: retry in {retry_in:.0f}s")
+        detail = f"circuit open until the provider answers again (at most {retry_in:.0f}s)"
+        return Failed("circuit_open", detail, provider_down_at=outage.answers)
 
     def _failed(self, error: Exception, ids: CompactionIds, calls: LlmSpend) -> Failed:
         answers = self.guard.successes
@@ -108,9 +127,13 @@ class Attempts:
         cool-down after the provider is back. ``True`` for a provider outage.
 
         Rate limits, refusals by the guard and a rejected key are never the
-        conversation's. A 5xx or a timeout is, when other calls got answers
-        while this compaction's kept failing (its request is the trouble:
-        too large, or one the provider chokes on); otherwise it is an outage.
+        conversation's. A 5xx, a timeout, a broken connection or a body that is
+        no response (a proxy's HTML page) is, when other calls got answers
+        while this compaction's kept failing (its request is the trouble: too
+        large, or one the provider chokes on); otherwise it is an outage. A
+        failure held against the conversation while the provider is failing
+        for everyone (``ProviderGuard.in_outage``) opens its circuit only until
+        the provider answers again (``DuringOutage``).
         """
         if isinstance(error, ProviderUnavailableError | ModelRateLimitError | ModelAuthError):
             provider_wide = True
@@ -122,7 +145,8 @@ class Attempts:
         if provider_wide:
             self.breaker.release(conversation_id)
         else:
-            self.breaker.record_failure(conversation_id)
+            outage = DuringOutage(self.guard.successes) if self.guard.in_outage() else None
+            self.breaker.record_failure(conversation_id, outage)
         return provider_wide
 
 

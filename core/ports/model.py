@@ -111,10 +111,18 @@ class ModelServerError(ModelError):
         self.status = status
 
 
+class ModelUnreadableError(ModelServerError):
+    """A 200 whose body is no response at all: broken JSON, an HTML page, JSON
+    of another shape. The path to the provider is broken (a proxy's error page,
+    a cut connection), not the request: like a 502, transient and the provider's,
+    never held against the conversation that happened to send it."""
+
+
 class ModelAuthError(ModelError):
     """Bad key or forbidden model: retrying cannot help."""
 
 
 class ModelResponseError(ModelError):
-    """The provider answered, but not with something we can use (malformed body,
-    no text, a 4xx that is not auth or rate limiting)."""
+    """The provider answered this request, but not with something we can use (no
+    text, a 4xx that is not auth or rate limiting): the request's own trouble. A
+    body that is no response at all is ``ModelUnreadableError``."""

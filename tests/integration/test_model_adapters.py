@@ -44,6 +44,7 @@ from core.ports.model import (
     ModelResponseError,
     ModelServerError,
     ModelTimeoutError,
+    ModelUnreadableError,
 )
 from tests.support.llm_server import (
     ANTHROPIC_PATH,
@@ -532,18 +533,34 @@ async def test_slow_reply_times_out(server: LLMTestServer, any_provider: tuple[A
         # JSON of the wrong shape, or a proxy's HTML page: the SDK accepts it
         # unvalidated and the adapter's own checks reject it.
         (Malformed(body="{}"), False),
-        (Malformed(body='{"choices": [], "content": []}'), False),
         (Malformed(body="<html>Bad gateway</html>", content_type="text/html"), False),
     ],
-    ids=["truncated-json", "empty-object", "empty-lists", "html-page"],
+    ids=["truncated-json", "empty-object", "html-page"],
 )
-async def test_malformed_body_is_a_response_error(
+async def test_a_body_that_is_no_response_is_the_providers(
     server: LLMTestServer, any_provider: tuple[Any, str], malformed: Malformed, chained: bool
 ) -> None:
+    """Issue 29: the path to the provider is broken (a proxy's error page in a
+    200, a cut body), not the request: a retryable server error, counted by the
+    provider guard and never against the conversation."""
     provider, path = any_provider
     server.enqueue(malformed)
 
-    error = await _expect_error(provider, server, path, ModelResponseError, chained=chained)
+    error = await _expect_error(provider, server, path, ModelUnreadableError, chained=chained)
+
+    assert error.retryable
+    assert isinstance(error, ModelServerError) and not isinstance(error, ModelResponseError)
+
+
+async def test_a_response_with_nothing_in_it_is_the_requests(
+    server: LLMTestServer, any_provider: tuple[Any, str]
+) -> None:
+    """A completion or message of the right shape with no choice or block in it
+    answered this request: its own trouble, not retried."""
+    provider, path = any_provider
+    server.enqueue(Malformed(body='{"choices": [], "content": []}'))
+
+    error = await _expect_error(provider, server, path, ModelResponseError, chained=False)
 
     assert not error.retryable
 

@@ -21,6 +21,7 @@ from core.ports.model import (
     ModelResponseError,
     ModelServerError,
     ModelTimeoutError,
+    ModelUnreadableError,
 )
 from core.provider_guard import (
     CallOutcome,
@@ -250,6 +251,23 @@ async def test_success_resets_the_count_and_rejections_neither_count_nor_reset()
     await failing(guard, ModelAuthError("HTTP 401: invalid key"))
     assert guard.state() == "open"  # 500, 400 (ignored), 401: two in a row
     assert observed.calls["rejected"] == 1
+
+
+async def test_bodies_that_are_no_response_are_an_outage_and_it_is_told() -> None:
+    """Issue 29: a proxy's HTML page in a 200 counts like a 5xx; ``in_outage`` and
+    ``answering_since`` tell a compaction whether the provider is back."""
+    guard, time, observed = make(failure_threshold=2, cooldown_seconds=5)
+    assert not guard.in_outage() and not guard.answering_since(0)  # no answer yet
+    await failing(guard, ModelUnreadableError("expected a ChatCompletion, got str"))
+    await failing(guard, ModelUnreadableError("unreadable response body"))
+    assert guard.state() == "open" and guard.in_outage()
+    assert observed.calls == {"server_error": 2}
+    assert not guard.answering_since(0)
+    time.now = 5.0
+    assert guard.answering_since(0)  # half-open: a call would be the probe
+    assert await guard.call(answer(time)) == "ok"
+    assert not guard.in_outage() and guard.answering_since(0)
+    assert not guard.answering_since(guard.successes)  # nothing answered since
 
 
 async def test_a_cancelled_probe_gives_no_verdict() -> None:

@@ -28,6 +28,7 @@ from core.ports.model import (
     ModelRequest,
     ModelResponse,
     ModelResponseError,
+    ModelUnreadableError,
     ModelUsage,
 )
 
@@ -207,7 +208,9 @@ class AnthropicProvider:
             raise ERRORS.map(exc) from exc
         except ValueError as exc:
             # A 200 whose body is not JSON surfaces as a bare JSONDecodeError.
-            raise ModelResponseError(f"unreadable response body: {exc}", provider=PROVIDER) from exc
+            raise ModelUnreadableError(
+                f"unreadable response body: {exc}", provider=PROVIDER
+            ) from exc
         return parse_message(result)
 
 
@@ -218,12 +221,12 @@ def parse_message(result: object) -> ModelResponse:
     when the body is not JSON-typed, so nothing about ``result`` is trusted.
     """
     if not isinstance(result, Message):
-        raise ModelResponseError(
+        raise ModelUnreadableError(
             f"expected a Message, got {type(result).__name__}", provider=PROVIDER
         )
     blocks = getattr(result, "content", None)
     if not isinstance(blocks, list):
-        raise ModelResponseError("response has no content blocks", provider=PROVIDER)
+        raise ModelUnreadableError("response has no content blocks", provider=PROVIDER)
     texts = [
         text
         for block in blocks

@@ -21,6 +21,7 @@ from core.ports.model import (
     ModelRequest,
     ModelResponse,
     ModelResponseError,
+    ModelUnreadableError,
     ModelUsage,
 )
 
@@ -113,7 +114,9 @@ class OpenAICompatProvider:
             raise ERRORS.map(exc) from exc
         except ValueError as exc:
             # A 200 whose body is not JSON surfaces as a bare JSONDecodeError.
-            raise ModelResponseError(f"unreadable response body: {exc}", provider=PROVIDER) from exc
+            raise ModelUnreadableError(
+                f"unreadable response body: {exc}", provider=PROVIDER
+            ) from exc
         return parse_completion(result)
 
 
@@ -125,11 +128,13 @@ def parse_completion(result: object) -> ModelResponse:
     nothing about ``result`` is trusted; a missing ``usage`` becomes zeros.
     """
     if not isinstance(result, ChatCompletion):
-        raise ModelResponseError(
+        raise ModelUnreadableError(
             f"expected a ChatCompletion, got {type(result).__name__}", provider=PROVIDER
         )
     choices = getattr(result, "choices", None)
-    if not isinstance(choices, list) or not choices:
+    if not isinstance(choices, list):  # not a completion: a proxy's page, a cut body
+        raise ModelUnreadableError("response has no choices", provider=PROVIDER)
+    if not choices:  # a completion with nothing in it: this request's answer
         raise ModelResponseError("response has no choices", provider=PROVIDER)
     choice = choices[0]
     finish_reason = getattr(choice, "finish_reason", None)
