@@ -112,7 +112,7 @@ async def compactions_by_release(db: asyncpg.Pool) -> tuple[int, int]:
     return int(row["old"]), int(row["new"])
 
 
-async def bm25_figures_off(db: asyncpg.Pool) -> int:
+async def bm25_figures_off(db: asyncpg.Pool | asyncpg.Connection) -> int:
     """Conversations whose kept BM25 figures (0011's triggers) differ from a rebuild."""
     return int(
         await db.fetchval(
