@@ -13,7 +13,11 @@ import asyncpg
 import pytest
 
 from core.adapters.postgres.migrate import load_migrations, migrate
-from core.adapters.postgres.migrate_backfill import _count_one_batch, finish_backfills
+from core.adapters.postgres.migrate_backfill import (
+    _LIST_CONVERSATIONS,
+    _count_one_batch,
+    finish_backfills,
+)
 from devtools.migration_lock import TURNS_PER_CONVERSATION, fill_archived_turns
 from tests.chaos.test_upgrade import bm25_figures_off
 
@@ -63,19 +67,23 @@ async def test_writes_before_and_during_the_backfill_end_in_a_rebuilds_figures(
     before_0011: asyncpg.Connection,
 ) -> None:
     conn = before_0011
-    queued = [r["conversation_id"] for r in await conn.fetch(
-        "SELECT conversation_id FROM archived_stats_backfill ORDER BY conversation_id"
-    )]  # fmt: skip
-    assert len(queued) == 4
-    # A compaction archives a turn into a queued conversation; an erase (or the
-    # retention timer) removes another's turns, more than the triggers counted.
-    await conn.execute(_ADD, queued[0], "new-1", "a turn archived during the upgrade")
-    await conn.execute(_ADD, queued[1], "new-2", "counted by the trigger alone")
-    await conn.execute("DELETE FROM archived_messages WHERE conversation_id = $1", queued[1])
-    # Interrupted after one batch (a crash), resumed by the next migrate.
+    # 0011's transaction lists nothing (listing reads every turn): the row '' only.
+    assert await conn.fetchval(
+        "SELECT array_agg(conversation_id) FROM archived_stats_backfill"
+    ) == [""]
+    first, second = "fill-0-0", "fill-1-0"
+    # Before the listing: a compaction archives a turn into an old conversation,
+    # an erase (or the retention timer) removes all of another's, more than the
+    # triggers counted, and a new conversation is archived (listed too, recounted).
+    await conn.execute(_ADD, first, "new-1", "a turn archived during the upgrade")
+    await conn.execute(_ADD, second, "new-2", "counted by the trigger alone")
+    await conn.execute("DELETE FROM archived_messages WHERE conversation_id = $1", second)
+    await conn.execute(_ADD, "late", "new-3", "a conversation begun after the triggers")
+    # Interrupted after the listing and one batch (a crash), resumed by the next migrate.
+    await conn.execute(_LIST_CONVERSATIONS)
     assert await _count_one_batch(conn, TURNS_PER_CONVERSATION) == 1
-    await conn.execute(_ADD, queued[0], "new-3", "after its batch: the trigger counts it")
-    assert await finish_backfills(conn, TURNS_PER_CONVERSATION) == 3
+    await conn.execute(_ADD, first, "new-4", "after its batch: the trigger counts it")
+    assert await finish_backfills(conn, TURNS_PER_CONVERSATION) == 3  # fill-2, fill-3, late
     assert await conn.fetchval("SELECT to_regclass('archived_stats_backfill')") is None
     assert (
         await conn.fetchval("SELECT count(*) FROM archived_messages WHERE word_count IS NULL") == 0

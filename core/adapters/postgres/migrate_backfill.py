@@ -45,6 +45,17 @@ SELECT conversation_id FROM (
  ORDER BY conversation_id
 """
 
+_LIST_CONVERSATIONS = """
+WITH listed AS (
+    INSERT INTO archived_stats_backfill (conversation_id, turns)
+    SELECT conversation_id, count(*) FROM archived_messages
+     WHERE EXISTS (SELECT 1 FROM archived_stats_backfill WHERE conversation_id = '')
+     GROUP BY conversation_id
+    ON CONFLICT (conversation_id) DO NOTHING
+)
+DELETE FROM archived_stats_backfill WHERE conversation_id = ''
+"""
+
 _RECOUNT = """
 WITH batch AS (SELECT unnest($1::text[]) AS conversation_id),
 gone_turns AS (
@@ -88,6 +99,10 @@ async def finish_backfills(conn: AnyConnection, batch_turns: int = BACKFILL_BATC
     """
     if not await conn.fetchval("SELECT to_regclass('archived_stats_backfill') IS NOT NULL"):
         return 0
+    # Listed once (while the row '' says not yet), without a lock: readers and
+    # writers go on; a conversation whose turns all came after the triggers may
+    # be listed too, and its recount is the same.
+    await conn.execute(_LIST_CONVERSATIONS)
     counted = 0
     while batch := await _count_one_batch(conn, batch_turns):
         counted += batch
