@@ -353,6 +353,11 @@ async def reads_across_releases(
     both workers; the counts are the reads that crossed, each way (the owner
     from the messages partition, as the table is partitioned).
     """
+
+    async def both_ready() -> bool:  # tables recovered: what /readyz means to a balancer
+        return all([(await w.get("/readyz"))[0] == 200 for w in (old, new)])
+
+    await wait_until(both_ready, timeout=120, what="both releases' workers ready")
     topic = stack.names.messages
     owned = {p: w for w in (old, new) for p in await w.assigned(topic) or set()}
     stored = [
