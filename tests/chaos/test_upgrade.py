@@ -25,19 +25,30 @@ skips: an upgrade that was not tried is not known to work.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 
 from core.adapters.postgres.migrate import load_migrations, migrate
-from tests.chaos.harness import SCALE, ChaosStack, ChaosWorker, MakeStack, wait_until
+from streams.events import EraseRequest
+from tests.chaos.harness import (
+    PARTITIONS,
+    SCALE,
+    ChaosStack,
+    ChaosWorker,
+    MakeStack,
+    wait_until,
+)
 from tests.chaos.workload import build_conversations, interleave
 from tests.support.chaos_llm import ChaosLLMServer
 from tests.support.releases import Release, previous_release
@@ -112,7 +123,7 @@ async def compactions_by_release(db: asyncpg.Pool) -> tuple[int, int]:
     return int(row["old"]), int(row["new"])
 
 
-async def bm25_figures_off(db: asyncpg.Pool) -> int:
+async def bm25_figures_off(db: asyncpg.Pool | asyncpg.Connection) -> int:
     """Conversations whose kept BM25 figures (0011's triggers) differ from a rebuild."""
     return int(
         await db.fetchval(
@@ -163,6 +174,7 @@ async def test_rolling_upgrade_from_the_previous_release_during_replay(
             SCALE.conversations, prefix=f"{stack.app_id}-c", seed=41
         )
         stack.add_conversations(conversations)
+        erased = await store_with_the_previous_release(stack)
         events = interleave([c.events for c in conversations], seed=42)
         # The last seventh is held back until the restarted old worker is in the
         # group, so it has traffic to read (however slow the machine made the steps).
@@ -189,7 +201,10 @@ async def test_rolling_upgrade_from_the_previous_release_during_replay(
         #    worker owns every partition and has counted messages in them, then comes
         #    back (old code) to table entries the new worker wrote, and compacts.
         await produced_at_least(stack, replay, 2 * step)
-        await replace(stack, old[0], "new1")
+        new1 = await replace(stack, old[0], "new1")
+        crossed = await reads_across_releases(stack, old[1], new1)
+        stack.notes["forwarded_reads"] = crossed
+        stack.notes["erased_by"] = await erase_across_releases(stack, erased, old[1], new1)
         await produced_at_least(stack, replay, 3 * step)
         old[1].expected_alive = False
         old[1].sigkill()
@@ -227,6 +242,10 @@ async def test_rolling_upgrade_from_the_previous_release_during_replay(
                 (old_compacted_again, "the restarted old worker made no compaction in 90 s"),
                 (by_new > 0, f"this release made no compaction ({by_new})"),
                 (
+                    all(v >= 1 for v in crossed.values()),
+                    f"reads forwarded across the releases: {crossed}",
+                ),
+                (
                     (off := await bm25_figures_off(stack.db)) == 0,
                     f"{off} conversations' BM25 figures differ from a rebuild",
                 ),
@@ -234,10 +253,151 @@ async def test_rolling_upgrade_from_the_previous_release_during_replay(
         )
 
 
-async def replace(stack: ChaosStack, old: ChaosWorker, name: str) -> None:
+ERASED_TURNS = 4
+
+
+async def store_with_the_previous_release(stack: ChaosStack) -> tuple[str, dict[int, int]]:
+    """A conversation outside the replay (the invariants do not count it),
+    stored by the previous release's workers: the one the test erases; with
+    the messages topic's offsets after its messages (the erase's
+    ``messages_end_offsets``, as `compactor erase` sends them)."""
+    end_offsets: dict[int, int] = {}
+    (conversation,) = build_conversations(
+        1, prefix=f"{stack.app_id}-erased", seed=43, turns=(ERASED_TURNS, ERASED_TURNS)
+    )
+    for event in conversation.events[:ERASED_TURNS]:
+        partition, offset = await stack.producer.send(
+            stack.names.messages, json.dumps(event).encode(), key=conversation.id.encode()
+        )
+        end_offsets[partition] = offset + 1
+
+    async def stored() -> bool:
+        count = await stack.db.fetchval(
+            "SELECT count(*) FROM messages WHERE conversation_id = $1", conversation.id
+        )
+        return int(count) >= ERASED_TURNS
+
+    await wait_until(stored, timeout=90, what=f"{conversation.id} stored by the old workers")
+    return conversation.id, end_offsets
+
+
+async def erase_across_releases(
+    stack: ChaosStack, erased: tuple[str, dict[int, int]], old: ChaosWorker, new: ChaosWorker
+) -> str:
+    """Erase a conversation the previous release stored, with one worker of each
+    release in the group; which release's worker erased it (its partition's owner).
+
+    Effective on both: its rows are gone, the erase mark is set, and both
+    workers answer 404 for it (the one that does not own it forwards the read).
+    """
+    conversation_id, end_offsets = erased
+    request = EraseRequest(
+        messages_end_offsets=end_offsets,
+        request_id=f"{stack.app_id}-upgrade-erase",
+        conversation_id=conversation_id,
+        requester="upgrade-test",
+        reason="erase during a rolling upgrade",
+        requested_at=datetime.now(UTC),
+    )
+    await stack.producer.send(
+        stack.names.erasures, request.model_dump_json().encode(), key=conversation_id.encode()
+    )
+
+    async def gone() -> bool:
+        row = await stack.db.fetchrow(
+            "SELECT (SELECT count(*) FROM messages WHERE conversation_id = $1) AS messages,"
+            "       (SELECT count(*) FROM compactions WHERE conversation_id = $1) AS compactions,"
+            "       (SELECT count(*) FROM erasures WHERE conversation_id = $1) AS marks",
+            conversation_id,
+        )
+        assert row is not None
+        if (row["messages"], row["compactions"], row["marks"]) != (0, 0, 1):
+            return False
+        statuses = [(await w.get(f"/conversations/{conversation_id}"))[0] for w in (old, new)]
+        return statuses == [404, 404]
+
+    await wait_until(gone, timeout=90, what=f"{conversation_id} erased, on both releases")
+    erasures_owner = (
+        new
+        if partition_of(conversation_id) in (await new.assigned(stack.names.messages) or set())
+        else old
+    )
+    return "this" if erasures_owner is new else "previous"
+
+
+async def replace(stack: ChaosStack, old: ChaosWorker, name: str) -> ChaosWorker:
     """A rolling update's step: SIGTERM the old worker, start one of this release."""
     old.expected_alive = False
     await old.stop_async()
-    stack.worker(name)
+    new = stack.worker(name)
     stack.faults["replaced"] += 1
     await stack.wait_for_group(timeout=120)
+    return new
+
+
+def partition_of(conversation_id: str) -> int:
+    """The messages partition of a conversation (keyed by its id, murmur2)."""
+    every = list(range(PARTITIONS))
+    return int(DefaultPartitioner()(conversation_id.encode(), every, every))
+
+
+async def reads_across_releases(
+    stack: ChaosStack, old: ChaosWorker, new: ChaosWorker
+) -> dict[str, int]:
+    """Conversations read from the worker of the other release than their owner's.
+
+    The entry worker forwards the request to the owner (the table's partition),
+    signing the caller's principal: a previous-release worker must accept this
+    release's forwarded request and the reverse, or reads fail mid-rollout.
+    Each conversation with stored messages answers 200 with its own id, from
+    both workers; the counts are the reads that crossed, each way (the owner
+    from the messages partition, as the table is partitioned).
+    """
+
+    async def both_ready() -> bool:  # tables recovered: what /readyz means to a balancer
+        return all([(await w.get("/readyz"))[0] == 200 for w in (old, new)])
+
+    await wait_until(both_ready, timeout=120, what="both releases' workers ready")
+    topic = stack.names.messages
+    owned = {p: w for w in (old, new) for p in await w.assigned(topic) or set()}
+    stored = [
+        str(row["conversation_id"])
+        for row in await stack.db.fetch(
+            "SELECT DISTINCT conversation_id FROM messages ORDER BY conversation_id LIMIT 24"
+        )
+    ]
+    crossed = {"previous->this": 0, "this->previous": 0}
+    for conversation_id in stored:
+        owner = owned.get(partition_of(conversation_id))
+        for entry in (old, new):
+            await read_answers(entry, conversation_id, owner)
+        if owner is not None:
+            crossed["this->previous" if owner is old else "previous->this"] += 1
+    return crossed
+
+
+async def read_answers(entry: ChaosWorker, conversation_id: str, owner: ChaosWorker | None) -> None:
+    """``GET /conversations/{id}`` on ``entry`` answers 200 with the conversation.
+
+    A 404 right after a rebalance is the owner still restoring its table from
+    the changelog (its audit line shows the forwarded read arrived): waited out.
+    """
+    seen: list[str] = []
+
+    async def answered() -> bool:
+        status, body = await entry.get(f"/conversations/{conversation_id}", timeout=20)
+        seen.append(f"{status} {str(body)[:200]}")
+        if status == 404:
+            return False
+        if status != 200 or body.get("conversation_id") != conversation_id:
+            raise AssertionError(
+                f"GET /conversations/{conversation_id} on {entry.name} (owner "
+                f"{owner.name if owner else None}): {seen[-1]}"
+            )
+        return True
+
+    where = f"{conversation_id} read on {entry.name} (owner {owner.name if owner else None})"
+    try:
+        await wait_until(answered, timeout=60, what=where)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; last answer: {seen[-1:]}") from None

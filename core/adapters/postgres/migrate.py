@@ -4,7 +4,9 @@ Every service instance runs ``migrate`` at start-up, so two processes may run
 it at once: a session advisory lock makes the second wait and then find
 nothing left to do. Each migration runs in its own transaction together with
 its ``schema_migrations`` row, so a failed migration leaves no trace and is
-retried on the next start.
+retried on the next start. What a migration leaves to be done in batches
+(0011's figures of the turns already archived) is done after it, by
+``finish_backfills``, and resumed by the next run if interrupted.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from importlib import resources
 from typing import TYPE_CHECKING, TypeAlias
 
 import asyncpg
+
+from core.adapters.postgres.migrate_backfill import finish_backfills
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -74,23 +78,27 @@ def load_migrations() -> list[Migration]:
     return found
 
 
-async def migrate(target: str | asyncpg.Pool | AnyConnection) -> list[str]:
+async def migrate(
+    target: str | asyncpg.Pool | AnyConnection, *, stop_before: str | None = None
+) -> list[str]:
     """Apply pending migrations; return the versions applied by this call.
 
     ``target`` is a DSN, a pool or an open connection. A DSN gets a private
     connection, which matters when the caller's pool registers codecs for
     types (``vector``) that only exist once the first migration has run.
+    ``stop_before`` (a version) leaves it and the later ones pending: a
+    database as an older release left it, for upgrade tests and tools.
     """
     if isinstance(target, str):
         conn = await asyncpg.connect(target)
         try:
-            return await _migrate_connection(conn)
+            return await _migrate_connection(conn, stop_before)
         finally:
             await conn.close()
     if isinstance(target, asyncpg.Pool):
         async with target.acquire() as pooled:
-            return await _migrate_connection(pooled)
-    return await _migrate_connection(target)
+            return await _migrate_connection(pooled, stop_before)
+    return await _migrate_connection(target, stop_before)
 
 
 async def applied_versions(conn: AnyConnection) -> list[str]:
@@ -102,8 +110,8 @@ async def applied_versions(conn: AnyConnection) -> list[str]:
     return [str(row["version"]) for row in rows]
 
 
-async def _migrate_connection(conn: AnyConnection) -> list[str]:
-    migrations = load_migrations()
+async def _migrate_connection(conn: AnyConnection, stop_before: str | None) -> list[str]:
+    migrations = [m for m in load_migrations() if stop_before is None or m.version < stop_before]
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
     try:
         await conn.execute(_CREATE_LEDGER)
@@ -125,6 +133,7 @@ async def _migrate_connection(conn: AnyConnection) -> list[str]:
                 )
             log.info("applied migration %s_%s", migration.version, migration.name)
             applied.append(migration.version)
+        await finish_backfills(conn)
         return applied
     finally:
         # A dead connection has already dropped its session lock.
