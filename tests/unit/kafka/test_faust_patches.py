@@ -103,11 +103,12 @@ async def test_a_delivery_that_does_not_wait_runs_in_the_fetch_loop_itself() -> 
 
 async def test_a_delivery_that_waits_is_still_interrupted_by_a_rebalance() -> None:
     consumer = FetchLoop()
-    queue_has_room = asyncio.Event()
+    queue_has_room, decoded = asyncio.Event(), asyncio.Event()
     steps: list[str] = []
 
     async def callback() -> None:
         steps.append("decoded")
+        decoded.set()
         try:
             await queue_has_room.wait()  # a stream's queue is full
             steps.append("queued")
@@ -116,8 +117,7 @@ async def test_a_delivery_that_waits_is_still_interrupted_by_a_rebalance() -> No
             raise
 
     waiting = asyncio.ensure_future(delivered_in(consumer, callback()))
-    while steps != ["decoded"]:
-        await asyncio.sleep(0)
+    await decoded.wait()
     consumer.suspend_flow.set()  # the rebalance: Faust's fetch loop moves on
     results = await asyncio.wait_for(waiting, 5)
     assert len(results.done) == 1 and not results.stopped  # the flow's wait, not the delivery
