@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +76,10 @@ def register_agents(worker: Worker) -> None:
 
     @app.agent(raw_topic(app, components.names.messages), concurrency=1)
     async def accounting_messages(stream: faust.StreamT[bytes]) -> None:
-        """Concurrency 1 (the table's writer); a group is acked once it is durable,
-        its table entries included (``AcksAfterFlush``). A group takes what waits
-        in the queue at once (``ready_events``), not a loop turn per event."""
+        """Concurrency 1 (the table's writer); groups acked once durable (``AcksAfterFlush``)."""
         await worker.runtime.wait_open()
         manual: faust.StreamT[bytes] = stream.noack()  # type: ignore[attr-defined]
-        limit = worker.settings.service.accounting_batch_max
-
-        def ready(n: int) -> list[Any]:
-            return ready_events(manual, n)
-
+        limit, ready = worker.settings.service.accounting_batch_max, partial(ready_events, manual)
         async for group in batching.in_groups(manual, limit, contexts.seen, ready):
             revoked = await accounting.handle_batch([record_of(event) for event in group])
             acks.hold(manual, group, skip=revoked)
