@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from streams.http.views import register_views
 from streams.kafka.consumer import CommandToken, ConsumerSide
 from streams.kafka.faust_app import raw_topic
 from streams.kafka.log_limits import limit_repeats
+from streams.kafka.stream_take import ready_events
 from streams.kafka.table_context import TableContexts
 from streams.runtime import WorkerRuntime
 from streams.worker import batching
@@ -74,12 +76,11 @@ def register_agents(worker: Worker) -> None:
 
     @app.agent(raw_topic(app, components.names.messages), concurrency=1)
     async def accounting_messages(stream: faust.StreamT[bytes]) -> None:
-        """Concurrency 1 (the table's writer); a group is acked once it is durable,
-        its table entries included (``AcksAfterFlush``)."""
+        """Concurrency 1 (the table's writer); groups acked once durable (``AcksAfterFlush``)."""
         await worker.runtime.wait_open()
         manual: faust.StreamT[bytes] = stream.noack()  # type: ignore[attr-defined]
-        limit = worker.settings.service.accounting_batch_max
-        async for group in batching.in_groups(manual, limit, contexts.seen):
+        limit, ready = worker.settings.service.accounting_batch_max, partial(ready_events, manual)
+        async for group in batching.in_groups(manual, limit, contexts.seen, ready):
             revoked = await accounting.handle_batch([record_of(event) for event in group])
             acks.hold(manual, group, skip=revoked)
             await acks.settle()

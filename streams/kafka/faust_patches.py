@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Coroutine, Generator, Mapping
 from importlib.metadata import version
 from typing import Any
 
@@ -126,7 +126,93 @@ def durable_producer() -> bool:
     return True
 
 
+class _Resumed:
+    """The rest of a coroutine whose first step already ran (and suspended on ``pending``).
+
+    Awaiting it forwards every send and throw to the coroutine, so a task built
+    on it behaves as one built on the coroutine from the start would have.
+    """
+
+    def __init__(self, coroutine: Coroutine[Any, Any, Any], pending: Any) -> None:
+        self._coroutine = coroutine
+        self._pending = pending
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coroutine, step = self._coroutine, self._pending
+        while True:
+            try:
+                sent = yield step
+            except GeneratorExit:
+                coroutine.close()
+                raise
+            except BaseException as error:  # cancellation included: the coroutine decides
+                try:
+                    step = coroutine.throw(error)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    step = coroutine.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+def _is_delivery(consumer: Any, coros: tuple[Any, ...]) -> bool:
+    """Is this the fetch loop's ``wait_first(callback(message), suspend_flow.wait())``?"""
+    if len(coros) != 2 or not asyncio.iscoroutine(coros[0]):
+        return False
+    frame = getattr(coros[1], "cr_frame", None)
+    return frame is not None and frame.f_locals.get("self") is consumer.suspend_flow
+
+
+def deliver_without_tasks() -> bool:
+    """Hand a fetched record to the streams without four tasks when nothing makes it wait.
+
+    Faust's fetch loop (``Consumer._drain_messages``) delivers every record
+    through ``wait_first(callback(message), suspend_flow.wait())``: four
+    tasks, an ``asyncio.wait`` and three cancellations per record, so that a
+    rebalance can interrupt a delivery that waits (a stream's queue full, the
+    flow stopped, the producer's buffer over its limit). Each record cost two or
+    three turns of the event loop, every turn ran whatever else was ready, and
+    aiokafka fetches nothing new until the whole previous batch is handed over:
+    under paced traffic events waited seconds there (docs/performance.md
+    section 10). This runs the delivery's first step in the fetch loop itself:
+    when it completes without suspending (the stream's queue had room; the
+    usual case) that was the whole delivery, with no task and no loop turn;
+    when it suspends, the rest of it goes through Faust's ``wait_first`` as
+    before, so a rebalance still interrupts it. While the flow is suspended,
+    Faust's way is taken from the start. The fetch loop still yields to the
+    event loop every 100 records (its own ``sleep(0)``).
+    Upstream issue: none known.
+    """
+    from faust.transport.consumer import Consumer
+    from mode.services import WaitResults
+
+    original = Consumer.wait_first
+    if getattr(original, _MARK, False):
+        return True
+
+    async def wait_first(self: Any, *coros: Any, timeout: Any = None) -> Any:  # noqa: ASYNC109
+        if timeout is not None or not _is_delivery(self, coros) or self.suspend_flow.is_set():
+            return await original(self, *coros, timeout=timeout)
+        delivery, suspended = coros
+        try:
+            pending = delivery.send(None)
+        except StopIteration as done:
+            suspended.close()  # never started: nothing waited on it
+            return WaitResults([delivery], [done.value], False)
+        except BaseException:
+            suspended.close()
+            raise
+        return await original(self, _Resumed(delivery, pending), suspended)
+
+    setattr(wait_first, _MARK, True)
+    Consumer.wait_first = wait_first  # type: ignore[method-assign]
+    return True
+
+
 def apply() -> None:
     snapshot_active_partitions()
     shorter_prefetch_backoff()
     durable_producer()
+    deliver_without_tasks()

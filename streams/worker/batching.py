@@ -8,6 +8,11 @@ Faust's ``take_events`` would wait up to its ``within`` for a full group
 instead, and hands the group over outside the event's task context, where
 table writes are refused. A group's events are acked once the table entries
 they changed are flushed (``streams.worker.tally_table.AcksAfterFlush``).
+
+``ready(n)`` takes up to ``n`` more waiting events at once after each one the
+stream gives (``streams.kafka.stream_take.ready_events`` for a Faust stream):
+Faust's stream iterator spends an event-loop turn before every event, so a
+group collected one at a time stayed small (docs/performance.md section 10).
 """
 
 from __future__ import annotations
@@ -16,15 +21,23 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 
+def _none_ready(_: int) -> list[Any]:
+    return []
+
+
 async def in_groups(
-    stream: Any, max_events: int, seen: Callable[[Any], None] = lambda _: None
+    stream: Any,
+    max_events: int,
+    seen: Callable[[Any], None] = lambda _: None,
+    ready: Callable[[int], list[Any]] = _none_ready,
 ) -> AsyncIterator[list[Any]]:
     """Lists of events, in order; ``seen`` is called for each as it arrives."""
     queue = getattr(stream.channel, "queue", None)
     group: list[Any] = []
     async for event in stream.events():
-        seen(event)
-        group.append(event)
+        for taken in (event, *ready(max_events - len(group) - 1)):
+            seen(taken)
+            group.append(taken)
         if len(group) >= max_events or queue is None or queue.empty():
             yield group
             group = []

@@ -8,12 +8,15 @@ recovery (reproduced in 6 of 6 runs with the window widened, 0 of 6 patched).
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from faust.transport.consumer import ThreadDelegateConsumer
+from faust.transport.consumer import Consumer, ThreadDelegateConsumer
 from faust.types import TP
+from mode import Service
+from mode.utils.locks import Event
 
 from streams.kafka import faust_patches
 
@@ -68,3 +71,71 @@ def test_aiokafka_waits_at_most_10_ms_behind_an_undrained_partition() -> None:
         assert created["prefetch_backoff"] == 0.5  # an explicit value wins
     finally:
         Fetcher.__init__ = wrapped  # type: ignore[method-assign]
+
+
+class FetchLoop(Service):
+    """What ``Consumer.wait_first`` needs of the consumer: a mode service and its flow event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.suspend_flow = Event()
+
+
+async def delivered_in(consumer: FetchLoop, delivery: Any) -> Any:
+    faust_patches.deliver_without_tasks()
+    return await Consumer.wait_first(consumer, delivery, consumer.suspend_flow.wait())  # type: ignore[arg-type]
+
+
+async def test_a_delivery_that_does_not_wait_runs_in_the_fetch_loop_itself() -> None:
+    """Faust ran every delivery in a task of its own (two or three loop turns a
+    record); a fetch of hundreds of records then reached the agent ~11 at a time."""
+    consumer = FetchLoop()
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def callback() -> str:
+        tasks.append(asyncio.current_task())
+        return "delivered"
+
+    results = await delivered_in(consumer, callback())
+    assert tasks == [asyncio.current_task()]  # no task of its own
+    assert results.results == ["delivered"] and not results.stopped
+
+
+async def test_a_delivery_that_waits_is_still_interrupted_by_a_rebalance() -> None:
+    consumer = FetchLoop()
+    queue_has_room, decoded = asyncio.Event(), asyncio.Event()
+    steps: list[str] = []
+
+    async def callback() -> None:
+        steps.append("decoded")
+        decoded.set()
+        try:
+            await queue_has_room.wait()  # a stream's queue is full
+            steps.append("queued")
+        except asyncio.CancelledError:
+            steps.append("cancelled")
+            raise
+
+    waiting = asyncio.ensure_future(delivered_in(consumer, callback()))
+    await decoded.wait()
+    consumer.suspend_flow.set()  # the rebalance: Faust's fetch loop moves on
+    results = await asyncio.wait_for(waiting, 5)
+    assert len(results.done) == 1 and not results.stopped  # the flow's wait, not the delivery
+    await asyncio.sleep(0)
+    assert steps == ["decoded", "cancelled"]
+
+
+async def test_a_delivery_that_waits_completes_through_the_rest_of_it() -> None:
+    consumer = FetchLoop()
+    queue_has_room = asyncio.Event()
+
+    async def callback() -> str:
+        await queue_has_room.wait()
+        await asyncio.sleep(0)
+        return "queued"
+
+    waiting = asyncio.ensure_future(delivered_in(consumer, callback()))
+    await asyncio.sleep(0)
+    queue_has_room.set()
+    results = await asyncio.wait_for(waiting, 5)
+    assert results.results == ["queued"]
