@@ -31,7 +31,17 @@ from tests.chaos.harness import SCALE, ChaosStack, MakeStack, wait_until
 from tests.chaos.workload import build_conversations, interleave
 from tests.support.chaos_llm import ChaosLLMServer
 
-pytestmark = [pytest.mark.chaos, pytest.mark.timeout(SCALE.timeout)]
+# About 75 s a run at small size (2 min with the broker's start): over CI's 60 s
+# per test, so CI's small chaos pass skips it; `pytest -m chaos` (full size) or
+# CHAOS_REPEAT=N (any size) runs it.
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.timeout(SCALE.timeout),
+    pytest.mark.skipif(
+        SCALE.name == "small" and "CHAOS_REPEAT" not in os.environ,
+        reason="~75 s a run: with -m chaos or CHAOS_REPEAT=N only",
+    ),
+]
 
 SECONDS_PER_REBALANCE = 8.0
 # ``CHAOS_REPEAT=20``: the scenario 20 times in one session (one broker), as the
