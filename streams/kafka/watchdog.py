@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from faust.types import TP
+
 from streams.metrics import Metrics
 from streams.worker.health import Health
 
@@ -172,9 +174,11 @@ class Watchdog:
         app = self._app()
         if int(app.consumer_generation_id or 0) != generation:
             return False
-        if getattr(app, "rebalancing", False):
-            return False
-        return what == "table recovery" or not app.tables.recovery.in_recovery
+        if what == "table recovery":
+            # Faust keeps ``rebalancing`` set until recovery is over: refusing
+            # on it would never heal the stall this branch is for.
+            return bool(app.tables.recovery.in_recovery)
+        return not getattr(app, "rebalancing", False) and not app.tables.recovery.in_recovery
 
     def _outage(self) -> bool:
         """Accounting waiting on the database (or the worker still opening it at
@@ -232,6 +236,11 @@ class Watchdog:
         source partition goes back to its committed offset (records read twice
         are harmless: every write is idempotent).
         """
+        # Recovery's partitions are aiokafka's ``TopicPartition`` (keys of its
+        # end offsets); Faust's ``resume_partitions`` adds them to its active set
+        # as given, and its next fetch then fails an ``isinstance(x, TP)``
+        # assertion that crashes the worker (agents cancelled, exit status 1).
+        tp = TP(tp.topic, tp.partition)
         try:
             consumer.resume_partitions({tp})
             if from_committed:
