@@ -8,6 +8,7 @@ nothing noticed; the worker must never need a human to get going again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -47,10 +48,30 @@ class FakeConsumer:
         self.resumed.append(set(tps))
 
     async def seek_to_committed(self) -> dict[TP, int]:
-        return dict(self._committed_offset)
+        raise AssertionError("Faust's seek_to_committed seeks every assigned partition back")
+
+    @property
+    def _thread(self) -> FakeConsumerThread:
+        return FakeConsumerThread(self)
 
     async def seek_wait(self, offsets: dict[TP, int]) -> None:
         self.seeks.append(dict(offsets))
+
+
+@dataclass
+class FakeConsumerThread:
+    """Faust's aiokafka thread: ``committed`` reads one partition's offset."""
+
+    consumer: FakeConsumer
+
+    def _ensure_consumer(self) -> FakeConsumerThread:
+        return self
+
+    async def committed(self, tp: TP) -> int | None:
+        return self.consumer._committed_offset.get(tp)
+
+    async def call_thread(self, method: Any, *args: Any) -> Any:
+        return await method(*args)
 
 
 @dataclass
