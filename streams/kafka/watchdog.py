@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from faust.types import TP
+
 from streams.metrics import Metrics
 from streams.worker.health import Health
 
@@ -172,9 +174,11 @@ class Watchdog:
         app = self._app()
         if int(app.consumer_generation_id or 0) != generation:
             return False
-        if getattr(app, "rebalancing", False):
-            return False
-        return what == "table recovery" or not app.tables.recovery.in_recovery
+        if what == "table recovery":
+            # Faust keeps ``rebalancing`` set until recovery is over: refusing
+            # on it would never heal the stall this branch is for.
+            return bool(app.tables.recovery.in_recovery)
+        return not getattr(app, "rebalancing", False) and not app.tables.recovery.in_recovery
 
     def _outage(self) -> bool:
         """Accounting waiting on the database (or the worker still opening it at
@@ -232,11 +236,15 @@ class Watchdog:
         source partition goes back to its committed offset (records read twice
         are harmless: every write is idempotent).
         """
+        # Recovery's partitions are aiokafka's ``TopicPartition`` (keys of its
+        # end offsets); Faust's ``resume_partitions`` adds them to its active set
+        # as given, and its next fetch then fails an ``isinstance(x, TP)``
+        # assertion that crashes the worker (agents cancelled, exit status 1).
+        tp = TP(tp.topic, tp.partition)
         try:
             consumer.resume_partitions({tp})
             if from_committed:
-                committed = await consumer.seek_to_committed()
-                offset = committed.get(tp)
+                offset = await _committed_offset(consumer, tp)
             await consumer.seek_wait({tp: max(offset if offset is not None else 0, 0)})
         except Exception as error:  # a rebalance may have moved it meanwhile: next tick
             log.warning("could not re-seek %s:%d: %s", tp.topic, tp.partition, error)
@@ -260,3 +268,16 @@ def _advanced(before: Hashable, now: Hashable) -> bool:
     if isinstance(before, tuple) and isinstance(now, tuple):
         return bool(before[1] != now[1])
     return before != now
+
+
+async def _committed_offset(consumer: Any, tp: TP) -> int | None:
+    """This partition's committed offset, nothing sought. Faust's
+    ``seek_to_committed`` seeks *every* assigned partition back: a re-seek of one
+    control partition rewound the commands partitions under commands still
+    running (the processor agent crashed on offsets seen twice) and the messages
+    partitions under acks in flight (in the chaos re-seek scenario, a message
+    lost with its offset committed). aiokafka's consumer runs on Faust's thread."""
+    thread = consumer._thread
+    client = thread._ensure_consumer()
+    offset = await thread.call_thread(client.committed, tp)
+    return int(offset) if offset is not None else None

@@ -188,7 +188,13 @@ class CompactionScheduler(Generic[Token]):
                 await work()
             self.stats.completed += 1
         except asyncio.CancelledError:
-            raise
+            if _asked_to_stop():
+                raise
+            # Not this task's cancellation: something it awaited was cancelled
+            # under it. Re-raised, the command would stay unacked and every later
+            # command of its partition wait behind it for good: a crash instead.
+            self.stats.crashed += 1
+            log.exception("compaction of %s crashed: cancelled under it", conversation_id)
         except Exception:
             # Acked anyway, or one poisonous command would hold its
             # partition forever; reconciliation sends it again.
@@ -231,3 +237,12 @@ class CompactionScheduler(Generic[Token]):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _asked_to_stop() -> bool:
+    """Was the running task itself cancelled (shutdown, ``cancel``)? A
+    ``CancelledError`` can also come out of an awaited future that someone else
+    cancelled (a send the producer dropped, a shared wait that timed out for
+    another waiter) while this task goes on."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0

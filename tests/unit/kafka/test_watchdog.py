@@ -8,8 +8,10 @@ nothing noticed; the worker must never need a human to get going again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 from faust.types import TP
 
 from streams.kafka.watchdog import StallTracker, Watchdog, WatchdogLimits, WorkerStuckError
@@ -40,13 +42,36 @@ class FakeConsumer:
         return self.highwaters.get(tp)
 
     def resume_partitions(self, tps: set[TP]) -> None:
+        # As Faust's: its active set takes them as given, and its next fetch
+        # asserts every one is a faust TP (the worker crashes if not).
+        assert all(isinstance(tp, TP) for tp in tps), f"not faust TPs: {tps}"
         self.resumed.append(set(tps))
 
     async def seek_to_committed(self) -> dict[TP, int]:
-        return dict(self._committed_offset)
+        raise AssertionError("Faust's seek_to_committed seeks every assigned partition back")
+
+    @property
+    def _thread(self) -> FakeConsumerThread:
+        return FakeConsumerThread(self)
 
     async def seek_wait(self, offsets: dict[TP, int]) -> None:
         self.seeks.append(dict(offsets))
+
+
+@dataclass
+class FakeConsumerThread:
+    """Faust's aiokafka thread: ``committed`` reads one partition's offset."""
+
+    consumer: FakeConsumer
+
+    def _ensure_consumer(self) -> FakeConsumerThread:
+        return self
+
+    async def committed(self, tp: TP) -> int | None:
+        return self.consumer._committed_offset.get(tp)
+
+    async def call_thread(self, method: Any, *args: Any) -> Any:
+        return await method(*args)
 
 
 @dataclass
@@ -69,6 +94,7 @@ class FakeApp:
     consumer: FakeConsumer = field(default_factory=FakeConsumer)
     tables: FakeTables = field(default_factory=FakeTables)
     consumer_generation_id: int = 2
+    rebalancing: bool = False
 
 
 @dataclass
@@ -109,6 +135,7 @@ def rig() -> Rig:
 
 def stuck_recovery(r: Rig) -> None:
     r.app.consumer.assigned = {CHANGELOG, MESSAGES}
+    r.app.rebalancing = True  # Faust clears it only once recovery is over
     recovery = r.app.tables.recovery
     recovery.in_recovery = True
     recovery.active_offsets = {CHANGELOG: -1}
@@ -129,6 +156,7 @@ async def test_a_stuck_table_recovery_is_resought_where_recovery_would_seek() ->
     assert "table recovery" in problem.detail
     assert sample(r.metrics, "compactor_watchdog_heals_total", what="table recovery") == 1
     r.app.tables.recovery.in_recovery = False  # the re-seek worked: recovery finished
+    r.app.rebalancing = False
     await r.at(33)
     assert r.health.ok
     assert r.crashes == []
@@ -260,3 +288,22 @@ def test_the_stall_tracker_forgets_partitions_that_leave() -> None:
     tracker.restart("a", 35)
     assert tracker.observe(1, {"a": (5, 3)}, 44) == []
     assert tracker.observe(1, {"a": (5, 3)}, 45) == ["a"]
+
+
+async def test_recovery_partitions_from_aiokafka_are_resumed_as_faust_tps() -> None:
+    """Recovery's partitions are keys of aiokafka's end offsets (``TopicPartition``):
+    handed to Faust's ``resume_partitions`` as they are, they crashed the worker
+    at its next fetch (``isinstance(x, TP)``), every agent "crashed with
+    CancelledError" on the way out (seen in the chaos re-seek scenario)."""
+    r = rig()
+    stuck_recovery(r)
+    theirs = TopicPartition(CHANGELOG.topic, CHANGELOG.partition)
+    recovery = r.app.tables.recovery
+    recovery.active_offsets = {theirs: 7}  # type: ignore[dict-item]
+    recovery.remaining = {theirs: 21}  # type: ignore[dict-item]
+    await r.at(0)
+    await r.at(31)
+    assert r.app.consumer.resumed == [{CHANGELOG}]
+    ((sought,),) = [list(seek) for seek in r.app.consumer.seeks]
+    assert type(sought) is TP
+    assert r.app.consumer.seeks == [{CHANGELOG: 7}]

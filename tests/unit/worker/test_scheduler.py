@@ -234,3 +234,43 @@ async def test_compaction_log_lines_carry_conversation_and_partition() -> None:
     inside, outside = seen
     assert (inside.conversation_id, inside.partition) == ("c-9", 3)  # type: ignore[attr-defined]
     assert not hasattr(outside, "conversation_id")
+
+
+async def test_a_cancellation_from_inside_the_work_is_a_crash_not_a_stuck_partition() -> None:
+    """A future the compaction awaits is cancelled by someone else (the task
+    itself is not): the command is counted as crashed and acked, and the
+    commands after it on the partition are acked too."""
+    acks = Acks()
+    scheduler: CompactionScheduler[str] = CompactionScheduler(acks, max_concurrent=2)
+    dropped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def awaits_a_dropped_send() -> None:
+        await dropped
+
+    async def fine() -> None:
+        return None
+
+    await scheduler.submit(
+        partition=0, offset=1, token="t1", conversation_id="a", work=awaits_a_dropped_send
+    )
+    await scheduler.submit(partition=0, offset=2, token="t2", conversation_id="b", work=fine)
+    await asyncio.sleep(0)  # the first compaction is now waiting on the send
+    dropped.cancel()
+    await asyncio.wait_for(scheduler.drain(), timeout=5)
+    assert acks.tokens == ["t1", "t2"]
+    assert scheduler.stats.crashed == 1
+
+
+async def test_cancelling_the_compaction_task_itself_still_abandons_it() -> None:
+    acks = Acks()
+    scheduler: CompactionScheduler[str] = CompactionScheduler(acks, max_concurrent=1)
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def hangs() -> None:
+        await never
+
+    await scheduler.submit(partition=0, offset=1, token="t1", conversation_id="a", work=hangs)
+    await asyncio.sleep(0)
+    assert await scheduler.drain_within(0.05) == 1
+    assert acks.tokens == []  # abandoned at shutdown: redone by the next owner
+    assert scheduler.stats.crashed == 0
