@@ -32,6 +32,12 @@ from streams.worker.producers import ProducerPolicy
 from streams.worker.records import InvalidRecord, Record, decode_message
 from streams.worker.tally_table import TallyTable
 
+OFF_LOOP_BYTES = 200_000
+"""A group carrying more is decoded off the event loop: decoding and counting
+a turn costs time per character, and the accounting agent takes whole groups
+of large turns at once (``streams.kafka.stream_take``), so a group of eight
+1,000,000-character turns held the loop ~250 ms on a loaded machine."""
+
 # One message of a group as stored: its record, what was stored and how it went.
 Stored = tuple[Record, IncomingMessage, SaveOutcome]
 
@@ -95,7 +101,10 @@ class Ingest:
         message was a redelivery), else by adding the new messages' tokens.
         Returns the conversation keys counted."""
         epochs = {record.partition: self._table.epoch(record.partition) for record in records}
-        decoded, letters = self._decode(records)
+        if sum(len(r.value or b"") for r in records) > OFF_LOOP_BYTES:
+            decoded, letters = await asyncio.to_thread(self._decode, records)
+        else:
+            decoded, letters = self._decode(records)
         outcomes = await self._runtime.ingest.save_messages([incoming for _, incoming in decoded])
         groups = self._by_conversation(decoded, outcomes)
         self._stored(groups.keys())

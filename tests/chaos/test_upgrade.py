@@ -58,7 +58,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(SCALE.timeout)]
 
 # Config keys this release added that the previous release rejects (a config
 # file follows its image; docs/operations.md, "Upgrading").
-NEW_CONFIG_KEYS = {"kafka": ["min_insync_replicas"]}
+NEW_CONFIG_KEYS = {"kafka": ["min_insync_replicas"], "summarization": ["min_chunk_tokens"]}
 
 # The migrations the previous release ends with; the ones after it are this
 # release's, applied while the old workers run.
