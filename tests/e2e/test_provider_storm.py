@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 import time
 from collections import Counter
 
 import pytest
 
 from tests.e2e.conftest import BUDGET_TOKENS, MARKERS, Conversation, Stack, eventually
+from tests.support.chaos_llm import TimedStorm
 from tests.support.llm_server import (
-    EMBEDDINGS_PATH,
     OPENAI_CHAT_PATH,
     Action,
     Delay,
     Overloaded,
     RateLimited,
-    Reply,
     ServerError,
 )
 
@@ -57,33 +55,6 @@ FAILURES: tuple[Action, ...] = (
 )
 
 
-class Storm:
-    """Every chat request fails for ``seconds`` from the first one, then all answer."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.started: float | None = None
-        self._rng = random.Random(7)
-        self.served: Counter[str] = Counter()
-
-    @property
-    def until(self) -> float:
-        assert self.started is not None, "no LLM request yet"
-        return self.started + self.seconds
-
-    def __call__(self, path: str) -> Action:
-        if path == EMBEDDINGS_PATH:
-            return Reply()
-        now = time.monotonic()
-        if self.started is None:
-            self.started = now
-        if now >= self.until:
-            return Reply()
-        action = self._rng.choice(FAILURES)
-        self.served[type(action).__name__] += 1
-        return action
-
-
 def bounds() -> tuple[int, int, int]:
     """What one worker's guard lets through during an outage in which nothing
     answers: (in the whole storm, in any one second, in its last 15 s).
@@ -107,7 +78,7 @@ def bounds() -> tuple[int, int, int]:
 async def test_a_provider_storm_sees_a_bounded_rate_then_everything_compacts(
     stack: Stack,
 ) -> None:
-    storm = Storm(STORM_SECONDS)
+    storm = TimedStorm(STORM_SECONDS, FAILURES, seed=7)
     stack.llm.default_action = storm
     worker = stack.worker(
         "w1",
@@ -157,7 +128,7 @@ async def test_a_provider_storm_sees_a_bounded_rate_then_everything_compacts(
     await stack.wait_idle(worker, ids, timeout=30)
 
 
-def _assert_bounded(stack: Stack, storm: Storm) -> None:
+def _assert_bounded(stack: Stack, storm: TimedStorm) -> None:
     chats = [r.received_at for r in stack.llm.requests_to(OPENAI_CHAT_PATH)]
     first = min(chats)  # recorded a moment before the storm noticed it
     during = [at - first for at in chats if at < storm.until]

@@ -14,15 +14,13 @@ inside the 30 s cool-down a wrongly opened breaker would impose.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import Counter
 
 import pytest
 
 from tests.e2e.conftest import BUDGET_TOKENS, MARKERS, Conversation, Stack, eventually
-from tests.support.chaos_llm import storm_actions
-from tests.support.llm_server import EMBEDDINGS_PATH, Action, Reply
+from tests.support.chaos_llm import TimedStorm, storm_actions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -40,38 +38,8 @@ GUARD = {
 RECOVERY_SECONDS = 15.0
 
 
-class Storm:
-    """Every chat request fails, in every way the chaos storm knows (429 with and
-    without retry-after, 500, 503, too slow, broken JSON, an HTML page, JSON of
-    the wrong shape), for ``seconds`` from the first one; then all answer."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.started: float | None = None
-        self._actions = storm_actions(TIMEOUT)
-        self._rng = random.Random(29)
-        self.served: Counter[str] = Counter()
-
-    @property
-    def until(self) -> float:
-        assert self.started is not None, "no LLM request yet"
-        return self.started + self.seconds
-
-    def __call__(self, path: str) -> Action:
-        if path == EMBEDDINGS_PATH:
-            return Reply()
-        now = time.monotonic()
-        if self.started is None:
-            self.started = now
-        if now >= self.until:
-            return Reply()
-        action = self._rng.choice(self._actions)
-        self.served[type(action).__name__] += 1
-        return action
-
-
 async def test_after_a_storm_no_conversation_waits_out_its_own_breaker(stack: Stack) -> None:
-    storm = Storm(STORM_SECONDS)
+    storm = TimedStorm(STORM_SECONDS, storm_actions(TIMEOUT), seed=29)
     stack.llm.default_action = storm
     worker = stack.worker(
         "w1",

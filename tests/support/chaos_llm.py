@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from tests.support.llm_server import (
+    EMBEDDINGS_PATH,
     Action,
     Delay,
     LLMTestServer,
@@ -42,6 +43,37 @@ def storm_actions(timeout_seconds: float) -> tuple[Action, ...]:
         Malformed(body="<html><body>502 Bad Gateway</body></html>", content_type="text/html"),
         Malformed(body="{}"),
     )
+
+
+class TimedStorm:
+    """A default action for the LLM test server: every chat request fails with one
+    of ``actions`` (chosen by a seeded generator) for ``seconds`` from the first
+    one, then all answer; embeddings always answer. ``served`` counts the failures
+    by kind."""
+
+    def __init__(self, seconds: float, actions: Sequence[Action], seed: int) -> None:
+        self.seconds = seconds
+        self.started: float | None = None
+        self._actions = tuple(actions)
+        self._rng = random.Random(seed)
+        self.served: Counter[str] = Counter()
+
+    @property
+    def until(self) -> float:
+        assert self.started is not None, "no LLM request yet"
+        return self.started + self.seconds
+
+    def __call__(self, path: str) -> Action:
+        if path == EMBEDDINGS_PATH:
+            return Reply()
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        if now >= self.until:
+            return Reply()
+        action = self._rng.choice(self._actions)
+        self.served[type(action).__name__] += 1
+        return action
 
 
 def _kind(action: Action) -> str:
