@@ -107,12 +107,10 @@ def check_compaction(given: GateInput) -> GateVerdict:
     if pinned:  # pinned after the plan was made: the plan is stale
         return Rejected("pinned_compressed", f"pinned message(s) compressed: {pinned[:5]}")
     model = given.plan.usage.summarizer != EXTRACTIVE
-    previous = [m.content for m in given.compressed if m.stored_clip_archive]
     for verdict in (
         _summary_text(
             summaries, (given.directive, *given.extra_directives, *given.plan.instructions)
         ),
-        _previous_copy(summaries, previous),
         _echo(summaries, raw, verbatim_ok=not model),
         _repetition(summaries, raw) if model else Passed(),
         _unrelated(given.plan, raw) if model else Passed(),
@@ -152,19 +150,6 @@ def _echo(
     repeated = len(source & said) / len(source)
     if repeated > ECHO_SHARE:
         return Rejected("echo", f"the summaries repeat {repeated:.0%} of the compressed text")
-    return Passed()
-
-
-def _previous_copy(summaries: Sequence[str], previous: Sequence[str]) -> GateVerdict:
-    """A summary that only repeats the summary its request carried (the prior
-    clip-archive, or the chunk before's summary in a fold-in) says nothing of
-    its new turns."""
-    before = [normalized(text) for text in previous]
-    for index, text in enumerate(summaries):
-        folded = normalized(text)
-        earlier = [*before, *(normalized(s) for s in summaries[:index])]
-        if len(folded) > 40 and any(folded in prior for prior in earlier):
-            return Rejected("echo", "a new summary copies the previous summary")
     return Passed()
 
 

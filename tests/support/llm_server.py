@@ -41,12 +41,14 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
 
 from aiohttp import web
+
+from core.domain.gate import COMMON_WORDS
 
 Protocol = Literal["anthropic", "openai"]
 
@@ -151,6 +153,43 @@ class RecordedRequest:
     headers: Mapping[str, str]
     body: Any
     received_at: float = field(default_factory=time.monotonic)
+
+
+def turn_words(request: ChatRequest, count: int = 3) -> str:
+    """A few words of the request's turns (``words_of_turns``)."""
+    return words_of_turns(request.messages, count)
+
+
+def words_of_turns(messages: Sequence[tuple[str, str]], count: int = 3) -> str:
+    """The first ``count`` words of four letters or more, not the commonest, of
+    the first and last turn of a request's (role, text) messages. A stand-in whose
+    summary is otherwise fixed carries them, so it says something of its turns:
+    the gate refuses a summary sharing no word with them, or copying the summary
+    before it (``core.domain.gate``)."""
+    turns = [text for role, text in messages if role != "system"][:-1]
+    words: list[str] = []
+    for text in (turns[0], turns[-1]) if turns else ():
+        for word in re.findall(r"[^\W\d_]{4,}", _unfenced_lines(text)):
+            if word.casefold() not in _NOT_TURN_WORDS and word not in words:
+                words.append(word)
+    return " ".join(words[:count])
+
+
+def _unfenced_lines(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if "conversation-data" not in line)
+
+
+_NOT_TURN_WORDS = COMMON_WORDS | {"user", "assistant", "tool", "system", "summary", "previous"}
+
+
+def prose(chars: int, about: str = "") -> str:
+    """``chars`` characters of summary-like prose that never loops (each sentence
+    numbered: the gate refuses a summary repeating its own words to its end)."""
+    sentences = (f"Note {i}: the payments deploy moved to tuesday {about}." for i in range(10**6))
+    text = ""
+    while len(text) < chars:
+        text += next(sentences) + " "
+    return text[:chars].strip()
 
 
 def summary_responder(request: ChatRequest) -> str:
