@@ -48,7 +48,7 @@ from typing import Any, Literal, Self
 
 from aiohttp import web
 
-from core.domain.gate import COMMON_WORDS
+from core.domain.gate import COMMON_WORDS, CONTENT_WORD
 
 Protocol = Literal["anthropic", "openai"]
 
@@ -160,6 +160,11 @@ def turn_words(request: ChatRequest, count: int = 3) -> str:
     return words_of_turns(request.messages, count)
 
 
+def model_turn_words(request: Any, count: int = 3) -> str:
+    """``words_of_turns`` of a port ``ModelRequest`` (for in-process model fakes)."""
+    return words_of_turns([(m.role, m.content) for m in request.messages], count)
+
+
 def words_of_turns(messages: Sequence[tuple[str, str]], count: int = 3) -> str:
     """The first ``count`` words of four letters or more, not the commonest, of
     the first and last turn of a request's (role, text) messages. A stand-in whose
@@ -169,8 +174,8 @@ def words_of_turns(messages: Sequence[tuple[str, str]], count: int = 3) -> str:
     turns = [text for role, text in messages if role != "system"][:-1]
     words: list[str] = []
     for text in (turns[0], turns[-1]) if turns else ():
-        for word in re.findall(r"[^\W\d_]{4,}", _unfenced_lines(text)):
-            if word.casefold() not in _NOT_TURN_WORDS and word not in words:
+        for word in CONTENT_WORD.findall(_unfenced_lines(text).casefold()):
+            if word not in _NOT_TURN_WORDS and word not in words:
                 words.append(word)
     return " ".join(words[:count])
 
@@ -183,13 +188,15 @@ _NOT_TURN_WORDS = COMMON_WORDS | {"user", "assistant", "tool", "system", "summar
 
 
 def prose(chars: int, about: str = "") -> str:
-    """``chars`` characters of summary-like prose that never loops (each sentence
-    numbered: the gate refuses a summary repeating its own words to its end)."""
-    sentences = (f"Note {i}: the payments deploy moved to tuesday {about}." for i in range(10**6))
-    text = ""
+    """About ``chars`` characters of summary-like prose that never loops (each
+    sentence numbered: the gate refuses a summary repeating its own words to its
+    end), opening with ``about`` (kept whole, however short ``chars``)."""
+    sentences = (f"Note {i}: the payments deploy moved to tuesday." for i in range(10**6))
+    text = f"{about}. " if about else ""
+    keep = len(text)
     while len(text) < chars:
         text += next(sentences) + " "
-    return text[:chars].strip()
+    return text[: max(chars, keep)].strip()
 
 
 def summary_responder(request: ChatRequest) -> str:
