@@ -44,7 +44,9 @@ LOOP_SHARE = 0.5
 earlier ones, not found in its turns, is a loop (a small model run to
 ``max_tokens``: docs/memory.md, "A real small model, by hand")."""
 MIN_LOOP_SHINGLES = 16
-CONTENT_WORD = re.compile(r"\w{4,}")
+CONTENT_WORD = re.compile(r"[^\W_]{4,}")
+MIN_UNRELATED_WORDS = 8
+"""Turns with fewer distinct content words (a run of tool calls) are not checked."""
 COMMON_WORDS = frozenset(
     "that this with what your have from they them then there their were will would could "
     "should about which when where while been being into only also just some more most "
@@ -179,11 +181,17 @@ def _unrelated(plan: CompactionPlan, raw: Sequence[ConversationMessage]) -> Gate
         sources = [by_id[i] for i in stored.batch.source_message_ids if i in by_id]
         if stored.batch.depth != 0 or not sources:
             continue
-        theirs = set().union(*(_content_words(m.content) for m in sources))
+        theirs = set().union(*(_content_words(_text_of(m)) for m in sources))
         said = _content_words(split_section(stored.batch.content)[0])
-        if theirs and not said & theirs:
+        if len(theirs) >= MIN_UNRELATED_WORDS and not said & theirs:
             return Rejected("unrelated", f"batch {stored.id} shares no word with its turns")
     return Passed()
+
+
+def _text_of(message: ConversationMessage) -> str:
+    """A turn's content with its tool calls' names and arguments."""
+    calls = " ".join(f"{c.name} {c.arguments}" for c in message.tool_calls or ())
+    return f"{message.content} {calls}" if calls else message.content
 
 
 def _content_words(text: str) -> set[str]:

@@ -155,33 +155,36 @@ class RecordedRequest:
     received_at: float = field(default_factory=time.monotonic)
 
 
-def turn_words(request: ChatRequest, count: int = 3) -> str:
+def turn_words(request: ChatRequest, count: int = 24) -> str:
     """A few words of the request's turns (``words_of_turns``)."""
     return words_of_turns(request.messages, count)
 
 
-def model_turn_words(request: Any, count: int = 3) -> str:
+def model_turn_words(request: Any, count: int = 24) -> str:
     """``words_of_turns`` of a port ``ModelRequest`` (for in-process model fakes)."""
     return words_of_turns([(m.role, m.content) for m in request.messages], count)
 
 
-def words_of_turns(messages: Sequence[tuple[str, str]], count: int = 3) -> str:
-    """The first ``count`` words of four letters or more, not the commonest, of
-    the first and last turn of a request's (role, text) messages. A stand-in whose
-    summary is otherwise fixed carries them, so it says something of its turns:
-    the gate refuses a summary sharing no word with them, or copying the summary
-    before it (``core.domain.gate``)."""
-    turns = [text for role, text in messages if role != "system"][:-1]
+def words_of_turns(messages: Sequence[tuple[str, str]], count: int = 24) -> str:
+    """The first content word of each of a request's turns (words as the gate
+    reads them, not the commonest), at most ``count``. A stand-in whose summary is
+    otherwise fixed carries them, so it says something of its turns: the gate
+    refuses a summary sharing no word with them (``core.domain.gate``)."""
     words: list[str] = []
-    for text in (turns[0], turns[-1]) if turns else ():
-        for word in CONTENT_WORD.findall(_unfenced_lines(text).casefold()):
+    for role, text in messages[:-1]:  # the last one is the directive
+        if role == "system":
+            continue
+        for word in CONTENT_WORD.findall(_unfenced_lines(text)[:2000].casefold()):
             if word not in _NOT_TURN_WORDS and word not in words:
                 words.append(word)
+                break
     return " ".join(words[:count])
 
 
 def _unfenced_lines(text: str) -> str:
-    return "\n".join(line for line in text.splitlines() if "conversation-data" not in line)
+    """The text without fence markers and without its ``[Tool call]`` label."""
+    lines = (line for line in text.splitlines() if "conversation-data" not in line)
+    return re.sub(r"^\[[A-Za-z ]+\]:?\s*", "", "\n".join(lines))
 
 
 _NOT_TURN_WORDS = COMMON_WORDS | {"user", "assistant", "tool", "system", "summary", "previous"}
