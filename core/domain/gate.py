@@ -14,6 +14,7 @@ run off the event loop.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -25,11 +26,11 @@ from core.domain.specifics import MAX_KEPT, normalized, rank_specifics, split_se
 
 RejectionReason = Literal[
     "empty_summary", "directive_copy", "echo", "tool_pair_split", "specific_lost", "over_target",
-    "pinned_compressed",
+    "pinned_compressed", "repetition", "unrelated",
 ]  # fmt: skip
 REJECTION_REASONS: tuple[RejectionReason, ...] = (
     "empty_summary", "directive_copy", "echo", "tool_pair_split", "specific_lost", "over_target",
-    "pinned_compressed",
+    "pinned_compressed", "repetition", "unrelated",
 )  # fmt: skip
 
 EXTRACTIVE = "extractive"
@@ -38,6 +39,20 @@ SHINGLE_WORDS = 8
 MAX_SHINGLES = 20_000
 ECHO_SHARE = 0.5
 """A summary repeating more than half of the compressed text's shingles is an echo."""
+LOOP_SHARE = 0.5
+"""A model's summary whose word shingles are more than half repeats of its own
+earlier ones, not found in its turns, is a loop (a small model run to
+``max_tokens``: docs/memory.md, "A real small model, by hand")."""
+MIN_LOOP_SHINGLES = 16
+CONTENT_WORD = re.compile(r"[^\W_]{4,}")
+MIN_UNRELATED_WORDS = 8
+"""Turns with fewer distinct content words (a run of tool calls) are not checked."""
+COMMON_WORDS = frozenset(
+    "that this with what your have from they them then there their were will would could "
+    "should about which when where while been being into only also just some more most "
+    "very here does done like want need sure okay please thanks thank".split()
+)
+"""Words too common to show that a summary speaks of its turns."""
 OFF_LOOP_CHARS = 200_000
 """Above this many characters (summaries and compressed turns), run the gate off the loop."""
 
@@ -93,11 +108,14 @@ def check_compaction(given: GateInput) -> GateVerdict:
     pinned = [m.id for m in raw if m.pinned]
     if pinned:  # pinned after the plan was made: the plan is stale
         return Rejected("pinned_compressed", f"pinned message(s) compressed: {pinned[:5]}")
+    model = given.plan.usage.summarizer != EXTRACTIVE
     for verdict in (
         _summary_text(
             summaries, (given.directive, *given.extra_directives, *given.plan.instructions)
         ),
-        _echo(summaries, raw, verbatim_ok=given.plan.usage.summarizer == EXTRACTIVE),
+        _echo(summaries, raw, verbatim_ok=not model),
+        _repetition(summaries, raw) if model else Passed(),
+        _unrelated(given.plan, raw) if model else Passed(),
         _tool_pairs(raw, given.kept_tool_turns),
         _specifics(given.plan, raw),
         _target(given.plan),
@@ -135,6 +153,67 @@ def _echo(
     if repeated > ECHO_SHARE:
         return Rejected("echo", f"the summaries repeat {repeated:.0%} of the compressed text")
     return Passed()
+
+
+def _repetition(summaries: Sequence[str], raw: Sequence[ConversationMessage]) -> GateVerdict:
+    """More than ``LOOP_SHARE`` of a summary's shingles repeat one of its own, with
+    words its turns never had together (repeating the turns' own repeats is not a loop)."""
+    source = _word_shingles(m.content for m in raw)
+    for text in summaries:
+        shingles = _word_sequence(text)
+        if len(shingles) < MIN_LOOP_SHINGLES:
+            continue
+        seen: set[tuple[str, ...]] = set()
+        looped = 0
+        for shingle in shingles:
+            looped += shingle in seen and shingle not in source
+            seen.add(shingle)
+        if looped / len(shingles) > LOOP_SHARE:
+            return Rejected("repetition", f"a new summary repeats itself ({looped} shingles)")
+    return Passed()
+
+
+def _unrelated(plan: CompactionPlan, raw: Sequence[ConversationMessage]) -> GateVerdict:
+    """A summary sharing no content word with its turns (an assistant's reply, a
+    refusal) summarises nothing, even when its ledger remembers their specifics."""
+    by_id = {m.id: m for m in raw}
+    for stored in plan.new_batches:
+        sources = [by_id[i] for i in stored.batch.source_message_ids if i in by_id]
+        if stored.batch.depth != 0 or not sources:
+            continue
+        theirs = set().union(*(_content_words(_text_of(m)) for m in sources))
+        said = _content_words(split_section(stored.batch.content)[0])
+        if len(theirs) >= MIN_UNRELATED_WORDS and not said & theirs:
+            return Rejected("unrelated", f"batch {stored.id} shares no word with its turns")
+    return Passed()
+
+
+def _text_of(message: ConversationMessage) -> str:
+    """A turn's content with its tool calls' names and arguments."""
+    calls = " ".join(f"{c.name} {c.arguments}" for c in message.tool_calls or ())
+    return f"{message.content} {calls}" if calls else message.content
+
+
+def _content_words(text: str) -> set[str]:
+    """Words of four letters or more, but the commonest, of the text's first
+    ``MAX_SHINGLES`` words (bounded like the shingles)."""
+    words = CONTENT_WORD.findall(text.casefold(), 0, MAX_SHINGLES * 16)
+    return {w for w in words[:MAX_SHINGLES] if w not in COMMON_WORDS}
+
+
+def _word_sequence(text: str) -> list[tuple[str, ...]]:
+    """The text's word shingles in order (``\\w+`` words), at most ``MAX_SHINGLES``."""
+    words = re.findall(r"\w+", text[: MAX_SHINGLES * 16].casefold())[: MAX_SHINGLES + SHINGLE_WORDS]
+    return [tuple(words[i : i + SHINGLE_WORDS]) for i in range(len(words) - SHINGLE_WORDS + 1)]
+
+
+def _word_shingles(texts: Iterable[str]) -> set[tuple[str, ...]]:
+    found: set[tuple[str, ...]] = set()
+    for text in texts:
+        found.update(_word_sequence(text))
+        if len(found) >= MAX_SHINGLES:
+            break
+    return found
 
 
 def _shingles(texts: Iterable[str]) -> set[tuple[str, ...]]:

@@ -49,7 +49,7 @@ from tests.chaos.invariants import (
 from tests.chaos.kafka_tools import ChaosProducer, create_topics
 from tests.chaos.workload import Conversation
 from tests.support.chaos_llm import ChaosLLMServer
-from tests.support.llm_server import ChatRequest
+from tests.support.llm_server import ChatRequest, turn_words
 from tests.support.metrics_text import metric
 from tests.support.worker import REPO_ROOT, WorkerProcess, terminate_all
 
@@ -140,7 +140,7 @@ RESULTS: list[str] = []
 
 def short_summary(request: ChatRequest) -> str:
     """Summaries stay short, so clip-archives never push a conversation over budget."""
-    return f"Summary: {len(request.messages)} messages about deploys and incidents."
+    return f"Summary: {len(request.messages)} messages about {turn_words(request)}."
 
 
 # --------------------------------------------------------------------------- workers

@@ -19,6 +19,7 @@ from core.ports.model import ModelRequest, ModelResponse
 from core.ports.storage import HistoryConflictError
 from tests.contract.backends import Backend
 from tests.support.compaction import PlanAndApply, applying_compactor
+from tests.support.llm_server import model_turn_words
 from tests.support.plans import CONV, msg
 from tests.support.stores import saved
 
@@ -33,7 +34,7 @@ class CountingModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         self.requests.append(request)
-        return ModelResponse(text="The agent read the files and ran the tests.")
+        return ModelResponse(text=f"The agent read {model_turn_words(request)}.")
 
 
 def agent_session(pairs: int, result_chars: int = 4000) -> list[ConversationMessage]:

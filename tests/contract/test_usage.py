@@ -28,7 +28,7 @@ EXTRACTIVE = LlmUsage(calls=2, input_tokens=700, output_tokens=90, cost_usd=0.0,
 async def compacted(store: Any, conversation: str, compaction_id: str, usage: LlmUsage) -> None:
     messages = [msg(i, f"turn {i}", conversation_id=conversation) for i in range(3)]
     await save_all(store, messages)
-    batch = stored(compaction_id, 0, "a summary", messages, conversation_id=conversation)
+    batch = stored(compaction_id, 0, "a summary of turn 1", messages, conversation_id=conversation)
     plan = make_plan(compaction_id, [batch], [m.id for m in messages], conversation_id=conversation)
     assert await store.compactions.apply_compaction(plan.model_copy(update={"usage": usage})) == (
         Applied()

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import T0, Stack, eventually
-from tests.support.llm_server import ChatRequest, LLMTestServer
+from tests.support.llm_server import ChatRequest, LLMTestServer, turn_words
 from tests.support.loop_probe import LivezProbe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -70,7 +70,7 @@ def turn(n: int) -> dict[str, Any]:
 
 def short_summary(request: ChatRequest) -> str:
     """Reads nothing of the request: the stand-in's cost stays out of the test's loop."""
-    return "Summary: the deploy's logs were pasted and read."
+    return f"Summary: the deploy's logs were pasted and read ({turn_words(request)})."
 
 
 @pytest.fixture

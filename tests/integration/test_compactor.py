@@ -30,6 +30,8 @@ from tests.support.llm_server import (
     RateLimited,
     Reply,
     ServerError,
+    prose,
+    turn_words,
 )
 from tests.support.stores import saved, totals
 
@@ -41,7 +43,9 @@ async def llm() -> AsyncIterator[LLMTestServer]:
     counter = itertools.count(1)
 
     def numbered(request: Any) -> str:
-        return f"Summary {next(counter)} of {len(request.messages)} messages: the team discussed deploys."
+        return (
+            f"Summary {next(counter)} of {len(request.messages)} messages: {turn_words(request)}."
+        )
 
     async with LLMTestServer(responder=numbered) as server:
         yield server
@@ -529,9 +533,7 @@ async def test_pipeline_through_openai_compatible_adapter(
 def at_the_cap(request: Any) -> str:
     """Summaries as long as ``max_tokens`` allows: the replay where batches at the
     ``max_summary_tokens`` cap left the clip-archive alone near the budget."""
-    words = "the team moved the payments deploy to tuesday because of the freeze "
-    chars = 4 * (request.max_tokens or 1024)
-    return (words * (chars // len(words) + 1))[:chars].strip()
+    return prose(4 * (request.max_tokens or 1024), turn_words(request))
 
 
 async def stored_total(store: PostgresStore, conv: str = "conv-1") -> int:

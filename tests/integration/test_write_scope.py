@@ -42,7 +42,7 @@ from streams.worker.outbox import OutboxRelay
 from streams.worker.records import Record
 from streams.worker.runtime import StaticRuntime
 from tests.support import write_audit
-from tests.support.llm_server import ANTHROPIC_PATH, LLMTestServer
+from tests.support.llm_server import ANTHROPIC_PATH, LLMTestServer, turn_words
 from tests.support.plans import make_plan, stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -83,7 +83,7 @@ BATCH_INGEST_WRITES = {"messages INSERT", "conversations INSERT", "conversations
 def short_summaries(request: Any) -> str:
     """Short, fixed-size summaries, so every compaction brings the history back
     under budget and the flow's number of compactions does not drift."""
-    return f"Summary of {len(request.messages)} messages: the deploy moved to Tuesday."
+    return f"Summary of {len(request.messages)} messages: {turn_words(request)}."
 
 
 @pytest.fixture

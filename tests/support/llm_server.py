@@ -41,12 +41,14 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
 
 from aiohttp import web
+
+from core.domain.gate import COMMON_WORDS, CONTENT_WORD
 
 Protocol = Literal["anthropic", "openai"]
 
@@ -151,6 +153,53 @@ class RecordedRequest:
     headers: Mapping[str, str]
     body: Any
     received_at: float = field(default_factory=time.monotonic)
+
+
+def turn_words(request: ChatRequest, count: int = 24) -> str:
+    """A few words of the request's turns (``words_of_turns``)."""
+    return words_of_turns(request.messages, count)
+
+
+def model_turn_words(request: Any, count: int = 24) -> str:
+    """``words_of_turns`` of a port ``ModelRequest`` (for in-process model fakes)."""
+    return words_of_turns([(m.role, m.content) for m in request.messages], count)
+
+
+def words_of_turns(messages: Sequence[tuple[str, str]], count: int = 24) -> str:
+    """The first content word of each of a request's turns (words as the gate
+    reads them, not the commonest), at most ``count``. A stand-in whose summary is
+    otherwise fixed carries them, so it says something of its turns: the gate
+    refuses a summary sharing no word with them (``core.domain.gate``)."""
+    words: list[str] = []
+    for role, text in messages[:-1]:  # the last one is the directive
+        if role == "system":
+            continue
+        for word in CONTENT_WORD.findall(_unfenced_lines(text)[:2000].casefold()):
+            if word not in _NOT_TURN_WORDS and word not in words:
+                words.append(word)
+                break
+    return " ".join(words[:count])
+
+
+def _unfenced_lines(text: str) -> str:
+    """The text without fence markers and without its ``[Tool call]`` label."""
+    lines = (line for line in text.splitlines() if "conversation-data" not in line)
+    return re.sub(r"^\[[A-Za-z ]+\]:?\s*", "", "\n".join(lines))
+
+
+_NOT_TURN_WORDS = COMMON_WORDS | {"user", "assistant", "tool", "system", "summary", "previous"}
+
+
+def prose(chars: int, about: str = "") -> str:
+    """About ``chars`` characters of summary-like prose that never loops (each
+    sentence numbered: the gate refuses a summary repeating its own words to its
+    end), opening with ``about`` (kept whole, however short ``chars``)."""
+    sentences = (f"Note {i}: the payments deploy moved to tuesday." for i in range(10**6))
+    text = f"{about}. " if about else ""
+    keep = len(text)
+    while len(text) < chars:
+        text += next(sentences) + " "
+    return text[: max(chars, keep)].strip()
 
 
 def summary_responder(request: ChatRequest) -> str:

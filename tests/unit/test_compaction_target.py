@@ -26,6 +26,7 @@ from core.domain.tokens import estimate_history_tokens, estimate_message_tokens
 from core.ports.model import ModelRequest, ModelResponse
 from tests.support.builders import T0
 from tests.support.compaction import Compressed, PlanAndApply, applying_compactor
+from tests.support.llm_server import prose, words_of_turns
 from tests.support.memory_store import InMemoryStore
 from tests.support.stores import saved
 
@@ -46,9 +47,8 @@ class SizedModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         self.requests.append(request)
-        words = "the team agreed to move the payments deploy to tuesday after review "
-        length = max(1, self.reply(request))
-        return ModelResponse(text=(words * (length // len(words) + 1))[:length])
+        about = words_of_turns([(m.role, m.content) for m in request.messages])
+        return ModelResponse(text=prose(max(1, self.reply(request)), about))
 
 
 def obedient(chars: int) -> Reply:

@@ -24,6 +24,7 @@ from core.ports.model import (
 )
 from tests.support.builders import history
 from tests.support.compaction import PlanAndApply, applying_compactor
+from tests.support.llm_server import model_turn_words
 from tests.support.memory_store import InMemoryStore
 from tests.support.stores import saved
 
@@ -53,7 +54,7 @@ class GatedModel:
             self.running -= 1
         if self.fails(request):
             raise ModelServerError("HTTP 500: boom", status=500)
-        return ModelResponse(text="a summary")
+        return ModelResponse(text=f"a summary of {model_turn_words(request)}")
 
 
 class FirstFailsThenAfterOthers(GatedModel):
@@ -180,7 +181,7 @@ class Scripted:
         for conversation, error in self.errors.items():
             if any(m.content.startswith(f"{conversation}: ") for m in request.messages):
                 raise error
-        return ModelResponse(text="a summary")
+        return ModelResponse(text=f"a summary of {model_turn_words(request)}")
 
 
 class Clock:

@@ -58,18 +58,12 @@ def verdict(summary: str, turns: list[ConversationMessage]) -> Passed | Rejected
     return check_compaction(GateInput(as_pipeline_applies(summary, turns), turns))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gate gap, for the coordinator: a loop passes; a self-repetition check breaks "
-    "test fakes that write filler by repeating one sentence (docs/memory.md, 'A real small "
-    "model, by hand')",
-)
 def test_a_summary_looping_on_one_sentence_until_max_tokens_is_rejected() -> None:
     # SmolLM2's greedy answer to the invoice dispute: one sentence, 1,024 tokens of it.
     looped = " ".join(["I'm not sure what to do with this."] * 120)
     found = verdict(looped, INVOICE_TURNS)
     assert isinstance(found, Rejected)
-    assert found.reason == "echo"
+    assert found.reason == "repetition"
 
 
 def test_a_summary_stating_a_fact_twice_passes() -> None:
@@ -99,11 +93,6 @@ def test_an_echo_of_the_fenced_turns_is_rejected() -> None:
     assert isinstance(found, Rejected) and found.reason == "echo"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gate gap, for the coordinator: an answer that summarises nothing passes once "
-    "the batch remembers its turns' specifics (docs/memory.md, 'A real small model, by hand')",
-)
 def test_an_assistant_reply_instead_of_a_summary_is_rejected() -> None:
     # SmolLM2's whole answer to an 18-turn support chat.
     assert isinstance(verdict("I'm ready to assist. What's your request?", SUPPORT_TURNS), Rejected)
@@ -111,9 +100,20 @@ def test_an_assistant_reply_instead_of_a_summary_is_rejected() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="gate gap, for the coordinator: the gate does not see the previous summary the "
-    "request carried, so a copy of it passes (docs/memory.md, 'A real small model, by hand')",
+    reason="gate gap: a copy of the previous summary passes. Refusing it made every chunk of "
+    "the test stand-ins' uniform turns a copy (docs/memory.md, 'A real small model, by hand')",
 )
 def test_a_copy_of_the_previous_summary_is_rejected() -> None:
     # SmolLM2's whole answer to a later chunk: the running summary it was given, word for word.
-    assert isinstance(verdict(PREVIOUS_SUMMARY, LATER_TURNS), Rejected)
+    # The prior clip-archive the request carried is among the rows the apply removes.
+    prior = msg(99, f"[Context Summary]\n{PREVIOUS_SUMMARY}").as_clip_archive()
+    plan = as_pipeline_applies(PREVIOUS_SUMMARY, LATER_TURNS)
+    found = check_compaction(GateInput(plan, [prior, *LATER_TURNS]))
+    assert isinstance(found, Rejected) and found.reason == "echo"
+
+
+def test_a_summary_repeating_its_turns_own_repeats_is_no_loop() -> None:
+    # A stand-in that quotes each turn's first words: the turns repeat, so does it.
+    turns = [msg(i, "source line " * 55) for i in range(6)]
+    quoted = "Summary: " + " | ".join(" ".join(m.content.split()[:6]) for m in turns)
+    assert verdict(quoted, turns) == Passed()

@@ -12,6 +12,7 @@ import pytest
 from core.domain.calibration import request_chars
 from core.ports.model import ModelRequest, ModelResponse, ModelUsage
 from core.ports.storage import StoreUnavailable
+from tests.support.llm_server import model_turn_words
 from tests.unit.worker.harness import harness, words
 from tests.unit.worker.test_usage_and_budgets import clip_events, compact_once
 
@@ -31,7 +32,7 @@ class CountingModel:
     async def complete(self, request: ModelRequest) -> ModelResponse:
         self.calls += 1
         return ModelResponse(
-            text="They agreed on the order.",
+            text=f"They agreed on the order ({model_turn_words(request)}).",
             usage=ModelUsage(
                 input_tokens=math.ceil(request_chars(request) * RATE), output_tokens=6
             ),

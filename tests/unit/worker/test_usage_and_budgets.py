@@ -12,6 +12,7 @@ from core.ports.model import ModelRequest, ModelResponse, ModelUsage
 from core.ports.storage import ReadScope
 from streams.events import ClipArchiveEvent
 from streams.worker.processor import Compacted
+from tests.support.llm_server import model_turn_words
 from tests.support.metrics_text import sample
 from tests.unit.worker.harness import Harness, harness, words
 
@@ -29,7 +30,7 @@ class GistModel:
     async def complete(self, request: ModelRequest) -> ModelResponse:
         self.calls += 1
         return ModelResponse(
-            text="They discussed the order and agreed on next steps.",
+            text=f"They discussed {model_turn_words(request)} and agreed on next steps.",
             usage=ModelUsage(
                 input_tokens=300, output_tokens=20, cache_read_tokens=1000, cache_write_tokens=0
             ),
