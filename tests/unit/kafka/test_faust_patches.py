@@ -69,6 +69,11 @@ def test_aiokafka_waits_at_most_10_ms_behind_an_undrained_partition() -> None:
         created.clear()
         Fetcher(client=None, subscriptions=None, prefetch_backoff=0.5)  # type: ignore[arg-type]
         assert created["prefetch_backoff"] == 0.5  # an explicit value wins
+        # Faust's 1,500 ms: a fetch of idle partitions held new messages back that long.
+        Fetcher(client=None, subscriptions=None, fetch_max_wait_ms=1500)  # type: ignore[arg-type]
+        assert created["fetch_max_wait_ms"] == faust_patches.FETCH_MAX_WAIT_MS == 100
+        Fetcher(client=None, subscriptions=None, fetch_max_wait_ms=20)  # type: ignore[arg-type]
+        assert created["fetch_max_wait_ms"] == 20  # a shorter wait stays
     finally:
         Fetcher.__init__ = wrapped  # type: ignore[method-assign]
 
@@ -139,3 +144,25 @@ async def test_a_delivery_that_waits_completes_through_the_rest_of_it() -> None:
     queue_has_room.set()
     results = await asyncio.wait_for(waiting, 5)
     assert results.results == ["queued"]
+
+
+async def test_a_gap_faust_commits_over_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A gap is offsets Faust will commit without any stream having acked them:
+    a chaos run must be able to see whether one ever covered a message."""
+    assert faust_patches.logged_gaps()
+    assert faust_patches.logged_gaps()  # applying twice is a no-op
+    added: list[tuple[int, int]] = []
+
+    async def original(self: Any, tp: TP, offset_from: int, offset_to: int) -> None:
+        added.append((offset_from, offset_to))
+
+    patched = Consumer._add_gap
+    try:
+        Consumer._add_gap = original  # type: ignore[method-assign]
+        faust_patches.logged_gaps()
+        with caplog.at_level("WARNING", logger="compactor.worker"):
+            await Consumer._add_gap(SimpleNamespace(), TP("msgs", 3), 41, 45)  # type: ignore[arg-type]
+    finally:
+        Consumer._add_gap = patched  # type: ignore[method-assign]
+    assert added == [(41, 45)]  # Faust's own bookkeeping unchanged
+    assert "offsets 41..44 of msgs:3 were never fetched" in caplog.text
