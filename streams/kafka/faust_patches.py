@@ -86,7 +86,7 @@ PREFETCH_BACKOFF_SECONDS = 0.01
 # the request in flight asked only for idle partitions (changelogs, control,
 # commands), so the broker held it the whole 1.5 s while new messages waited
 # behind it. Publish to readable was ~1.5 s at 300 events/s against 46 ms idle
-# (docs/performance.md section 12). An idle worker now asks every 100 ms.
+# (docs/performance.md section 10). An idle worker now asks every 100 ms.
 FETCH_MAX_WAIT_MS = 100
 
 
