@@ -31,6 +31,9 @@ class LlmSpend:
     tenant: str | None = None  # whose turn for a guard slot these calls take
     prices: Mapping[str, ModelPrice] = field(default_factory=dict)
     fallback: bool = False
+    # Answers the provider cut at ``max_tokens`` (stop reason ``max_tokens`` or
+    # ``length``): the gate refuses a plan built on one (``cut_off``).
+    cut_off: int = 0
 
     def usage(self) -> LlmUsage:
         """The spend as the compactions table records it, priced."""

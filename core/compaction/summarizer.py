@@ -51,6 +51,9 @@ from core.provider_guard import ProviderGuard
 
 log = logging.getLogger("compactor")
 
+CUT_AT_MAX_TOKENS = frozenset({"max_tokens", "length"})
+"""Stop reasons of an answer cut at ``max_tokens`` (Anthropic's, OpenAI's)."""
+
 
 class _Halve(Exception):
     """A timed-out chunk goes again as two halves, after ``used`` attempts."""
@@ -234,6 +237,8 @@ class Summarizer:
         calls.model = self._model_name
         if self._calibration is not None:
             await self._calibration.measured(request, usage)
+        if response.stop_reason in CUT_AT_MAX_TOKENS:
+            calls.cut_off += 1
         text = response.text.strip()
         if not text:
             raise ModelResponseError(

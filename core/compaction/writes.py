@@ -47,6 +47,7 @@ def compaction_writes(
         tokens_estimate_after=estimate_history_tokens(after, counter),
         restored_message_ids=tuple(m.id for m in restored),
         usage=calls.usage(),
+        summaries_cut=calls.cut_off,
         target_tokens=target if over_target is None else None,
     )
     return Planned(plan, after, over_target, calls.input_tokens, calls.output_tokens)

@@ -178,6 +178,9 @@ class CompactionPlan(BaseModel):
     # deployment's configured prompt, core.domain.prompts.instructions): the gate
     # refuses a summary that copies one of them.
     instructions: tuple[str, ...] = ()
+    # Summaries of this plan the provider cut at ``max_tokens``: the gate refuses
+    # the plan (``cut_off``) rather than apply a summary that stops mid-way.
+    summaries_cut: int = Field(default=0, ge=0)
 
     @property
     def clip_tokens(self) -> int:

@@ -26,11 +26,11 @@ from core.domain.specifics import MAX_KEPT, normalized, rank_specifics, split_se
 
 RejectionReason = Literal[
     "empty_summary", "directive_copy", "echo", "tool_pair_split", "specific_lost", "over_target",
-    "pinned_compressed", "repetition", "unrelated",
+    "pinned_compressed", "repetition", "unrelated", "cut_off",
 ]  # fmt: skip
 REJECTION_REASONS: tuple[RejectionReason, ...] = (
     "empty_summary", "directive_copy", "echo", "tool_pair_split", "specific_lost", "over_target",
-    "pinned_compressed", "repetition", "unrelated",
+    "pinned_compressed", "repetition", "unrelated", "cut_off",
 )  # fmt: skip
 
 EXTRACTIVE = "extractive"
@@ -109,6 +109,9 @@ def check_compaction(given: GateInput) -> GateVerdict:
     if pinned:  # pinned after the plan was made: the plan is stale
         return Rejected("pinned_compressed", f"pinned message(s) compressed: {pinned[:5]}")
     model = given.plan.usage.summarizer != EXTRACTIVE
+    if given.plan.summaries_cut:
+        cut = given.plan.summaries_cut
+        return Rejected("cut_off", f"{cut} summar{'y' if cut == 1 else 'ies'} cut at max_tokens")
     for verdict in (
         _summary_text(
             summaries, (given.directive, *given.extra_directives, *given.plan.instructions)

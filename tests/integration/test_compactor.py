@@ -510,6 +510,24 @@ async def test_tool_turns_reach_the_model_and_stay_paired(
     assert [m.id for m in result.history[1:]] == ["m00004", "m00005", "m00006"]
 
 
+@pytest.mark.parametrize(("provider", "stop"), [("anthropic", "max_tokens"), ("openai", "length")])
+async def test_a_summary_cut_at_max_tokens_never_takes_effect(
+    pg_store: PostgresStore, llm: LLMTestServer, provider: str, stop: str
+) -> None:
+    """The provider says it stopped at ``max_tokens``: the summary stops mid-way,
+    and the gate refuses the plan in the store's transaction (the processor then
+    falls back to the extractive summariser)."""
+    msgs = conversation(6)
+    await seed(pg_store, msgs)
+    before = await pg_store.history.load_history("conv-1")
+    cut = "We talked about the payments deploy: the team moved it to Tuesday because"
+    llm.enqueue(Reply(text=cut, stop_reason=stop), path=None)
+    result = await make(pg_store, llm, provider=provider, chunk_size=6).compress(msgs, "conv-1")
+    assert result.failed and result.reason == "1 summary cut at max_tokens", result.reason
+    assert await pg_store.history.load_history("conv-1") == before
+    assert await counts(pg_store) == (6, 0, 0)
+
+
 async def test_pipeline_through_openai_compatible_adapter(
     pg_store: PostgresStore, llm: LLMTestServer
 ) -> None:

@@ -121,3 +121,9 @@ def test_a_restore_or_a_rebuilt_clip_archive_alone_is_not_gated() -> None:
     assert gate_applies(plan_of(GOOD))
     assert not gate_applies(plan_of("", restored_message_ids=("x",)))
     assert not gate_applies(plan_of(GOOD).model_copy(update={"new_batches": ()}))
+
+
+def test_a_summary_cut_at_max_tokens_is_rejected_however_good_its_start() -> None:
+    assert reason(plan_of(GOOD, summaries_cut=1)) == "cut_off"
+    found = verdict(plan_of(GOOD, summaries_cut=2))
+    assert isinstance(found, Rejected) and found.detail == "2 summaries cut at max_tokens"
