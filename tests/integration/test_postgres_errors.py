@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import asyncpg
 import pytest
+from asyncpg.exceptions._base import InternalClientError, OutdatedSchemaCacheError
 
 from core.adapters.postgres.archive import PostgresArchive
 from core.adapters.postgres.calibration import PostgresTokenRates
@@ -40,6 +41,7 @@ from core.ports.storage import (
     StoreUnavailable,
     TenantConflictError,
 )
+from streams.worker.failures import FailurePolicy, Wait
 from tests.integration.test_postgres_pool import plan_over
 from tests.support.builders import history
 from tests.support.builders import message as make_message
@@ -293,6 +295,46 @@ async def test_a_unique_violation_is_not_store_rejected() -> None:
 
     with pytest.raises(asyncpg.UniqueViolationError):
         await racing_insert()
+
+
+async def test_a_connection_left_mid_operation_is_unavailable() -> None:
+    """Issue 29: a write that hit a closed socket (``BrokenPipeError``) left a pooled
+    connection mid-operation; the next query on it raised asyncpg's
+    ``InternalClientError`` "cannot switch to state 12; another operation (2) is in
+    progress". That passed through as a bug: ingest would try a record 5 times, then
+    dead-letter a valid record as ``processing_error`` during an outage."""
+    from core.adapters.postgres.errors import port_errors
+
+    stuck = InternalClientError("cannot switch to state 12; another operation (2) is in progress")
+
+    @port_errors
+    async def query_on_a_stuck_connection() -> None:
+        raise stuck
+
+    with pytest.raises(StoreUnavailable) as caught:
+        await query_on_a_stuck_connection()
+    assert caught.value.__cause__ is stuck
+    decision = FailurePolicy().decide(caught.value, attempts=99, records=1)
+    assert isinstance(decision, Wait) and decision.then is None  # waited out, never given up
+
+
+@pytest.mark.parametrize(
+    "error",
+    [InternalClientError("_on_result: waiter is done"), OutdatedSchemaCacheError("changed")],
+    ids=["protocol-bug", "schema-cache"],
+)
+async def test_other_internal_client_errors_stay_bugs(error: Exception) -> None:
+    """Only the stuck connection is an outage: asyncpg's other internal errors are a
+    bug or a record it cannot take, which must stay visible (retried a few times,
+    then dead-lettered), not waited on forever."""
+    from core.adapters.postgres.errors import port_errors
+
+    @port_errors
+    async def failing() -> None:
+        raise error
+
+    with pytest.raises(type(error)):
+        await failing()
 
 
 async def test_a_malformed_dsn_is_not_an_outage() -> None:

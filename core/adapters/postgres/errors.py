@@ -4,7 +4,8 @@ A store raises the ports' errors and nothing of its driver
 (``core.ports.storage``): the worker's retry policy decides on those types
 alone. Every way PostgreSQL can be briefly away (refused or lost connection,
 server shutting down or starting up, too many connections, a timeout, no
-read-write host during a failover) becomes ``StoreUnavailable``, with the
+read-write host during a failover, a pooled connection a broken pipe left
+mid-operation) becomes ``StoreUnavailable``, with the
 driver's error as its ``__cause__``. Data the
 database refuses (SQLSTATE class 22: text it cannot hold such as a NUL, a value
 out of range, a string too long; class 54: a value over a limit such as an
@@ -30,6 +31,7 @@ from typing import Any, ParamSpec, TypeVar
 import asyncpg
 from asyncpg import exceptions as pg_errors
 from asyncpg.exceptions._base import DataError as ClientDataError
+from asyncpg.exceptions._base import InternalClientError
 
 from core.ports.storage import StoreReadTimedOut, StoreRejected, StoreUnavailable
 
@@ -82,8 +84,23 @@ def timed_out(error: BaseException) -> bool:
     return isinstance(error, pg_errors.QueryCanceledError) and "statement timeout" in str(error)
 
 
+def broken_connection(error: BaseException) -> bool:
+    """Whether asyncpg's ``InternalClientError`` says a pooled connection is stuck
+    in an operation that never finished: a write that failed on a closed socket
+    (``BrokenPipeError``) can leave its protocol mid-operation, and the next query
+    on it fails with "cannot switch to state N; another operation (M) is in
+    progress" until the pool replaces it. That is a dying connection, not a
+    record's fault (issue 29): an outage. Every other ``InternalClientError`` (a
+    codec's, ``OutdatedSchemaCacheError``'s) stays a bug."""
+    return isinstance(error, InternalClientError) and (
+        "another operation" in str(error) and "is in progress" in str(error)
+    )
+
+
 def is_unavailable(error: BaseException) -> bool:
     """Whether ``error`` from the driver means the database is (briefly) away."""
+    if broken_connection(error):
+        return True
     return isinstance(error, UNAVAILABLE) and not isinstance(error, NEVER_UNAVAILABLE)
 
 
@@ -100,7 +117,7 @@ def port_errors(func: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, A
             raise StoreRejected(
                 f"PostgreSQL refused the data ({type(error).__name__}: {detail})"[:1000]
             ) from error
-        except UNAVAILABLE as error:
+        except (*UNAVAILABLE, InternalClientError) as error:
             if not is_unavailable(error):
                 raise
             detail = str(error) or "no detail"
