@@ -139,3 +139,41 @@ async def test_a_delivery_that_waits_completes_through_the_rest_of_it() -> None:
     queue_has_room.set()
     results = await asyncio.wait_for(waiting, 5)
     assert results.results == ["queued"]
+
+
+def _consumer_state(committed: int | None, acked: list[int]) -> Any:
+    from collections import defaultdict
+
+    from intervaltree import IntervalTree
+
+    tp = TP("messages", 0)
+    state = SimpleNamespace(
+        _acked=defaultdict(list, {tp: list(acked)}),
+        _acked_index=defaultdict(set, {tp: set(acked)}),
+        _committed_offset=defaultdict(lambda: None, {tp: committed}),
+        _gap=defaultdict(IntervalTree),
+    )
+    return state, tp
+
+
+def test_no_commit_passes_an_unacked_record_at_the_committed_offset() -> None:
+    """Issue 29: committed 64 (the next record to read), 64 not acked, 65 and 66
+    acked: Faust committed 67 (its head-gap test was ``min(acked) - 64 > 1``) and
+    record 64 was never read again, one message lost (the upgrade test's
+    "offsets ahead")."""
+    assert faust_patches.no_commit_past_an_unacked_head()
+    assert faust_patches.no_commit_past_an_unacked_head()  # applying twice is a no-op
+    state, tp = _consumer_state(64, [65, 66])
+    assert Consumer._new_offset(state, tp) is None
+    state._acked[tp].insert(0, 64)
+    state._acked_index[tp].add(64)
+    assert Consumer._new_offset(state, tp) == 67
+
+
+def test_a_gap_faust_saw_skipped_at_the_head_still_commits() -> None:
+    assert faust_patches.no_commit_past_an_unacked_head()
+    state, tp = _consumer_state(64, [66, 67])
+    state._gap[tp].addi(64, 66)  # 64 and 65 never came (compacted away)
+    assert Consumer._new_offset(state, tp) == 68
+    state, tp = _consumer_state(64, [64, 65])
+    assert Consumer._new_offset(state, tp) == 66  # the ordinary case
