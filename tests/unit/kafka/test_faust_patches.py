@@ -166,3 +166,52 @@ async def test_a_gap_faust_commits_over_is_logged(caplog: pytest.LogCaptureFixtu
         Consumer._add_gap = patched  # type: ignore[method-assign]
     assert added == [(41, 45)]  # Faust's own bookkeeping unchanged
     assert "offsets 41..44 of msgs:3 were never fetched" in caplog.text
+
+
+def _consumer_state(
+    committed: int | None, acked: list[int], delivered: tuple[int, ...] = ()
+) -> Any:
+    """A consumer's commit bookkeeping; ``delivered``: records handed to the
+    streams and not acked yet (Faust's ``_unacked_messages``)."""
+    from collections import defaultdict
+
+    from intervaltree import IntervalTree
+
+    tp = TP("messages", 0)
+    state = SimpleNamespace(
+        _acked=defaultdict(list, {tp: list(acked)}),
+        _acked_index=defaultdict(set, {tp: set(acked)}),
+        _committed_offset=defaultdict(lambda: None, {tp: committed}),
+        _gap=defaultdict(IntervalTree),
+        _unacked_messages=[SimpleNamespace(tp=tp, offset=o, acked=False) for o in delivered],
+    )
+    return state, tp
+
+
+def test_no_commit_passes_a_delivered_unacked_record_at_the_committed_offset() -> None:
+    """Issue 29: committed 64 (the next record to read), 64 delivered and not acked,
+    65 and 66 acked: Faust committed 67 (its head-gap test was ``min(acked) - 64 >
+    1``) and record 64 was never read again, one message lost (the upgrade test's
+    "offsets ahead")."""
+    assert faust_patches.no_commit_past_an_unacked_head()
+    assert faust_patches.no_commit_past_an_unacked_head()  # applying twice is a no-op
+    state, tp = _consumer_state(64, [65, 66], delivered=(64,))
+    assert Consumer._new_offset(state, tp) is None
+    (record,) = state._unacked_messages
+    record.acked = True
+    state._acked[tp].insert(0, 64)
+    state._acked_index[tp].add(64)
+    assert Consumer._new_offset(state, tp) == 67
+
+
+def test_an_offset_never_delivered_at_the_head_still_commits() -> None:
+    """A transaction's commit marker at the committed offset is never delivered:
+    refusing to commit past it would stall the partition after every restart."""
+    assert faust_patches.no_commit_past_an_unacked_head()
+    state, tp = _consumer_state(64, [65, 66])
+    assert Consumer._new_offset(state, tp) == 67
+    state, tp = _consumer_state(64, [66, 67])
+    state._gap[tp].addi(64, 66)  # 64 and 65 never came (compacted away)
+    assert Consumer._new_offset(state, tp) == 68
+    state, tp = _consumer_state(64, [64, 65])
+    assert Consumer._new_offset(state, tp) == 66  # the ordinary case
