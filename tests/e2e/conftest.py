@@ -32,7 +32,7 @@ from streams.events import ClipArchiveEvent, MessageEvent
 from streams.kafka.admin import ensure_topics
 from streams.topics import TopicNames
 from tests.support.kafka_io import Producer, Record, Sent, TopicCollector
-from tests.support.llm_server import ChatRequest, LLMTestServer
+from tests.support.llm_server import ChatRequest, LLMTestServer, turn_words
 from tests.support.worker import WorkerProcess, terminate_all
 
 T = TypeVar("T")
@@ -73,10 +73,12 @@ _STACK_KEY = pytest.StashKey["Stack"]()
 
 
 def marker_responder(request: ChatRequest) -> str:
-    """A short deterministic summary naming the markers it saw (keeps clip-archives small)."""
+    """A short deterministic summary naming the markers it saw (keeps clip-archives
+    small), or a few of its turns' words when they carry no marker: the gate
+    refuses a summary sharing no word with its turns (``unrelated``)."""
     words = set(re.findall(r"[a-z]+", " ".join(c for _, c in request.messages).lower()))
     found = sorted(words & set(MARKERS))
-    return f"Summary: discussed {' '.join(found) or 'nothing in particular'}."
+    return f"Summary: discussed {' '.join(found) or turn_words(request, 3)}."
 
 
 def tokens_of(event: Mapping[str, Any]) -> int:

@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 RATE = 300  # background events/s
 READERS = 4
 TURNS = 15  # per reader
-BOUND_P90_SECONDS = 0.75  # p90 was over 1.5 s with Faust's fetch wait
+# p90 was 1.60 s with Faust's fetch wait on the quiet machine; 0.20 s with 100 ms
+# quiet, 0.96 s with the machine loaded by two other test runs.
+BOUND_P90_SECONDS = 1.2
 
 
 async def started(stack: Stack) -> Any:
