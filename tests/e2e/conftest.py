@@ -81,6 +81,19 @@ def marker_responder(request: ChatRequest) -> str:
     return f"Summary: discussed {' '.join(found) or turn_words(request, 3)}."
 
 
+async def ready_worker(stack: Stack, config: Mapping[str, Any] | None = None) -> Any:
+    """A worker whose partitions are assigned and whose runtime is open (/readyz)."""
+    worker = stack.worker("w0", config=dict(config or {}))
+    await worker.wait_ready(stack.names.messages)
+
+    async def ready() -> None:
+        status, body = await worker.get("/readyz")
+        assert status == 200, body
+
+    await eventually(ready, timeout=60, what="/readyz 200")
+    return worker
+
+
 def tokens_of(event: Mapping[str, Any]) -> int:
     """What the service should count for ``event``: its token_count, else the estimate."""
     if event.get("token_count") is not None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Conversation, Stack, eventually
+from tests.e2e.conftest import Conversation, Stack, eventually, ready_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -35,18 +35,6 @@ TURNS = 15  # per reader
 # p90 was 1.60 s with Faust's fetch wait on the quiet machine; 0.20 s with 100 ms
 # quiet, 0.96 s with the machine loaded by two other test runs.
 BOUND_P90_SECONDS = 1.2
-
-
-async def started(stack: Stack) -> Any:
-    worker = stack.worker("w0")
-    await worker.wait_ready(stack.names.messages)
-
-    async def ready() -> None:
-        status, body = await worker.get("/readyz")
-        assert status == 200, body
-
-    await eventually(ready, timeout=60, what="/readyz 200")
-    return worker
 
 
 async def paced_traffic(stack: Stack, stop: asyncio.Event) -> int:
@@ -82,7 +70,7 @@ async def turns_of_a_platform(stack: Stack, worker: Any, n: int) -> list[float]:
 
 
 async def test_a_turn_is_readable_soon_after_its_ack_under_steady_traffic(stack: Stack) -> None:
-    worker = await started(stack)
+    worker = await ready_worker(stack)
     stop = asyncio.Event()
     traffic = asyncio.create_task(paced_traffic(stack, stop))
     try:

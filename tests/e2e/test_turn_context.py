@@ -26,7 +26,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.e2e.conftest import BUDGET_TOKENS, Conversation, Stack, eventually
+from tests.e2e.conftest import BUDGET_TOKENS, Conversation, Stack, eventually, ready_worker
 from tests.support.llm_server import OPENAI_CHAT_PATH, ServerError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -38,16 +38,7 @@ CONFIG = {"summarization": {"chunk_size": 100, "timeout_seconds": 10.0}}
 
 
 async def started(stack: Stack) -> Any:
-    """A worker whose partitions are assigned and whose runtime is open (/readyz)."""
-    worker = stack.worker("w0", config=CONFIG)
-    await worker.wait_ready(stack.names.messages)
-
-    async def ready() -> None:
-        status, body = await worker.get("/readyz")
-        assert status == 200, body
-
-    await eventually(ready, timeout=60, what="/readyz 200")
-    return worker
+    return await ready_worker(stack, CONFIG)
 
 
 def estimated(request: dict[str, Any]) -> int:
