@@ -174,7 +174,7 @@ def words_of_turns(messages: Sequence[tuple[str, str]], count: int = 24) -> str:
     for role, text in messages[:-1]:  # the last one is the directive
         if role == "system":
             continue
-        for word in CONTENT_WORD.findall(_unfenced_lines(text)[:2000].casefold()):
+        for word in CONTENT_WORD.findall(_unfenced_lines(text[:4000])[:2000].casefold()):
             if word not in _NOT_TURN_WORDS and word not in words:
                 words.append(word)
                 break
