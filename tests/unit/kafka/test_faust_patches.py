@@ -218,3 +218,29 @@ def test_an_offset_never_delivered_at_the_head_still_commits() -> None:
     assert Consumer._new_offset(state, tp) == 68
     state, tp = _consumer_state(64, [64, 65])
     assert Consumer._new_offset(state, tp) == 66  # the ordinary case
+
+
+@pytest.mark.parametrize("committed", [None, 0])
+def test_a_fresh_group_never_commits_past_its_first_record_still_in_process(
+    committed: int | None,
+) -> None:
+    """Issue 29, in a clean-clone CI run: nothing committed yet, record 0
+    delivered and not acked, 1..9 acked: Faust committed 10 (its head test is
+    ``if committed:``, false for ``None`` and for ``0``) and record 0 of three
+    partitions was lost."""
+    assert faust_patches.no_commit_past_an_unacked_head()
+    state, tp = _consumer_state(committed, list(range(1, 10)), delivered=(0,))
+    assert Consumer._new_offset(state, tp) is None
+    (record,) = state._unacked_messages
+    record.acked = True
+    state._acked[tp].insert(0, 0)
+    state._acked_index[tp].add(0)
+    assert Consumer._new_offset(state, tp) == 10
+
+
+def test_a_stale_unacked_record_below_the_committed_offset_does_not_stall_commits() -> None:
+    """Faust never acks a record under the committed offset (a redelivery after a
+    seek): it stays in ``_unacked_messages`` and must not hold the partition."""
+    assert faust_patches.no_commit_past_an_unacked_head()
+    state, tp = _consumer_state(64, [64, 65], delivered=(30,))
+    assert Consumer._new_offset(state, tp) == 66
