@@ -30,6 +30,7 @@ from typing import Any, ParamSpec, TypeVar
 import asyncpg
 from asyncpg import exceptions as pg_errors
 from asyncpg.exceptions._base import DataError as ClientDataError
+from asyncpg.exceptions._base import InternalClientError
 
 from core.ports.storage import StoreReadTimedOut, StoreRejected, StoreUnavailable
 
@@ -54,6 +55,12 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     # the pool then drops it: connection.refuse_read_only). The worker never writes
     # in a READ ONLY transaction, so this is the server, not the statement.
     pg_errors.ReadOnlySQLTransactionError,
+    # The client's own connection state, never the data: a connection left mid-
+    # operation by a dying server ("cannot switch to state 12; another operation (2)
+    # is in progress"), a protocol desync, a statement cache a migration outdated.
+    # The pool terminates such a connection on release; a retry gets another one.
+    # Taken for a bug, it would dead-letter valid records during an outage.
+    InternalClientError,
 )
 """The driver errors that mean PostgreSQL is (briefly) not there."""
 
