@@ -245,7 +245,14 @@ class Watchdog:
             consumer.resume_partitions({tp})
             if from_committed:
                 offset = await _committed_offset(consumer, tp)
-            await consumer.seek_wait({tp: max(offset if offset is not None else 0, 0)})
+            target = max(offset if offset is not None else 0, 0)
+            await consumer.seek_wait({tp: target})
+            if from_committed:
+                # Faust's fetch loop drops every record below its read offset, and
+                # ``seek_wait`` leaves that offset where it was: without this the
+                # records from the committed offset up to it were never read again
+                # (``Consumer.seek`` resets it the same way, 0 as None).
+                consumer._read_offset[tp] = target or None
         except Exception as error:  # a rebalance may have moved it meanwhile: next tick
             log.warning("could not re-seek %s:%d: %s", tp.topic, tp.partition, error)
 
