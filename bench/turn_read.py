@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -187,9 +188,20 @@ async def run(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
     names = await create_topics(infra.bootstrap, prefix, infra.partitions)
     async with CountingLLMServer() as llm:
         worker = new_worker(infra, "w1", dsn, config(args, prefix, llm.openai_base_url))
-        with running(worker):
-            await wait_assigned(worker, names.messages, infra.partitions)
-            return await measure(args, infra.bootstrap, names.messages, worker.url, llm)
+        try:
+            with running(worker):
+                await wait_assigned(worker, names.messages, infra.partitions)
+                try:
+                    return await measure(args, infra.bootstrap, names.messages, worker.url, llm)
+                except Exception as error:
+                    if worker.alive:
+                        raise
+                    # A phase's connection refused says nothing: say why the worker went.
+                    tail = worker.log_tail(80)
+                    raise RuntimeError(f"the worker exited; log:\n{tail}") from error
+        finally:
+            if args.keep_log is not None:
+                shutil.copyfile(worker.log_path, args.keep_log)
 
 
 async def measure(
@@ -207,9 +219,11 @@ async def measure(
         turns = Turns(bootstrap, topic)
         await turns.start()
         try:
-            results["turns_by_readers"] = [
-                await turn_phase(url, turns, big, readers, args.seconds) for readers in args.readers
-            ]
+            results["turns_by_readers"] = []
+            for readers in args.readers:
+                row = await turn_phase(url, turns, big, readers, args.seconds)
+                results["turns_by_readers"].append(row)
+                note(f"{readers} readers: {json.dumps(row)}")  # kept if a later phase fails
         finally:
             await turns.stop()
         results["background_events_per_s"] = round(traffic.achieved(), 1)
@@ -250,6 +264,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fit-reads", type=int, default=200)
     parser.add_argument("--burst", type=int, default=6)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep-log", type=Path, help="copy the worker's log here")
     parser.add_argument("--quick", action="store_true")
     if "--quick" in sys.argv:  # smaller defaults; options given still win
         parser.set_defaults(readers=[1, 4], seconds=3.0, rate=200.0, big=4, turns=200,
