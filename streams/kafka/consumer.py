@@ -92,6 +92,13 @@ class Rebalance:
                 return
             earliest = await consumer.earliest_offsets(*uncommitted)
             await consumer.seek_wait({tp: earliest.get(tp) or 0 for tp in uncommitted})
+            # Faust's fetch loop drops every record below its read offset, which
+            # ``seek_wait`` leaves as it was: records read before the rebalance
+            # would not be delivered again. ``Consumer.seek`` resets it so too.
+            read_offsets = getattr(consumer, "_read_offset", None)
+            if read_offsets is not None:
+                for tp in uncommitted:
+                    read_offsets[tp] = None
         except Exception:  # a rebalance is not the moment to crash the worker
             log.exception("could not rewind partitions without a committed offset")
             return
