@@ -16,6 +16,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from faust.types import TP
 
 from core.domain.tenancy import conversation_id_of
+from streams.kafka.seeking import seek_to_reread
 from streams.kafka.watchdog import Watchdog
 from streams.metrics import Metrics
 from streams.worker.records import Record
@@ -91,14 +92,7 @@ class Rebalance:
             if not uncommitted:
                 return
             earliest = await consumer.earliest_offsets(*uncommitted)
-            await consumer.seek_wait({tp: earliest.get(tp) or 0 for tp in uncommitted})
-            # Faust's fetch loop drops every record below its read offset, which
-            # ``seek_wait`` leaves as it was: records read before the rebalance
-            # would not be delivered again. ``Consumer.seek`` resets it so too.
-            read_offsets = getattr(consumer, "_read_offset", None)
-            if read_offsets is not None:
-                for tp in uncommitted:
-                    read_offsets[tp] = None
+            await seek_to_reread(consumer, {tp: earliest.get(tp) or 0 for tp in uncommitted})
         except Exception:  # a rebalance is not the moment to crash the worker
             log.exception("could not rewind partitions without a committed offset")
             return

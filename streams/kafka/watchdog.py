@@ -25,6 +25,7 @@ from typing import Any
 
 from faust.types import TP
 
+from streams.kafka.seeking import seek_to_reread
 from streams.metrics import Metrics
 from streams.worker.health import Health
 
@@ -246,13 +247,10 @@ class Watchdog:
             if from_committed:
                 offset = await _committed_offset(consumer, tp)
             target = max(offset if offset is not None else 0, 0)
-            await consumer.seek_wait({tp: target})
             if from_committed:
-                # Faust's fetch loop drops every record below its read offset, and
-                # ``seek_wait`` leaves that offset where it was: without this the
-                # records from the committed offset up to it were never read again
-                # (``Consumer.seek`` resets it the same way, 0 as None).
-                consumer._read_offset[tp] = target or None
+                await seek_to_reread(consumer, {tp: target})
+            else:
+                await consumer.seek_wait({tp: target})
         except Exception as error:  # a rebalance may have moved it meanwhile: next tick
             log.warning("could not re-seek %s:%d: %s", tp.topic, tp.partition, error)
 
