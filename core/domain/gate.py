@@ -44,7 +44,20 @@ LOOP_SHARE = 0.5
 earlier ones, not found in its turns, is a loop (a small model run to
 ``max_tokens``: docs/memory.md, "A real small model, by hand")."""
 MIN_LOOP_SHINGLES = 16
-CONTENT_WORD = re.compile(r"[^\W_]{4,}")
+IDEOGRAPHIC = (
+    "\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f"  # kana
+    "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"  # Han
+)
+"""Unspaced scripts whose characters carry meaning: read in pairs."""
+ABUGIDA = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff"  # Thai, Lao, Myanmar, Khmer
+"""Unspaced scripts written in letters and vowel signs: read four code points at a time."""
+UNSPACED = IDEOGRAPHIC + ABUGIDA
+CONTENT_WORD = re.compile(rf"[{UNSPACED}]{{2,}}|(?:(?![{UNSPACED}])[^\W_]){{4,}}")
+"""A word of four letters or more, or a run of an unspaced script: scripts
+written without spaces have clauses, not words, between punctuation."""
+IDEOGRAPHIC_START = re.compile(f"[{IDEOGRAPHIC}]")
+ABUGIDA_START = re.compile(f"[{ABUGIDA}]")
+HIRAGANA_ONLY = re.compile("[\u3040-\u309f]+")
 MIN_UNRELATED_WORDS = 8
 """Turns with fewer distinct content words (a run of tool calls) are not checked."""
 COMMON_WORDS = frozenset(
@@ -53,6 +66,12 @@ COMMON_WORDS = frozenset(
     "very here does done like want need sure okay please thanks thank".split()
 )
 """Words too common to show that a summary speaks of its turns."""
+COMMON_BIGRAMS = frozenset(
+    "我们 你们 他们 可以 需要 什么 这个 那个 一个 没有 就是 不是 因为 所以 如果 但是 已经 "
+    "还是 请问 谢谢 好的 知道 告诉 帮助 帮你 问题 现在 怎么 应该 然后 我的 你的".split()
+)
+"""Chinese pairs too common to show that a summary speaks of its turns (pairs
+of hiragana alone, Japanese grammar, are skipped too)."""
 OFF_LOOP_CHARS = 200_000
 """Above this many characters (summaries and compressed turns), run the gate off the loop."""
 
@@ -199,9 +218,26 @@ def _text_of(message: ConversationMessage) -> str:
 
 def _content_words(text: str) -> set[str]:
     """Words of four letters or more, but the commonest, of the text's first
-    ``MAX_SHINGLES`` words (bounded like the shingles)."""
-    words = CONTENT_WORD.findall(text.casefold(), 0, MAX_SHINGLES * 16)
-    return {w for w in words[:MAX_SHINGLES] if w not in COMMON_WORDS}
+    ``MAX_SHINGLES`` words (bounded like the shingles). A run of an unspaced
+    script gives its character bigrams: a paraphrase in Chinese or Japanese
+    shares words with its turns, never whole clauses."""
+    found: set[str] = set()
+    for word in CONTENT_WORD.findall(text.casefold(), 0, MAX_SHINGLES * 16)[:MAX_SHINGLES]:
+        if IDEOGRAPHIC_START.match(word):
+            found.update(
+                gram
+                for gram in _grams(word, 2)
+                if gram not in COMMON_BIGRAMS and not HIRAGANA_ONLY.fullmatch(gram)
+            )
+        elif ABUGIDA_START.match(word):
+            found.update(_grams(word, 4))
+        elif word not in COMMON_WORDS:
+            found.add(word)
+    return found
+
+
+def _grams(run: str, size: int) -> list[str]:
+    return [run[i : i + size] for i in range(len(run) - size + 1)]
 
 
 def _word_sequence(text: str) -> list[tuple[str, ...]]:
