@@ -138,6 +138,7 @@ def check_compaction(given: GateInput) -> GateVerdict:
         _echo(summaries, raw, verbatim_ok=not model),
         _repetition(summaries, raw) if model else Passed(),
         _unrelated(given.plan, raw) if model else Passed(),
+        _copy_of_previous(given.plan, given.compressed) if model else Passed(),
         _tool_pairs(raw, given.kept_tool_turns),
         _specifics(given.plan, raw),
         _target(given.plan),
@@ -207,6 +208,34 @@ def _unrelated(plan: CompactionPlan, raw: Sequence[ConversationMessage]) -> Gate
         said = _content_words(split_section(stored.batch.content)[0])
         if len(theirs) >= MIN_UNRELATED_WORDS and not said & theirs:
             return Rejected("unrelated", f"batch {stored.id} shares no word with its turns")
+    return Passed()
+
+
+def _copy_of_previous(
+    plan: CompactionPlan, compressed: Sequence[ConversationMessage]
+) -> GateVerdict:
+    """A summary that repeats the previous clip-archive and says nothing its turns
+    added: a small model handed the running summary answers with it, word for
+    word (docs/memory.md, "A real small model, by hand"). An honest summary of
+    turns that only repeat earlier ones brings no new word either, so this needs
+    its turns to bring ``MIN_UNRELATED_WORDS`` words the previous summary lacks."""
+    previous = [m.content for m in compressed if m.stored_clip_archive]
+    if not previous:
+        return Passed()
+    known = set().union(*(_content_words(text) for text in previous))
+    before = _shingles(previous)
+    by_id = {m.id: m for m in compressed if not m.stored_clip_archive}
+    for stored in plan.new_batches:
+        sources = [by_id[i] for i in stored.batch.source_message_ids if i in by_id]
+        if stored.batch.depth != 0 or not sources:
+            continue
+        summary = split_section(stored.batch.content)[0]
+        said = _shingles([summary])
+        if not said or len(said & before) / len(said) <= ECHO_SHARE:
+            continue
+        added = set().union(*(_content_words(_text_of(m)) for m in sources)) - known
+        if len(added) >= MIN_UNRELATED_WORDS and not (_content_words(summary) & added):
+            return Rejected("echo", f"batch {stored.id} repeats the previous summary")
     return Passed()
 
 

@@ -102,3 +102,46 @@ async def test_a_pinned_message_is_stored_pinned_and_a_plan_that_compresses_it_i
     assert await store.compactions.set_pinned(CONV, TURNS[0].id, False)
     assert await store.compactions.set_pinned(CONV, "no-such-id", True) is False
     assert await store.compactions.apply_compaction(plan, await outbox_of(store, plan)) == Applied()
+
+
+async def test_a_summary_copying_the_previous_clip_archive_is_refused(store: Any) -> None:
+    """A small model handed the running summary answered with it, word for word
+    (docs/memory.md, "A real small model, by hand"): the store's gate reads the
+    previous clip-archive among the rows the apply removes."""
+    earlier, later = TURNS[:2], [
+        msg(3, "The invoice went to the old finance address, please send it to the new one."),
+        msg(4, "Sent again to billing at the new office on Harbour Street, reference 7781.",
+            role="assistant"),
+        msg(5, "Also add Priya and Tomasz as admins of the workspace."),
+    ]  # fmt: skip
+    await save_all(store, [*TURNS, *later])
+    previous = "The blue plan was renewed for the whole team; the invoice goes to finance."
+    first = make_plan("cmp-1", [stored("cmp-1", 0, previous, earlier)], [m.id for m in earlier])
+    first = first.model_copy(
+        update={
+            "usage": LlmUsage(summarizer="anthropic"),
+            "clip_archive": first.clip_archive.model_copy(
+                update={"content": f"[Context Summary]\n{previous}"}
+            ).as_clip_archive(),
+        }
+    )
+    assert (
+        await store.compactions.apply_compaction(first, await outbox_of(store, first)) == Applied()
+    )
+
+    def second(summary: str) -> Any:
+        removed = ["clip-archive-cmp-1", *(m.id for m in later)]
+        plan = make_plan("cmp-2", [stored("cmp-2", 0, summary, later)], removed)
+        return plan.model_copy(update={"usage": LlmUsage(summarizer="anthropic")})
+
+    copied = second(previous)
+    verdict = await store.compactions.apply_compaction(copied, await outbox_of(store, copied))
+    assert isinstance(verdict, Rejected) and verdict.reason == "echo", verdict
+    updated = second(
+        f"{previous} The invoice was re-sent to the new office on Harbour Street "
+        "(reference 7781); Priya and Tomasz are to be workspace admins."
+    )
+    assert (
+        await store.compactions.apply_compaction(updated, await outbox_of(store, updated))
+        == Applied()
+    )

@@ -98,11 +98,6 @@ def test_an_assistant_reply_instead_of_a_summary_is_rejected() -> None:
     assert isinstance(verdict("I'm ready to assist. What's your request?", SUPPORT_TURNS), Rejected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gate gap: a copy of the previous summary passes. Refusing it made every chunk of "
-    "the test stand-ins' uniform turns a copy (docs/memory.md, 'A real small model, by hand')",
-)
 def test_a_copy_of_the_previous_summary_is_rejected() -> None:
     # SmolLM2's whole answer to a later chunk: the running summary it was given, word for word.
     # The prior clip-archive the request carried is among the rows the apply removes.
@@ -110,6 +105,32 @@ def test_a_copy_of_the_previous_summary_is_rejected() -> None:
     plan = as_pipeline_applies(PREVIOUS_SUMMARY, LATER_TURNS)
     found = check_compaction(GateInput(plan, [prior, *LATER_TURNS]))
     assert isinstance(found, Rejected) and found.reason == "echo"
+
+
+def test_a_running_summary_that_adds_the_later_turns_passes() -> None:
+    prior = msg(99, f"[Context Summary]\n{PREVIOUS_SUMMARY}").as_clip_archive()
+    updated = (
+        f"{PREVIOUS_SUMMARY} The express parcel came in the wrong size (M, not L); an L "
+        "is sent today to the same address, arriving by 2026-03-10; no return needed."
+    )
+    found = check_compaction(
+        GateInput(as_pipeline_applies(updated, LATER_TURNS), [prior, *LATER_TURNS])
+    )
+    assert found == Passed()
+
+
+def test_turns_that_only_repeat_the_previous_summary_may_be_summarised_by_it() -> None:
+    # The customer asks again about what the summary already says: nothing new to add.
+    turns = [
+        msg(0, "Where is order 58213 now?"),
+        msg(1, "It was stuck at the Leeds depot, so it was reshipped by express, no charge.",
+            role="assistant"),
+        msg(2, "When is it due?"),
+        msg(3, "Thursday. Refuse the first parcel if it arrives.", role="assistant"),
+    ]  # fmt: skip
+    prior = msg(99, f"[Context Summary]\n{PREVIOUS_SUMMARY}").as_clip_archive()
+    plan = as_pipeline_applies(PREVIOUS_SUMMARY, turns)
+    assert check_compaction(GateInput(plan, [prior, *turns])) == Passed()
 
 
 def test_a_summary_repeating_its_turns_own_repeats_is_no_loop() -> None:
