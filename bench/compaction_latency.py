@@ -111,7 +111,12 @@ from core.domain.tally import compaction_id_for
 from core.settings import SummarizationSettings, resolve_model
 from streams.events import ClipArchiveEvent, CompactionCommand, MessageEvent
 from streams.topics import TopicNames
-from tests.support.llm_server import LLMTestServer, Protocol, RecordedRequest
+from tests.support.llm_server import (
+    LLMTestServer,
+    Protocol,
+    RecordedRequest,
+    model_like_responder,
+)
 from tests.support.stores import saved
 
 BUDGET = (0.8, 10_000)  # 8 000 tokens
@@ -123,6 +128,7 @@ class CountingLLMServer(LLMTestServer):
     """The test server, also counting the chat requests it is serving at once."""
 
     def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("responder", model_like_responder)  # summaries the gate passes
         super().__init__(**kwargs)
         self.active = 0
         self.peak = 0

@@ -35,9 +35,11 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +194,9 @@ async def run(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
             with running(worker):
                 await wait_assigned(worker, names.messages, infra.partitions)
                 try:
-                    return await measure(args, infra.bootstrap, names.messages, worker.url, llm)
+                    results = await measure(args, infra.bootstrap, names.messages, worker.url, llm)
+                    results["gate_refusals"] = gate_refusals(worker.log_path)
+                    return results
                 except Exception as error:
                     if worker.alive:
                         raise
@@ -202,6 +206,13 @@ async def run(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
         finally:
             if args.keep_log is not None:
                 shutil.copyfile(worker.log_path, args.keep_log)
+
+
+def gate_refusals(log_path: Path) -> dict[str, int]:
+    """Compactions the gate refused, by reason, from the worker's log: a stand-in
+    whose summaries are all refused measures the extractive fallback, not a model."""
+    found = re.findall(r"rejected by the gate \((\w+)", log_path.read_text(errors="replace"))
+    return dict(Counter(found))
 
 
 async def measure(
@@ -251,6 +262,7 @@ def report(results: dict[str, Any]) -> None:
           f"{fit['plain']['p95']} ms: ratio {fit['p95_ratio']}")  # fmt: skip
     burst = {k: v for k, v in results["burst"].items() if k != "timeline"}
     print("\nburst: " + json.dumps(burst))
+    print(f"gate refusals (LLM summaries, by reason): {results.get('gate_refusals') or 'none'}")
 
 
 def parse_args() -> argparse.Namespace:

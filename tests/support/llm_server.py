@@ -209,6 +209,17 @@ def summary_responder(request: ChatRequest) -> str:
     return "Summary: " + " | ".join(p for p in parts if p)
 
 
+def model_like_responder(request: ChatRequest) -> str:
+    """What a model's summary looks like to the gate, for benchmarks: about a
+    fifth of its turns' characters (200 to 1,200), naming words of its turns,
+    in sentences that never loop. ``summary_responder`` quotes each message's
+    first words, the fence markers included, so the gate refuses every one of
+    its summaries (``echo``) and a benchmark measured the extractive fallback."""
+    turns = [c for role, c in request.messages[:-1] if role != "system"]
+    size = min(1200, max(200, sum(len(c) for c in turns) // 5))
+    return prose(size, about=f"The conversation covered {turn_words(request)}")
+
+
 # --------------------------------------------------------------------------
 # Embeddings
 # --------------------------------------------------------------------------
