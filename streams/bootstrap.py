@@ -227,6 +227,7 @@ def build_app(
     faust_patches.apply()
     app = create_app(settings, servers)
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
+    faust_patches.bulk_topics_last({names.messages})  # completions never wait behind messages
     # What the worker sends to (it only reads the messages topic).
     topics: dict[str, faust.TopicT] = {
         role: raw_topic(app, names.logical(role), partitions=settings.kafka.partitions)

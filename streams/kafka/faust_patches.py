@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Generator, Mapping
+from collections.abc import Coroutine, Generator, Iterable, Mapping
 from importlib.metadata import version
 from typing import Any
 
@@ -309,6 +309,49 @@ def _delivered_unacked_below(consumer: Any, tp: Any, committed: int | None, head
         message.tp == tp and floor <= message.offset < head and not message.acked
         for message in list(consumer._unacked_messages)
     )
+
+
+#: Topics whose fetched records are handed out after every other topic's.
+_BULK_TOPICS: set[str] = set()
+
+
+def bulk_topics_last(bulk: Iterable[str]) -> bool:
+    """Hand out the fetched records of every other topic before ``bulk``'s.
+
+    aiokafka hands fetched records out partition by partition, in the order it
+    fetched them, and fetches a partition again only once it is drained. Under
+    a backlog each messages partition's fetch brings up to 1 MB, and a
+    completion on the control topic (a few records per compaction) waited
+    behind all of them: over 30 s at 1,000 events/s in the turn-read bench,
+    and the conversation's next compaction waited with it. The other topics'
+    buffered partitions now go first (on aiokafka's thread, where the buffer
+    lives); order within a partition is untouched.
+
+    Upstream issue: none known. Not a bug in aiokafka: its order is fair
+    between fetches; a worker's topics are not equals.
+    """
+    from aiokafka.consumer import fetcher
+
+    _BULK_TOPICS.update(bulk)
+    original = fetcher.Fetcher.fetched_records
+    if getattr(original, _MARK, False):
+        return True
+
+    async def fetched_records(
+        self: Any,
+        partitions: Any,
+        timeout: float = 0,  # noqa: ASYNC109
+        max_records: int | None = None,
+    ) -> Any:
+        buffered = self._records
+        if any(tp.topic in _BULK_TOPICS for tp in buffered):
+            for tp in [tp for tp in buffered if tp.topic not in _BULK_TOPICS]:
+                buffered.move_to_end(tp, last=False)
+        return await original(self, partitions, timeout=timeout, max_records=max_records)
+
+    setattr(fetched_records, _MARK, True)
+    fetcher.Fetcher.fetched_records = fetched_records
+    return True
 
 
 def apply() -> None:
