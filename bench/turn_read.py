@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import re
@@ -69,21 +70,30 @@ from bench.turn_traffic import (
     settled,
 )
 from tests.support.llm_server import OPENAI_CHAT_PATH, ServerError
+from tests.support.worker import wait_for_split
 
 
 async def turn_phase(
-    worker_url: str, turns: Turns, conversations: list[str], readers: int, seconds: float
+    worker_urls: list[str], turns: Turns, conversations: list[str], readers: int, seconds: float
 ) -> dict[str, Any]:
-    """``readers`` turn loops over the big conversations for ``seconds``."""
+    """``readers`` turn loops over the big conversations for ``seconds``, spread
+    over the workers as a load balancer would (a worker forwards a read of a
+    conversation it does not own to the one that does)."""
     kinds = ("publish_to_readable", "ack", "cold", "cached", "history")
     latencies = {kind: Latencies() for kind in kinds}
     statuses: dict[int, int] = {}
     deadline = time.monotonic() + seconds
-    connector = aiohttp.TCPConnector(limit=readers + 4)
-    async with aiohttp.ClientSession(worker_url, connector=connector) as http:
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [
+            await stack.enter_async_context(
+                aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=readers + 4))
+            )
+            for url in worker_urls
+        ]
 
         async def loop(n: int) -> None:
             cid = conversations[n % len(conversations)]
+            http = sessions[n % len(sessions)]
             while time.monotonic() < deadline:
                 await turns.one(http, cid, latencies, statuses)
 
@@ -176,7 +186,7 @@ async def _handed_out(http: aiohttp.ClientSession, cid: str) -> dict[str, int]:
 
 def config(args: argparse.Namespace, prefix: str, llm_url: str) -> dict[str, Any]:
     shaped = worker_config(
-        topic_prefix=prefix, store="memory://", max_concurrent_compactions=None,
+        topic_prefix=prefix, store=args.store, max_concurrent_compactions=None,
         budget=(0.5, WINDOW), llm_base_url=llm_url, pool_max_size=None,
     )  # fmt: skip
     shaped["summarization"]["timeout_seconds"] = 30.0
@@ -189,23 +199,34 @@ async def run(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
     prefix = unique_prefix("turns")
     names = await create_topics(infra.bootstrap, prefix, infra.partitions)
     async with CountingLLMServer() as llm:
-        worker = new_worker(infra, "w1", dsn, config(args, prefix, llm.openai_base_url))
+        shaped = config(args, prefix, llm.openai_base_url)
+        workers = [new_worker(infra, f"w{n + 1}", dsn, shaped) for n in range(args.workers)]
         try:
-            with running(worker):
-                await wait_assigned(worker, names.messages, infra.partitions)
+            with contextlib.ExitStack() as stack:
+                for worker in workers:
+                    stack.enter_context(running(worker))
+                if len(workers) == 1:
+                    await wait_assigned(workers[0], names.messages, infra.partitions)
+                else:
+                    await wait_for_split(workers, names.messages, infra.partitions, timeout=180)
                 try:
-                    results = await measure(args, infra.bootstrap, names.messages, worker.url, llm)
-                    results["gate_refusals"] = gate_refusals(worker.log_path)
+                    urls = [worker.url for worker in workers]
+                    results = await measure(args, infra.bootstrap, names.messages, urls, llm)
+                    results["workers"] = len(workers)
+                    results["gate_refusals"] = sum(
+                        (Counter(gate_refusals(w.log_path)) for w in workers), Counter()
+                    )
                     return results
                 except Exception as error:
-                    if worker.alive:
+                    gone = [w for w in workers if not w.alive]
+                    if not gone:
                         raise
                     # A phase's connection refused says nothing: say why the worker went.
-                    tail = worker.log_tail(80)
-                    raise RuntimeError(f"the worker exited; log:\n{tail}") from error
+                    tail = gone[0].log_tail(80)
+                    raise RuntimeError(f"{gone[0].name} exited; log:\n{tail}") from error
         finally:
             if args.keep_log is not None:
-                shutil.copyfile(worker.log_path, args.keep_log)
+                shutil.copyfile(workers[0].log_path, args.keep_log)
 
 
 def gate_refusals(log_path: Path) -> dict[str, int]:
@@ -216,8 +237,9 @@ def gate_refusals(log_path: Path) -> dict[str, int]:
 
 
 async def measure(
-    args: argparse.Namespace, bootstrap: str, topic: str, url: str, llm: CountingLLMServer
+    args: argparse.Namespace, bootstrap: str, topic: str, urls: list[str], llm: CountingLLMServer
 ) -> dict[str, Any]:
+    url = urls[0]
     big = [f"big-{n:02d}" for n in range(args.big)]
     note(f"setup: {args.big} conversations of {args.turns} turns, compacted")
     await produce(bootstrap, topic, conversation_events(big, args.turns))
@@ -232,7 +254,7 @@ async def measure(
         try:
             results["turns_by_readers"] = []
             for readers in args.readers:
-                row = await turn_phase(url, turns, big, readers, args.seconds)
+                row = await turn_phase(urls, turns, big, readers, args.seconds)
                 results["turns_by_readers"].append(row)
                 note(f"{readers} readers: {json.dumps(row)}")  # kept if a later phase fails
         finally:
@@ -254,8 +276,8 @@ def report(results: dict[str, Any]) -> None:
         rows.append((*cells, json.dumps(row["not_200"]) if row["not_200"] else "-"))
     heads = ("readers", "turns/s", "publish->readable ms", "of which the ack ms", "context cold ms",
              "context cached ms", "/history (baseline) ms", "not 200")  # fmt: skip
-    print(f"\nturn loops, background {results['background_events_per_s']} events/s "
-          "(p50 / p95 / p99)")  # fmt: skip
+    print(f"\nturn loops, {results.get('workers', 1)} worker(s), background "
+          f"{results['background_events_per_s']} events/s (p50 / p95 / p99)")  # fmt: skip
     print(table(heads, rows))
     fit = results["fit"]
     print(f"\nfit (provider down): fitted p95 {fit['fitted']['p95']} ms, plain p95 "
@@ -276,7 +298,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fit-reads", type=int, default=200)
     parser.add_argument("--burst", type=int, default=6)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--keep-log", type=Path, help="copy the worker's log here")
+    parser.add_argument("--keep-log", type=Path, help="copy the (first) worker's log here")
+    parser.add_argument("--workers", type=int, default=1, help="workers of one service")
+    parser.add_argument(
+        "--store", choices=["rocksdb://", "memory://"], default="rocksdb://", help="table store"
+    )
     parser.add_argument("--quick", action="store_true")
     if "--quick" in sys.argv:  # smaller defaults; options given still win
         parser.set_defaults(readers=[1, 4], seconds=3.0, rate=200.0, big=4, turns=200,
