@@ -227,6 +227,8 @@ async def run(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
         finally:
             if args.keep_log is not None:
                 shutil.copyfile(workers[0].log_path, args.keep_log)
+                for other in workers[1:]:  # PATH.w2, ...
+                    shutil.copyfile(other.log_path, f"{args.keep_log}.{other.name}")
 
 
 def gate_refusals(log_path: Path) -> dict[str, int]:
@@ -298,7 +300,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fit-reads", type=int, default=200)
     parser.add_argument("--burst", type=int, default=6)
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--keep-log", type=Path, help="copy the (first) worker's log here")
+    parser.add_argument(
+        "--keep-log",
+        type=Path,
+        help="copy the first worker's log here (the others' to PATH.w2, ...)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="workers of one service")
     parser.add_argument(
         "--store", choices=["rocksdb://", "memory://"], default="rocksdb://", help="table store"
