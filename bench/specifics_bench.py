@@ -17,7 +17,8 @@ compaction met its target (``target_ratio``).
 Summarisers: the extractive one, and the LLM test server
 (tests/support/llm_server.py) through the OpenAI SDK, whose deterministic
 responder keeps the first six words of each turn, the way a summary keeps a
-turn's gist and drops its particulars.
+turn's gist and drops its particulars (``gist_responder``: the default one
+quotes the fence markers, which the gate refuses).
 
 Prompt caching. The same conversations through the Anthropic adapter against
 the test server, which caches system blocks marked ``cache_control`` as the
@@ -51,7 +52,7 @@ from core.domain.usage import LlmUsage, billed_input_tokens
 from core.ports.model import ModelProvider
 from core.ports.storage import Applied
 from streams.worker.processor import write_plan
-from tests.support.llm_server import LLMTestServer
+from tests.support.llm_server import LLMTestServer, gist_responder
 from tests.support.memory_store import InMemoryStore
 from tests.support.planted import Planted, planted_conversation
 from tests.support.stores import saved
@@ -122,7 +123,8 @@ async def run_conversation(
         assert isinstance(planned, Planned), planned
         plan = planned.plan
         assert plan.clip_archive is not None
-        assert await write_plan(store, plan) == Applied()
+        verdict = await write_plan(store.compactions, plan)
+        assert verdict == Applied(), verdict
         over += planned.over_target is not None
         clip = plan.clip_archive.content
         compressed += StoredTokens.of(plan, inputs.stored_tokens).removed
@@ -228,7 +230,7 @@ async def caching(args: argparse.Namespace, server: LLMTestServer) -> None:
 
 async def main_async(args: argparse.Namespace) -> None:
     quiet_clients()
-    async with LLMTestServer() as server:
+    async with LLMTestServer(responder=gist_responder) as server:
         await retention(args, server)
         await caching(args, server)
 

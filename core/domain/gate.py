@@ -72,6 +72,8 @@ COMMON_BIGRAMS = frozenset(
 )
 """Chinese pairs too common to show that a summary speaks of its turns (pairs
 of hiragana alone, Japanese grammar, are skipped too)."""
+MIN_COPY_CHARS = 40
+"""A shorter summary found in the previous clip-archive may be a coincidence."""
 OFF_LOOP_CHARS = 200_000
 """Above this many characters (summaries and compressed turns), run the gate off the loop."""
 
@@ -214,27 +216,26 @@ def _unrelated(plan: CompactionPlan, raw: Sequence[ConversationMessage]) -> Gate
 def _copy_of_previous(
     plan: CompactionPlan, compressed: Sequence[ConversationMessage]
 ) -> GateVerdict:
-    """A summary that repeats the previous clip-archive and says nothing its turns
-    added: a small model handed the running summary answers with it, word for
-    word (docs/memory.md, "A real small model, by hand"). An honest summary of
-    turns that only repeat earlier ones brings no new word either, so this needs
-    its turns to bring ``MIN_UNRELATED_WORDS`` words the previous summary lacks."""
-    previous = [m.content for m in compressed if m.stored_clip_archive]
+    """A summary found word for word in the previous clip-archive, while its turns
+    added words that summary lacks: a small model handed the running summary
+    answers with it (docs/memory.md, "A real small model, by hand"). Only a
+    verbatim copy: the previous summary with a line saying nothing new happened
+    is an honest answer to small talk, and the gate cannot see the earlier turns
+    to tell small talk from news."""
+    previous = [normalized(m.content) for m in compressed if m.stored_clip_archive]
     if not previous:
         return Passed()
     known = set().union(*(_content_words(text) for text in previous))
-    before = _shingles(previous)
     by_id = {m.id: m for m in compressed if not m.stored_clip_archive}
     for stored in plan.new_batches:
         sources = [by_id[i] for i in stored.batch.source_message_ids if i in by_id]
         if stored.batch.depth != 0 or not sources:
             continue
-        summary = split_section(stored.batch.content)[0]
-        said = _shingles([summary])
-        if not said or len(said & before) / len(said) <= ECHO_SHARE:
+        summary = normalized(split_section(stored.batch.content)[0])
+        if len(summary) < MIN_COPY_CHARS or not any(summary in text for text in previous):
             continue
         added = set().union(*(_content_words(_text_of(m)) for m in sources)) - known
-        if len(added) >= MIN_UNRELATED_WORDS and not (_content_words(summary) & added):
+        if len(added) >= MIN_UNRELATED_WORDS:
             return Rejected("echo", f"batch {stored.id} repeats the previous summary")
     return Passed()
 

@@ -209,6 +209,18 @@ def summary_responder(request: ChatRequest) -> str:
     return "Summary: " + " | ".join(p for p in parts if p)
 
 
+def gist_responder(request: ChatRequest) -> str:
+    """``summary_responder`` without the fence markers and the directive: the
+    first six words of each turn, as a summary keeps a turn's gist and drops its
+    particulars, in a shape the gate passes (it refuses the fence markers)."""
+    parts = [
+        " ".join(_unfenced_lines(content).split()[:6])
+        for role, content in request.messages[:-1]
+        if role != "system"
+    ]
+    return "Summary: " + " | ".join(p for p in parts if p)
+
+
 def model_like_responder(request: ChatRequest) -> str:
     """What a model's summary looks like to the gate, for benchmarks: about a
     fifth of its turns' characters (200 to 1,200), naming words of its turns,

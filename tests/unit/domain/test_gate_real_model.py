@@ -119,6 +119,17 @@ def test_a_running_summary_that_adds_the_later_turns_passes() -> None:
     assert found == Passed()
 
 
+def test_the_previous_summary_with_nothing_new_added_passes() -> None:
+    # An honest answer to turns that are small talk: the gate cannot see the
+    # earlier turns, so it cannot tell small talk from news the summary dropped.
+    prior = msg(99, f"[Context Summary]\n{PREVIOUS_SUMMARY}").as_clip_archive()
+    updated = f"{PREVIOUS_SUMMARY} Nothing new was decided since."
+    found = check_compaction(
+        GateInput(as_pipeline_applies(updated, LATER_TURNS), [prior, *LATER_TURNS])
+    )
+    assert found == Passed()
+
+
 def test_turns_that_only_repeat_the_previous_summary_may_be_summarised_by_it() -> None:
     # The customer asks again about what the summary already says: nothing new to add.
     turns = [
