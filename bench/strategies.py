@@ -41,7 +41,7 @@ from core.domain.strategies import DEFAULT_STRATEGIES, StrategyConfig, StrategyN
 from core.domain.tokens import estimate_history_tokens, estimate_message_tokens
 from core.ports.model import ModelRequest, ModelResponse
 from tests.support.compaction import applying_compactor
-from tests.support.llm_server import MESSAGE_OVERHEAD_TOKENS, stand_in_tokens
+from tests.support.llm_server import MESSAGE_OVERHEAD_TOKENS, model_turn_words, stand_in_tokens
 from tests.support.memory_store import InMemoryStore
 from tests.support.stores import saved
 
@@ -69,7 +69,11 @@ class CountingModel:
         if request.directive is not None and turns and turns[-1] == request.directive:
             turns.pop()
         self.compressed_tokens += stand_in_tokens(*(_carried(t) for t in turns))
-        return ModelResponse(text="The agent inspected files and ran the tests; all passed.")
+        # It names words of its turns: the gate refuses a summary that shares none
+        # (``unrelated``) or that is the previous one word for word, and a
+        # constant answer was refused at every compaction (the bench then
+        # counted calls and no compaction).
+        return ModelResponse(text=f"The agent read {model_turn_words(request)}; all tests passed.")
 
 
 def _carried(text: str) -> str:
