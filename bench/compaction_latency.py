@@ -767,7 +767,7 @@ async def compaction_cpu(args: argparse.Namespace, infra: Infra) -> tuple[int, f
     from streams.worker.runtime import StaticRuntime
     from tests.support.memory_store import RecordingPublisher
 
-    server = LLMTestServer()
+    server = LLMTestServer(responder=model_like_responder)  # summaries the gate passes
     await server.start()
     budget = BudgetConfig(context_budget=BUDGET[0], model_max_tokens=BUDGET[1])
     model, store, compactor = await bench_compactor(infra, server.openai_base_url, budget)

@@ -18,8 +18,10 @@ recall@5 per system:
 * random batches: 5 random depth-0 batches; the answering turn among their turns.
 
 Summarisers: the extractive one, and the LLM test server
-(tests/support/llm_server.py) replaying fixed summaries (its deterministic
-responder: the first six words of each message) through the OpenAI SDK.
+(tests/support/llm_server.py) replaying fixed summaries (``gist_responder``:
+the first six words of each turn, without the fence markers the gate refuses;
+with the default responder every LLM summary was refused and the extractive
+fallback wrote it) through the OpenAI SDK.
 
     .venv/bin/python -m bench.memory_recall [--conversations 4 --sessions 12] [--embedder local]
 
@@ -50,7 +52,7 @@ from core.ports.model import ModelProvider
 from core.settings import Settings, parse_settings
 from streams.cli.offline import OfflineRun
 from streams.events import MessageEvent
-from tests.support.llm_server import LLMTestServer
+from tests.support.llm_server import LLMTestServer, gist_responder
 
 SUBJECTS = (
     "dentist appointment|gym membership|car insurance|garden shed|piano lesson|"
@@ -504,7 +506,7 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     results: list[tuple[str, Score]] = []
     with Infra(kafka=False) as infra:
-        async with LLMTestServer() as server:
+        async with LLMTestServer(responder=gist_responder) as server:
             llm = OpenAICompatProvider("bench", base_url=server.openai_base_url)
             runs = [
                 ("extractive, importance", ExtractiveProvider(), "importance"),
