@@ -31,9 +31,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,6 +162,20 @@ def start_local_broker(root: Path, partitions: int) -> KafkaBroker:
     raise AssertionError("unreachable")
 
 
+def _run_to_end(make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    """Run a coroutine to its end from sync code, also when called inside a running
+    event loop (a bench closing its ``Infra`` in its async main): ``asyncio.run``
+    refused there, and the databases were never dropped."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(make())
+        return
+    worker = threading.Thread(target=lambda: asyncio.run(make()))
+    worker.start()
+    worker.join()
+
+
 class Infra:
     """Kafka and PostgreSQL for one benchmark run; ``close`` stops what it started."""
 
@@ -245,11 +260,12 @@ class Infra:
     def close(self) -> None:
         if self._databases:
             with contextlib.suppress(Exception):
-                asyncio.run(self._drop_databases())
+                _run_to_end(self._drop_databases)
         if self.bootstrap and self.broker_pid is None and _CREATED_PREFIXES:
             # A broker we did not start outlives us: take our topics off it.
+            bootstrap = self.bootstrap
             with contextlib.suppress(Exception):
-                asyncio.run(delete_created_topics(self.bootstrap))
+                _run_to_end(lambda: delete_created_topics(bootstrap))
         self._stack.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
