@@ -28,6 +28,7 @@ from typing import Any
 from faust.transport.consumer import ThreadDelegateConsumer
 
 from streams.kafka.producers import DURABLE_SENDS
+from streams.kafka.seeking import seek_uncommitted_partitions_to_start
 
 log = logging.getLogger("compactor.worker")
 
@@ -361,3 +362,4 @@ def apply() -> None:
     durable_producer()
     deliver_without_tasks()
     no_commit_past_an_unacked_head()
+    seek_uncommitted_partitions_to_start()
