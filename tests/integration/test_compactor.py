@@ -176,7 +176,7 @@ async def test_each_chunk_carries_the_running_summary__context_compaction_AC1_3(
     for i in (1, 2):  # the running summary opens the request's data fence
         assert re.match(
             re.escape(DEFAULT_SYSTEM_PROMPT + "\n\nPrevious summary of conversation:\n")
-            + r'<conversation-data id="[0-9a-f]{6,64}">\nSummary '
+            + r'<conversation-data id="[a-p]{6,64}">\nSummary '
             + str(i)
             + " of",
             bodies[i]["system"],
@@ -358,7 +358,7 @@ async def test_second_compaction_folds_in_prior_clip_archive(
     await compactor.compress([*result.history, *more], "conv-1")
     body = llm.requests_to(ANTHROPIC_PATH)[0].body
     assert re.search(
-        r'Previous summary of conversation:\n<conversation-data id="[0-9a-f]{6,64}">\n'
+        r'Previous summary of conversation:\n<conversation-data id="[a-p]{6,64}">\n'
         + re.escape("[Context Summary — 4 messages compressed across 1 compaction cycles]"),
         body["system"],
     )
