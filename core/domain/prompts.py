@@ -15,8 +15,9 @@ says that text inside the fence is what was said, never something to do. The
 messages in between keep their roles. The id is the shortest prefix (at least
 ``MIN_FENCE_ID`` letters) of a digest of the request's data, written in the
 letters a to p rather than hex digits (a tokenizer splits a run of digits and
-letters into more tokens: twice per request), that occurs in none of its texts, so no text can close the fence it is in: it would have to
-contain the id, and the id is chosen to be one it does not contain.
+letters into more tokens: twice per request), that occurs in none of its
+texts, so no text can close the fence it is in: it would have to contain the
+id, and the id is chosen to be one it does not contain.
 
 One fence per request rather than one per turn, a short id and a short
 directive: on chat turns of ~30 tokens, a fence per turn with a 16-digit id

@@ -71,5 +71,6 @@ def seek_uncommitted_partitions_to_start() -> bool:
         return await self.call_thread(seek_to_committed_or_start, self._ensure_consumer())
 
     setattr(seek_to_committed, _MARK, True)
+    seek_to_committed.__wrapped__ = original  # type: ignore[attr-defined]
     AIOKafkaConsumerThread.seek_to_committed = seek_to_committed  # type: ignore[method-assign]
     return True

@@ -16,6 +16,7 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
+import faust
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -102,3 +103,66 @@ async def test_fausts_seek_to_committed_goes_through_it(kafka_bootstrap: str) ->
         assert await consumer.position(never) == 0
     finally:
         await consumer.stop()
+
+
+@pytest.mark.parametrize("patched", [True, False], ids=["patched", "faust-as-released"])
+async def test_records_a_stopped_flow_dropped_are_read_again(
+    kafka_bootstrap: str, patched: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real Faust app whose first fetch comes back while the flow is stopped
+    (as when a rebalance starts under it): Faust discards the records and seeks
+    to the committed offsets. Patched, the fresh partition goes back to 0 and
+    every record reaches the agent; as released, none of them ever does (the
+    agent's first record is the one produced after). If the second case fails,
+    Faust or aiokafka fixed it: the patch can go."""
+    assert seek_uncommitted_partitions_to_start()
+    if not patched:
+        original = AIOKafkaConsumerThread.seek_to_committed.__wrapped__  # type: ignore[attr-defined]
+        monkeypatch.setattr(AIOKafkaConsumerThread, "seek_to_committed", original)
+    name = f"flow-{uuid.uuid4().hex[:8]}"
+    await create(kafka_bootstrap, name)
+    await send(kafka_bootstrap, name, RECORDS)
+    app = faust.App(
+        name,
+        broker=f"kafka://{kafka_bootstrap}",
+        value_serializer="raw",
+        web_enabled=False,
+        consumer_auto_offset_reset="earliest",
+        topic_partitions=1,
+    )
+    seen: list[int] = []
+    arrived = asyncio.Event()
+
+    @app.agent(app.topic(name, value_type=bytes))
+    async def agent(stream: Any) -> None:
+        async for event in stream.events():
+            seen.append(event.message.offset)
+            arrived.set()
+
+    dropped = asyncio.Event()
+    await app.start()
+    try:
+        consumer = app.consumer
+        wait_next_records = consumer._wait_next_records
+
+        async def stop_flow_under_the_first_fetch(timeout: float) -> Any:
+            records, active = await wait_next_records(timeout)
+            if records and not dropped.is_set():
+                consumer.stop_flow()  # the fetch returns into a stopped flow
+                dropped.set()
+                asyncio.get_running_loop().call_later(0.2, consumer.resume_flow)
+            return records, active
+
+        consumer._wait_next_records = stop_flow_under_the_first_fetch
+        async with asyncio.timeout(60):
+            await dropped.wait()
+            await send(kafka_bootstrap, name, 1)  # offset 5: whatever comes before it came
+            while RECORDS not in seen:
+                arrived.clear()
+                await arrived.wait()
+    finally:
+        await app.stop()
+    if patched:
+        assert sorted(set(seen)) == list(range(RECORDS + 1))
+    else:
+        assert seen == [RECORDS], seen

@@ -37,9 +37,7 @@ CHAT = [
 ]
 
 
-_MARKER = (
-    r'(?:<conversation-data id="[a-p]{6,64}">\n|\n</conversation-data id="[a-p]{6,64}">)'
-)
+_MARKER = r'(?:<conversation-data id="[a-p]{6,64}">\n|\n</conversation-data id="[a-p]{6,64}">)'
 _OPENING = re.compile(r'<conversation-data id="([a-p]{6,64})">\n')
 _CLOSING = re.compile(r'\n</conversation-data id="([a-p]{6,64})">')
 
