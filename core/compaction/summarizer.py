@@ -39,12 +39,12 @@ from core.domain.specifics import (
 )
 from core.domain.tokens import DEFAULT_COUNTER, TokenCounter
 from core.ports.model import (
+    ModelEmptyResponse,
     ModelError,
     ModelProvider,
     ModelRateLimitError,
     ModelRequest,
     ModelResponse,
-    ModelResponseError,
     ModelTimeoutError,
 )
 from core.provider_guard import ProviderGuard
@@ -223,6 +223,9 @@ class Summarizer:
                 response = await self._call_model(request)
             else:
                 response = await guard.call(lambda: self._call_model(request), tenant=calls.tenant)
+        except ModelEmptyResponse as empty:
+            # An answer all the same, billed: an empty summary, which the gate refuses.
+            response = ModelResponse(text="", usage=empty.usage)
         except ModelError:
             if calls.answers_at_first_failure is None and guard is not None:
                 calls.answers_at_first_failure = guard.successes
@@ -239,12 +242,9 @@ class Summarizer:
             await self._calibration.measured(request, usage)
         if response.stop_reason in CUT_AT_MAX_TOKENS:
             calls.cut_off += 1
-        text = response.text.strip()
-        if not text:
-            raise ModelResponseError(
-                "the model returned an empty summary", provider=self._model.name
-            )
-        return text
+        # Empty or not, the gate judges it (``core.domain.gate``: ``empty_summary``),
+        # and a refused compaction falls back to the extractive summariser.
+        return response.text.strip()
 
     async def _call_model(self, request: ModelRequest) -> ModelResponse:
         try:

@@ -126,3 +126,17 @@ class ModelResponseError(ModelError):
     """The provider answered this request, but not with something we can use (no
     text, a 4xx that is not auth or rate limiting): the request's own trouble. A
     body that is no response at all is ``ModelUnreadableError``."""
+
+
+class ModelEmptyResponse(ModelResponseError):
+    """The provider finished its answer with no text. To the summariser that is an
+    empty summary, which the gate refuses and the conversation falls back to the
+    extractive summariser, rather than asking the LLM again (one session's
+    compactions came back empty 47 % of the time: openclaw #120663). ``usage``:
+    what the call was billed, as the response said."""
+
+    def __init__(
+        self, message: str, *, provider: str | None = None, usage: ModelUsage | None = None
+    ) -> None:
+        super().__init__(message, provider=provider)
+        self.usage = usage or ModelUsage()

@@ -69,3 +69,58 @@ async def test_an_echo_is_refused_the_fallback_applies_and_a_pin_survives(stack:
     )
     assert pinned is not None and pinned["pinned"] and pinned["content"] == first["content"]
     assert json.loads(json.dumps(first))["pinned"] is True
+
+
+async def test_an_empty_summary_is_refused_and_nothing_of_it_is_written(stack: Stack) -> None:
+    """A provider that answers nothing (openclaw #120663: 47 % of one session's
+    compactions): refused, recorded, and the extractive summary applies instead."""
+    stack.llm.enqueue(Reply(text=""), path=OPENAI_CHAT_PATH)
+    worker = stack.worker("w1")
+    await worker.wait_ready(stack.names.messages)
+    conv = Conversation("conv-empty", "basalt")
+    await stack.send_all(conv.until_over(0))
+
+    async def compacted() -> None:
+        assert len(stack.clip_events()) >= 1
+
+    await eventually(compacted, timeout=60, what="the fallback's compaction")
+    (applied,) = stack.clip_events().values()
+    row = await stack.db.fetchrow(
+        "SELECT reason, summarizer FROM compaction_rejections WHERE compaction_id = $1",
+        applied.compaction_id,
+    )
+    assert row is not None and tuple(row) == ("empty_summary", "openai")
+    assert applied.usage is not None and applied.usage.summarizer == "extractive"
+    assert await stack.db.fetchval("SELECT count(*) FROM compactions") == 1
+    contents = [r["content"] for r in await stack.db.fetch("SELECT content FROM archival_memory")]
+    assert contents and all(c.strip() for c in contents)
+
+
+SPECIFICS = ("INV-20931", "$4,210.55", "https://billing.example.com/inv/20931")
+
+
+async def test_a_summary_that_drops_a_specific_leaves_it_in_the_ledger(stack: Stack) -> None:
+    """A summary that says none of its turns' specifics is applied only because
+    the ledger keeps each of them under its source message (what the gate checks:
+    in the summary or in the ledger); the clip-archive the platform reads shows them."""
+    stack.llm.enqueue(Reply(text="They went over the basalt notes."), path=OPENAI_CHAT_PATH)
+    worker = stack.worker("w1")
+    await worker.wait_ready(stack.names.messages)
+    conv = Conversation("conv-specific", "basalt")
+    first = conv.message(
+        content=f"Invoice {SPECIFICS[0]} for {SPECIFICS[1]} is due; see {SPECIFICS[2]} for it."
+    )
+    await stack.send_all([first, *conv.until_over(0)])
+
+    async def compacted() -> None:
+        assert len(stack.clip_events()) >= 1
+
+    await eventually(compacted, timeout=60, what="a compaction")
+    (applied,) = stack.clip_events().values()
+    assert applied.usage is not None and applied.usage.summarizer == "openai"
+    assert first["message_id"] in applied.compressed_message_ids
+    assert applied.clip_archive is not None
+    text = applied.clip_archive.content
+    assert "They went over the basalt notes." in text
+    assert all(specific in text for specific in SPECIFICS), text
+    assert await stack.db.fetchval("SELECT count(*) FROM compaction_rejections") == 0

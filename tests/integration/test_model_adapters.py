@@ -36,6 +36,7 @@ from core.adapters.llm.openai_compat import OpenAICompatProvider
 from core.ports.embedding import Embedder, EmbeddingError
 from core.ports.model import (
     ModelAuthError,
+    ModelEmptyResponse,
     ModelError,
     ModelMessage,
     ModelProvider,
@@ -565,14 +566,18 @@ async def test_a_response_with_nothing_in_it_is_the_requests(
     assert not error.retryable
 
 
-async def test_reply_without_text_is_a_response_error(
+async def test_reply_without_text_is_an_empty_response_with_its_usage(
     server: LLMTestServer, any_provider: tuple[Any, str]
 ) -> None:
+    """Its own kind, with what it was billed: the summariser hands the gate an
+    empty summary (refused, and the extractive summariser takes over)."""
     provider, _ = any_provider
-    server.enqueue(Reply(text=""))
+    server.enqueue(Reply(text="", input_tokens=321))
 
-    with pytest.raises(ModelResponseError, match="no text"):
+    with pytest.raises(ModelEmptyResponse, match="no text") as raised:
         await provider.complete(request_of(msg("user", "hi")))
+    assert isinstance(raised.value, ModelResponseError)
+    assert raised.value.usage.input_tokens == 321
 
 
 async def test_wrong_key_is_an_auth_error(

@@ -24,10 +24,10 @@ from anthropic.types import (
 from core.adapters.llm.errors import ErrorMap, ErrorRule, SdkErrors
 from core.ports.model import (
     ModelAuthError,
+    ModelEmptyResponse,
     ModelMessage,
     ModelRequest,
     ModelResponse,
-    ModelResponseError,
     ModelUnreadableError,
     ModelUsage,
 )
@@ -234,21 +234,22 @@ def parse_message(result: object) -> ModelResponse:
         and isinstance(text := getattr(block, "text", None), str)
     ]
     text = "".join(texts)
-    if not text:
-        stop = getattr(result, "stop_reason", None)
-        raise ModelResponseError(f"response has no text (stop_reason={stop})", provider=PROVIDER)
-
     usage = getattr(result, "usage", None)
-    model = getattr(result, "model", None)
+    billed = ModelUsage(
+        input_tokens=_as_int(getattr(usage, "input_tokens", 0)),
+        output_tokens=_as_int(getattr(usage, "output_tokens", 0)),
+        cache_read_tokens=_as_int(getattr(usage, "cache_read_input_tokens", 0)),
+        cache_write_tokens=_as_int(getattr(usage, "cache_creation_input_tokens", 0)),
+    )
     stop_reason = getattr(result, "stop_reason", None)
+    if not text:
+        raise ModelEmptyResponse(
+            f"response has no text (stop_reason={stop_reason})", provider=PROVIDER, usage=billed
+        )
+    model = getattr(result, "model", None)
     return ModelResponse(
         text=text,
-        usage=ModelUsage(
-            input_tokens=_as_int(getattr(usage, "input_tokens", 0)),
-            output_tokens=_as_int(getattr(usage, "output_tokens", 0)),
-            cache_read_tokens=_as_int(getattr(usage, "cache_read_input_tokens", 0)),
-            cache_write_tokens=_as_int(getattr(usage, "cache_creation_input_tokens", 0)),
-        ),
+        usage=billed,
         model=model if isinstance(model, str) else None,
         stop_reason=stop_reason if isinstance(stop_reason, str) else None,
     )

@@ -18,6 +18,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from core.adapters.llm.errors import ErrorMap, ErrorRule, SdkErrors
 from core.ports.model import (
     ModelAuthError,
+    ModelEmptyResponse,
     ModelRequest,
     ModelResponse,
     ModelResponseError,
@@ -139,20 +140,20 @@ def parse_completion(result: object) -> ModelResponse:
     choice = choices[0]
     finish_reason = getattr(choice, "finish_reason", None)
     content = getattr(getattr(choice, "message", None), "content", None)
-    if not isinstance(content, str) or not content:
-        raise ModelResponseError(
-            f"response has no text (finish_reason={finish_reason})", provider=PROVIDER
-        )
-
     usage = getattr(result, "usage", None)
+    billed = ModelUsage(
+        input_tokens=_uncached_prompt_tokens(usage),
+        output_tokens=_as_int(getattr(usage, "completion_tokens", 0)),
+        cache_read_tokens=_cached_prompt_tokens(usage),
+    )
+    if not isinstance(content, str) or not content:
+        raise ModelEmptyResponse(
+            f"response has no text (finish_reason={finish_reason})", provider=PROVIDER, usage=billed
+        )
     model = getattr(result, "model", None)
     return ModelResponse(
         text=content,
-        usage=ModelUsage(
-            input_tokens=_uncached_prompt_tokens(usage),
-            output_tokens=_as_int(getattr(usage, "completion_tokens", 0)),
-            cache_read_tokens=_cached_prompt_tokens(usage),
-        ),
+        usage=billed,
         model=model if isinstance(model, str) else None,
         stop_reason=finish_reason if isinstance(finish_reason, str) else None,
     )
