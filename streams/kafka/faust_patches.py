@@ -27,6 +27,7 @@ from typing import Any
 
 from faust.transport.consumer import ThreadDelegateConsumer
 
+from streams.kafka.gap_reread import reread_gaps
 from streams.kafka.producers import DURABLE_SENDS
 from streams.kafka.seeking import seek_uncommitted_partitions_to_start
 
@@ -223,43 +224,6 @@ def deliver_without_tasks() -> bool:
     return True
 
 
-def logged_gaps() -> bool:
-    """Say so whenever Faust takes offsets it never delivered as processed.
-
-    Faust's fetch loop records a *gap* when a fetched record's offset is more
-    than one past the partition's read offset (transaction markers, compacted
-    records), and commits over a gap as if its offsets were acked. A read offset
-    moved back by a seek while records fetched before it are still being handed
-    over would make a gap of offsets that do exist and were never stored: their
-    commit would lose them. This logs every gap of a partition the worker acks,
-    so a chaos run can tell whether one ever covered a message: at WARNING when
-    it spans more than one offset, at DEBUG for one (a transaction's commit
-    marker, one per transaction of a transactional producer). Upstream issue:
-    none known.
-    """
-    from faust.transport.consumer import Consumer
-
-    original = Consumer._add_gap
-    if getattr(original, _MARK, False):
-        return True
-
-    async def _add_gap(self: Any, tp: Any, offset_from: int, offset_to: int) -> None:
-        log.log(
-            logging.WARNING if offset_to - offset_from > 1 else logging.DEBUG,
-            "offsets %d..%d of %s:%d were never fetched: Faust commits over them as a gap",
-            offset_from,
-            offset_to - 1,
-            tp.topic,
-            tp.partition,
-            extra={"partition": tp.partition},
-        )
-        await original(self, tp, offset_from, offset_to)
-
-    setattr(_add_gap, _MARK, True)
-    Consumer._add_gap = _add_gap  # type: ignore[method-assign]
-    return True
-
-
 def no_commit_past_an_unacked_head() -> bool:
     """Never commit past a record that was delivered and is not acked yet.
 
@@ -356,10 +320,10 @@ def bulk_topics_last(bulk: Iterable[str]) -> bool:
 
 
 def apply() -> None:
-    logged_gaps()
     snapshot_active_partitions()
     shorter_prefetch_backoff()
     durable_producer()
     deliver_without_tasks()
     no_commit_past_an_unacked_head()
     seek_uncommitted_partitions_to_start()
+    reread_gaps()  # wraps _new_offset again: applied last

@@ -6,10 +6,11 @@ Every scenario ends with ``check_invariants`` polled until all hold:
     every produced message id is live in ``messages`` or in some
     ``archival_memory.source_message_ids``;
 ``duplicated``
-    no id both live and archived, none archived by two depth-0 batches (a
-    depth-n batch names the messages of the batches it folded, so only depth 0
-    is exclusive), and no live message row that nobody produced (a malformed
-    record stored after all);
+    no id both live and in a live batch, none in two live batches (a batch a
+    fold, a recompact or a restore replaced is superseded: a depth-n batch
+    names the messages of the batches it folded, a recompact's batches those
+    of the batches they re-summarised), and no live message row that nobody
+    produced (a malformed record stored after all);
 ``split_tool_pairs``
     no tool call live while its result is archived, or the reverse (pairs as
     ``core.domain.split`` defines them);
@@ -146,13 +147,16 @@ class _Snapshot:
     tallies: dict[str, tuple[int, int]]  # conversation -> (sum token_estimate, count)
     compactions: Counter[str]  # conversation -> committed compactions
     archived_any: set[str]
-    archived_depth0: dict[str, list[str]]  # message id -> depth-0 batch ids
+    # message id -> the live batches (not superseded) that name it
+    archived_live: dict[str, list[str]]
 
 
 async def _snapshot(db: asyncpg.Pool) -> _Snapshot:
     async with db.acquire() as conn, conn.transaction(isolation="repeatable_read"):
         rows = await conn.fetch("SELECT id, conversation_id, kind, token_estimate FROM messages")
-        batches = await conn.fetch("SELECT id, depth, source_message_ids FROM archival_memory")
+        batches = await conn.fetch(
+            "SELECT id, source_message_ids, superseded_by IS NULL AS live FROM archival_memory"
+        )
         compactions = await conn.fetch("SELECT conversation_id FROM compactions")
     live = {r["id"]: r for r in rows}
     tallies: dict[str, tuple[int, int]] = {}
@@ -160,18 +164,18 @@ async def _snapshot(db: asyncpg.Pool) -> _Snapshot:
         total, count = tallies.get(r["conversation_id"], (0, 0))
         tallies[r["conversation_id"]] = (total + int(r["token_estimate"]), count + 1)
     archived_any: set[str] = set()
-    depth0: dict[str, list[str]] = defaultdict(list)
+    in_live: dict[str, list[str]] = defaultdict(list)
     for b in batches:
         archived_any.update(b["source_message_ids"])
-        if b["depth"] == 0:
+        if b["live"]:
             for message_id in b["source_message_ids"]:
-                depth0[message_id].append(b["id"])
+                in_live[message_id].append(b["id"])
     return _Snapshot(
         live=live,
         tallies=tallies,
         compactions=Counter(r["conversation_id"] for r in compactions),
         archived_any=archived_any,
-        archived_depth0=dict(depth0),
+        archived_live=dict(in_live),
     )
 
 
@@ -210,11 +214,11 @@ def _check_duplicated(ctx: InvariantContext, snap: _Snapshot, report: InvariantR
     for message_id, row in snap.live.items():
         if row["kind"] != "message":
             continue
-        if message_id in snap.archived_any:
+        if message_id in snap.archived_live:
             report.add(
                 "duplicated",
                 f"{message_id} ({row['conversation_id']}) is live and archived "
-                f"(depth-0 batches {snap.archived_depth0.get(message_id, [])})",
+                f"(live batches {snap.archived_live[message_id]})",
             )
         if message_id not in ctx.produced:
             report.add(
@@ -222,7 +226,7 @@ def _check_duplicated(ctx: InvariantContext, snap: _Snapshot, report: InvariantR
                 f"live row {message_id!r} ({row['conversation_id']!r}) was never produced as a "
                 "valid message (a malformed record stored?)",
             )
-    for message_id, batch_ids in snap.archived_depth0.items():
+    for message_id, batch_ids in snap.archived_live.items():
         if len(batch_ids) > 1:
             report.add(
                 "duplicated", f"{message_id} archived by {len(batch_ids)} batches {batch_ids}"

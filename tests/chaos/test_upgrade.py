@@ -15,8 +15,11 @@ docs/operations.md ("Upgrading") tells an operator:
 
 The producer keeps sending throughout. Invariants as every chaos scenario
 (0 lost, 0 duplicated, budgets met, tallies equal PostgreSQL), plus: both
-releases compacted (old rows have no summariser, new ones do) and the BM25
-figures that 0011's triggers keep for the old workers' turns equal a rebuild.
+releases compacted (old rows have no summariser, new ones do), the BM25
+figures that 0011's triggers keep for the old workers' turns equal a rebuild,
+and, with one worker of each release in the group: reads forwarded both ways,
+an erase, and a recompact and a restore by each release of compactions the
+previous release made (``tests/chaos/upgrade_redo.py``).
 
 A missing commit (a shallow clone) fails the test with what to do; it never
 skips: an upgrade that was not tried is not known to work.
@@ -37,17 +40,21 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from aiokafka.partitioner import DefaultPartitioner
 
 from core.adapters.postgres.migrate import load_migrations, migrate
 from streams.events import EraseRequest
 from tests.chaos.harness import (
-    PARTITIONS,
     SCALE,
     ChaosStack,
     ChaosWorker,
     MakeStack,
     wait_until,
+)
+from tests.chaos.upgrade_redo import (
+    compact_with_the_previous_release,
+    knows_redo,
+    partition_of,
+    redo_across_releases,
 )
 from tests.chaos.workload import build_conversations, interleave
 from tests.support.chaos_llm import ChaosLLMServer
@@ -175,6 +182,7 @@ async def test_rolling_upgrade_from_the_previous_release_during_replay(
         )
         stack.add_conversations(conversations)
         erased = await store_with_the_previous_release(stack)
+        redo = await compact_with_the_previous_release(stack)
         events = interleave([c.events for c in conversations], seed=42)
         # The last seventh is held back until the restarted old worker is in the
         # group, so it has traffic to read (however slow the machine made the steps).
@@ -205,6 +213,12 @@ async def test_rolling_upgrade_from_the_previous_release_during_replay(
         crossed = await reads_across_releases(stack, old[1], new1)
         stack.notes["forwarded_reads"] = crossed
         stack.notes["erased_by"] = await erase_across_releases(stack, erased, old[1], new1)
+        stack.notes["redone"] = await redo_across_releases(
+            stack,
+            redo,
+            {"previous": old[1], "this": new1},
+            {"this", "previous"} if knows_redo(old_code) else {"this"},
+        )
         await produced_at_least(stack, replay, 3 * step)
         old[1].expected_alive = False
         old[1].sigkill()
@@ -333,12 +347,6 @@ async def replace(stack: ChaosStack, old: ChaosWorker, name: str) -> ChaosWorker
     stack.faults["replaced"] += 1
     await stack.wait_for_group(timeout=120)
     return new
-
-
-def partition_of(conversation_id: str) -> int:
-    """The messages partition of a conversation (keyed by its id, murmur2)."""
-    every = list(range(PARTITIONS))
-    return int(DefaultPartitioner()(conversation_id.encode(), every, every))
 
 
 async def reads_across_releases(

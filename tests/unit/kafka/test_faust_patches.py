@@ -146,31 +146,6 @@ async def test_a_delivery_that_waits_completes_through_the_rest_of_it() -> None:
     assert results.results == ["queued"]
 
 
-async def test_a_gap_faust_commits_over_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    """A gap is offsets Faust will commit without any stream having acked them:
-    a chaos run must be able to see whether one ever covered a message."""
-    assert faust_patches.logged_gaps()
-    assert faust_patches.logged_gaps()  # applying twice is a no-op
-    added: list[tuple[int, int]] = []
-
-    async def original(self: Any, tp: TP, offset_from: int, offset_to: int) -> None:
-        added.append((offset_from, offset_to))
-
-    patched = Consumer._add_gap
-    try:
-        Consumer._add_gap = original  # type: ignore[method-assign]
-        faust_patches.logged_gaps()
-        with caplog.at_level("WARNING", logger="compactor.worker"):
-            await Consumer._add_gap(SimpleNamespace(), TP("msgs", 3), 41, 45)  # type: ignore[arg-type]
-            # one offset (a transaction's commit marker): not a warning per transaction
-            await Consumer._add_gap(SimpleNamespace(), TP("msgs", 3), 50, 51)  # type: ignore[arg-type]
-    finally:
-        Consumer._add_gap = patched  # type: ignore[method-assign]
-    assert added == [(41, 45), (50, 51)]  # Faust's own bookkeeping unchanged
-    assert "offsets 50..50" not in caplog.text
-    assert "offsets 41..44 of msgs:3 were never fetched" in caplog.text
-
-
 def _consumer_state(
     committed: int | None, acked: list[int], delivered: tuple[int, ...] = ()
 ) -> Any:

@@ -1,0 +1,95 @@
+"""A gap of records is read again before Faust commits over it, on a real broker
+with a real Faust app.
+
+Why: Faust commits over offsets its fetch loop never delivered (a *gap*) as if
+acked. Some are no records (transaction markers), but records fetched and then
+dropped upstream look the same: the upgrade chaos test lost ``messages:0@95``
+so (issue 29). Here a fetched batch loses four records on its way to the fetch
+loop, as an upstream drop would; ``streams.kafka.gap_reread`` makes them reach
+the agent, and Faust as released never delivers them and commits past them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import faust
+import pytest
+from faust.transport.consumer import Consumer
+
+from streams.kafka import gap_reread
+from tests.integration.test_fetch_buffer import create, send
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+RECORDS = 10
+DROPPED = range(2, 6)  # offsets 2..5: a gap of four records
+
+
+@pytest.mark.parametrize("patched", [True, False], ids=["patched", "faust-as-released"])
+async def test_records_dropped_before_the_fetch_loop_are_read_again(
+    kafka_bootstrap: str, patched: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert gap_reread.reread_gaps()
+    assert gap_reread.reread_gaps()  # applying twice is a no-op
+    if not patched:
+        for name in ("_add_gap", "_new_offset", "getmany", "perform_seek"):
+            released = getattr(Consumer, name).__wrapped__
+            monkeypatch.setattr(Consumer, name, released)
+    name = f"gap-{uuid.uuid4().hex[:8]}"
+    await create(kafka_bootstrap, name)
+    await send(kafka_bootstrap, name, RECORDS)
+    app = faust.App(
+        name,
+        broker=f"kafka://{kafka_bootstrap}",
+        value_serializer="raw",
+        web_enabled=False,
+        consumer_auto_offset_reset="earliest",
+        topic_partitions=1,
+        broker_commit_interval=0.2,
+    )
+    seen: list[int] = []
+    arrived = asyncio.Event()
+
+    @app.agent(app.topic(name, value_type=bytes))
+    async def agent(stream: Any) -> None:
+        async for event in stream.events():
+            seen.append(event.message.offset)
+            arrived.set()
+
+    await app.start()
+    try:
+        consumer = app.consumer
+        wait_next_records = consumer._wait_next_records
+        dropped: list[int] = []
+
+        async def lose_four_records_once(timeout: float) -> Any:
+            records, active = await wait_next_records(timeout)
+            for tp, batch in (records or {}).items():
+                if not dropped and any(r.offset in DROPPED for r in batch):
+                    dropped.extend(r.offset for r in batch if r.offset in DROPPED)
+                    records[tp] = [r for r in batch if r.offset not in DROPPED]
+            return records, active
+
+        consumer._wait_next_records = lose_four_records_once
+        async with asyncio.timeout(60):
+            while RECORDS - 1 not in seen:
+                arrived.clear()
+                await arrived.wait()
+            await send(kafka_bootstrap, name, 1)  # offset 10: whatever comes before it came
+            while RECORDS not in seen:
+                arrived.clear()
+                await arrived.wait()
+            (tp,) = (tp for tp in consumer.assignment() if tp.topic == name)
+            while (consumer._committed_offset.get(tp) or 0) < RECORDS + 1:
+                await consumer.commit()  # everything delivered is acked: the commit catches up
+                await asyncio.sleep(0.05)
+    finally:
+        await app.stop()
+    assert dropped == list(DROPPED)
+    if patched:
+        assert sorted(set(seen)) == list(range(RECORDS + 1))
+    else:
+        assert not set(DROPPED) & set(seen), seen  # never delivered, and committed past

@@ -1,0 +1,67 @@
+"""When a gap is read again and when Faust may commit over it
+(``streams.kafka.gap_reread``; the whole path on a real broker is
+tests/integration/test_gap_reread.py)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from faust.types import TP
+
+from streams.kafka import gap_reread
+from streams.kafka.gap_reread import _on_gap, _pending
+
+pytestmark = pytest.mark.unit
+
+TP0 = TP("messages", 0)
+
+
+def consumer() -> Any:
+    return SimpleNamespace(_read_offset=defaultdict(lambda: None))
+
+
+def test_a_gap_of_records_is_held_until_read_again_past_its_end() -> None:
+    c = consumer()
+    assert not _on_gap(c, TP0, 94, 96)  # 94 and 95 never delivered: not recorded
+    reread = _pending(c, TP0)
+    assert reread is not None and (reread.start, reread.end) == (94, 96)
+    c._read_offset[TP0] = 96  # the record after the gap, delivered before the seek
+    assert _pending(c, TP0) is reread  # not sought yet: still pending
+    reread.sought = True
+    c._read_offset[TP0] = 94  # the seek moved it back
+    assert _pending(c, TP0) is reread
+    c._read_offset[TP0] = 96  # read again past the gap's end
+    assert _pending(c, TP0) is None
+
+
+def test_one_offset_is_a_transaction_marker_and_faust_commits_over_it() -> None:
+    c = consumer()
+    assert _on_gap(c, TP0, 50, 51)
+    assert _pending(c, TP0) is None
+
+
+def test_a_gap_seen_again_on_the_second_read_is_real() -> None:
+    c = consumer()
+    assert not _on_gap(c, TP0, 10, 20)
+    reread = _pending(c, TP0)
+    assert reread is not None
+    reread.sought = True
+    assert _on_gap(c, TP0, 11, 20)  # from the start again: no records there
+    assert not _on_gap(c, TP0, 30, 40)  # a new gap past it widens the re-read
+    assert (reread.start, reread.end, reread.sought) == (10, 40, False)
+
+
+def test_a_reread_that_never_ends_gives_way_after_a_while(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = consumer()
+    now = [1000.0]
+    monkeypatch.setattr(gap_reread.time, "monotonic", lambda: now[0])
+    assert not _on_gap(c, TP0, 10, 20)
+    now[0] += gap_reread.GIVE_UP_SECONDS + 1
+    with caplog.at_level("WARNING", logger="compactor.worker"):
+        assert _pending(c, TP0) is None
+    assert "offsets 10..19 of messages:0 were not delivered again" in caplog.text
