@@ -16,6 +16,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from faust.types import TP
 
 from core.domain.tenancy import conversation_id_of
+from streams.kafka.gap_reread import expect_heads
 from streams.kafka.seeking import seek_to_reread
 from streams.kafka.watchdog import Watchdog
 from streams.metrics import Metrics
@@ -92,7 +93,9 @@ class Rebalance:
             if not uncommitted:
                 return
             earliest = await consumer.earliest_offsets(*uncommitted)
-            await seek_to_reread(consumer, {tp: earliest.get(tp) or 0 for tp in uncommitted})
+            heads = {tp: earliest.get(tp) or 0 for tp in uncommitted}
+            await seek_to_reread(consumer, heads)
+            expect_heads(consumer, heads)  # the first commit of each must start there
         except Exception:  # a rebalance is not the moment to crash the worker
             log.exception("could not rewind partitions without a committed offset")
             return

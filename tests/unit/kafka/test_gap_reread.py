@@ -65,3 +65,29 @@ def test_a_reread_that_never_ends_gives_way_after_a_while(
     with caplog.at_level("WARNING", logger="compactor.worker"):
         assert _pending(c, TP0) is None
     assert "offsets 10..19 of messages:0 were not delivered again" in caplog.text
+
+
+def _fresh(acked: list[int], committed: int | None = None) -> Any:
+    c = consumer()
+    c._acked = defaultdict(list, {TP0: acked})
+    c._committed_offset = defaultdict(lambda: None, {TP0: committed})
+    gap_reread.expect_heads(c, {TP0: 0})
+    return c
+
+
+def test_a_never_committed_partition_whose_head_was_not_delivered_is_read_again_once() -> None:
+    c = _fresh([8, 9, 10])
+    assert gap_reread._head_missing(c, TP0)  # 0..7 never delivered: held
+    reread = _pending(c, TP0)
+    assert reread is not None and (reread.start, reread.end) == (0, 8)
+    assert not gap_reread._head_missing(c, TP0)  # once: the re-read decides
+
+
+def test_a_head_that_was_delivered_or_a_committed_partition_commits_as_usual() -> None:
+    assert not gap_reread._head_missing(_fresh([0, 1, 2]), TP0)
+    assert not gap_reread._head_missing(_fresh([8, 9], committed=8), TP0)
+    assert not gap_reread._head_missing(_fresh([]), TP0)
+    c = consumer()
+    c._acked = defaultdict(list, {TP0: [5]})
+    c._committed_offset = defaultdict(lambda: None)
+    assert not gap_reread._head_missing(c, TP0)  # no head expected: Faust's way
