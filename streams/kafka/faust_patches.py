@@ -319,6 +319,42 @@ def bulk_topics_last(bulk: Iterable[str]) -> bool:
     return True
 
 
+def route_after_metadata_loss() -> bool:
+    """Answer 503 and fetch the topic's metadata when the producer lost it, not 500.
+
+    A read is routed to its conversation's owner by hashing the key with the
+    producer's metadata (``Producer.key_partition``). The producer never sends
+    to the messages topic, and a metadata refresh (after a broker is killed)
+    asks only for the topics it sends to: from then on
+    ``partitions_for_topic`` was ``None`` and every routed read failed with a
+    ``TypeError`` (500) until the next full refresh, minutes later (a leader-kill
+    chaos run: 18 conversations unreadable 120 s after the fault). The topic is
+    now added to the producer's client (its metadata comes with the next
+    refresh, which this requests) and the read answered 503, retried.
+    Upstream issue: none known.
+    """
+    from faust.transport.drivers.aiokafka import Producer
+    from faust.web.exceptions import ServiceUnavailable
+
+    original = Producer.key_partition
+    if getattr(original, _MARK, False):
+        return True
+
+    def key_partition(self: Any, topic: str, key: bytes) -> Any:
+        producer = self._ensure_producer()
+        if producer._metadata.partitions_for_topic(topic) is None:
+            client = producer.client
+            if topic in client._topics:
+                client.force_metadata_update()
+            client.add_topic(topic)  # kept in every refresh from now on
+            raise ServiceUnavailable(f"no metadata for topic {topic} yet: retry")
+        return original(self, topic, key)
+
+    setattr(key_partition, _MARK, True)
+    Producer.key_partition = key_partition  # type: ignore[method-assign]
+    return True
+
+
 def apply() -> None:
     snapshot_active_partitions()
     shorter_prefetch_backoff()
@@ -327,3 +363,4 @@ def apply() -> None:
     no_commit_past_an_unacked_head()
     seek_uncommitted_partitions_to_start()
     reread_gaps()  # wraps _new_offset again: applied last
+    route_after_metadata_loss()

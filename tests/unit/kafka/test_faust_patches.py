@@ -219,3 +219,41 @@ def test_a_stale_unacked_record_below_the_committed_offset_does_not_stall_commit
     assert faust_patches.no_commit_past_an_unacked_head()
     state, tp = _consumer_state(64, [64, 65], delivered=(30,))
     assert Consumer._new_offset(state, tp) == 66
+
+
+def test_a_read_routed_without_the_topics_metadata_is_a_503_that_fetches_it() -> None:
+    """After a broker kill the producer's metadata lost the messages topic (it
+    never sends there): every routed read was a 500 for minutes."""
+    from faust.transport.drivers.aiokafka import Producer
+    from faust.web.exceptions import ServiceUnavailable
+
+    assert faust_patches.route_after_metadata_loss()
+    assert faust_patches.route_after_metadata_loss()  # applying twice is a no-op
+    known: dict[str, set[int]] = {}
+    asked: list[str] = []
+
+    class Client:
+        def __init__(self) -> None:
+            self._topics: set[str] = set()
+
+        def add_topic(self, topic: str) -> None:
+            asked.append(f"add {topic}")
+            self._topics.add(topic)
+
+        def force_metadata_update(self) -> None:
+            asked.append("refresh")
+
+    client = Client()
+    aio = SimpleNamespace(
+        _metadata=SimpleNamespace(partitions_for_topic=known.get),
+        client=client,
+        _partition=lambda topic, **_: 2,
+    )
+    producer = SimpleNamespace(_ensure_producer=lambda: aio)
+    with pytest.raises(ServiceUnavailable):
+        Producer.key_partition(producer, "messages", b"k")  # type: ignore[arg-type]
+    with pytest.raises(ServiceUnavailable):
+        Producer.key_partition(producer, "messages", b"k")  # type: ignore[arg-type]
+    assert asked == ["add messages", "refresh", "add messages"]
+    known["messages"] = {0, 1, 2}
+    assert Producer.key_partition(producer, "messages", b"k") == TP("messages", 2)  # type: ignore[arg-type]
