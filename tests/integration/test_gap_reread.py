@@ -15,13 +15,13 @@ import asyncio
 import uuid
 from typing import Any
 
-import faust
 import pytest
 from faust.transport.consumer import Consumer
 from faust.types import TP
 
 from streams.kafka import gap_reread
-from tests.integration.test_fetch_buffer import create, send
+from tests.integration.test_fetch_buffer import send
+from tests.integration.test_seek_to_committed import recording_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -45,26 +45,9 @@ async def test_records_dropped_before_the_fetch_loop_are_read_again(
             released = getattr(Consumer, name).__wrapped__
             monkeypatch.setattr(Consumer, name, released)
     name = f"gap-{uuid.uuid4().hex[:8]}"
-    await create(kafka_bootstrap, name)
-    await send(kafka_bootstrap, name, RECORDS)
-    app = faust.App(
-        name,
-        broker=f"kafka://{kafka_bootstrap}",
-        value_serializer="raw",
-        web_enabled=False,
-        consumer_auto_offset_reset="earliest",
-        topic_partitions=1,
-        broker_commit_interval=0.2,
+    app, seen, arrived = await recording_app(
+        kafka_bootstrap, name, RECORDS, broker_commit_interval=0.2
     )
-    seen: list[int] = []
-    arrived = asyncio.Event()
-
-    @app.agent(app.topic(name, value_type=bytes))
-    async def agent(stream: Any) -> None:
-        async for event in stream.events():
-            seen.append(event.message.offset)
-            arrived.set()
-
     await app.start()
     try:
         consumer = app.consumer

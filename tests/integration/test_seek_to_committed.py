@@ -120,25 +120,7 @@ async def test_records_a_stopped_flow_dropped_are_read_again(
         original = AIOKafkaConsumerThread.seek_to_committed.__wrapped__  # type: ignore[attr-defined]
         monkeypatch.setattr(AIOKafkaConsumerThread, "seek_to_committed", original)
     name = f"flow-{uuid.uuid4().hex[:8]}"
-    await create(kafka_bootstrap, name)
-    await send(kafka_bootstrap, name, RECORDS)
-    app = faust.App(
-        name,
-        broker=f"kafka://{kafka_bootstrap}",
-        value_serializer="raw",
-        web_enabled=False,
-        consumer_auto_offset_reset="earliest",
-        topic_partitions=1,
-    )
-    seen: list[int] = []
-    arrived = asyncio.Event()
-
-    @app.agent(app.topic(name, value_type=bytes))
-    async def agent(stream: Any) -> None:
-        async for event in stream.events():
-            seen.append(event.message.offset)
-            arrived.set()
-
+    app, seen, arrived = await recording_app(kafka_bootstrap, name, RECORDS)
     dropped = asyncio.Event()
     await app.start()
     try:
@@ -166,3 +148,31 @@ async def test_records_a_stopped_flow_dropped_are_read_again(
         assert sorted(set(seen)) == list(range(RECORDS + 1))
     else:
         assert seen == [RECORDS], seen
+
+
+async def recording_app(
+    bootstrap: str, name: str, records: int, **settings: Any
+) -> tuple[faust.App, list[int], asyncio.Event]:
+    """A topic ``name`` of ``records`` records and a Faust app (not started) whose
+    agent notes each offset it is handed: (app, offsets seen, set on each)."""
+    await create(bootstrap, name)
+    await send(bootstrap, name, records)
+    app = faust.App(
+        name,
+        broker=f"kafka://{bootstrap}",
+        value_serializer="raw",
+        web_enabled=False,
+        consumer_auto_offset_reset="earliest",
+        topic_partitions=1,
+        **settings,
+    )
+    seen: list[int] = []
+    arrived = asyncio.Event()
+
+    @app.agent(app.topic(name, value_type=bytes))
+    async def agent(stream: Any) -> None:
+        async for event in stream.events():
+            seen.append(event.message.offset)
+            arrived.set()
+
+    return app, seen, arrived
