@@ -27,7 +27,7 @@ from typing import Any
 
 from faust.transport.consumer import ThreadDelegateConsumer
 
-from streams.kafka.gap_reread import reread_gaps
+from streams.kafka.gap_reread import delivered_unacked_below, reread_gaps
 from streams.kafka.producers import DURABLE_SENDS
 from streams.kafka.seeking import seek_uncommitted_partitions_to_start
 
@@ -255,7 +255,7 @@ def no_commit_past_an_unacked_head() -> bool:
         if acked:
             # offsets Faust saw skipped (``_gap``) count as acked, as it counts them
             head = min([min(acked), *(interval.begin for interval in self._gap[tp])])
-            if _delivered_unacked_below(self, tp, committed, head):
+            if delivered_unacked_below(self, tp, committed, head):
                 return None  # a record the commit would pass is still being processed
         result: int | None = original(self, tp)
         return result
@@ -263,17 +263,6 @@ def no_commit_past_an_unacked_head() -> bool:
     setattr(_new_offset, _MARK, True)
     Consumer._new_offset = _new_offset  # type: ignore[method-assign]
     return True
-
-
-def _delivered_unacked_below(consumer: Any, tp: Any, committed: int | None, head: int) -> bool:
-    """Is a record of ``tp`` from ``committed`` (if any) up to ``head``, excluded,
-    delivered and not acked yet? Records below ``committed`` are left out: Faust
-    never acks them (``ack`` ignores offsets under the committed one)."""
-    floor = -1 if committed is None else committed
-    return any(
-        message.tp == tp and floor <= message.offset < head and not message.acked
-        for message in list(consumer._unacked_messages)
-    )
 
 
 #: Topics whose fetched records are handed out after every other topic's.

@@ -109,6 +109,17 @@ def _on_gap(consumer: Any, tp: Any, offset_from: int, offset_to: int) -> bool:
     return False
 
 
+def delivered_unacked_below(consumer: Any, tp: Any, committed: int | None, head: int) -> bool:
+    """Is a record of ``tp`` from ``committed`` (if any) up to ``head``, excluded,
+    delivered and not acked yet? Records below ``committed`` are left out: Faust
+    never acks them (``ack`` ignores offsets under the committed one)."""
+    floor = -1 if committed is None else committed
+    return any(
+        message.tp == tp and floor <= message.offset < head and not message.acked
+        for message in list(consumer._unacked_messages)
+    )
+
+
 def expect_heads(consumer: Any, earliest: dict[Any, int]) -> None:
     """Partitions with no committed offset, and their first offsets: the first
     commit of each must start there. The fetch loop sees no gap before the first
@@ -131,8 +142,10 @@ def _head_missing(consumer: Any, tp: Any) -> bool:
     acked = consumer._acked.get(tp)
     if consumer._committed_offset.get(tp) is not None or not acked:
         return False
-    del heads[tp]  # one re-read at most: a head of markers is committed over after it
     first = min(acked)
+    if first > head and delivered_unacked_below(consumer, tp, None, first):
+        return False  # still being processed, not missing (the other guard holds it)
+    del heads[tp]  # one re-read at most: a head of markers is committed over after it
     if first <= head:
         return False
     _rereads(consumer)[tp] = Reread(head, first, time.monotonic())

@@ -67,8 +67,9 @@ def test_a_reread_that_never_ends_gives_way_after_a_while(
     assert "offsets 10..19 of messages:0 were not delivered again" in caplog.text
 
 
-def _fresh(acked: list[int], committed: int | None = None) -> Any:
+def _fresh(acked: list[int], committed: int | None = None, in_flight: tuple[int, ...] = ()) -> Any:
     c = consumer()
+    c._unacked_messages = [SimpleNamespace(tp=TP0, offset=o, acked=False) for o in in_flight]
     c._acked = defaultdict(list, {TP0: acked})
     c._committed_offset = defaultdict(lambda: None, {TP0: committed})
     gap_reread.expect_heads(c, {TP0: 0})
@@ -88,6 +89,18 @@ def test_a_head_that_was_delivered_or_a_committed_partition_commits_as_usual() -
     assert not gap_reread._head_missing(_fresh([8, 9], committed=8), TP0)
     assert not gap_reread._head_missing(_fresh([]), TP0)
     c = consumer()
+    c._unacked_messages = []
     c._acked = defaultdict(list, {TP0: [5]})
     c._committed_offset = defaultdict(lambda: None)
     assert not gap_reread._head_missing(c, TP0)  # no head expected: Faust's way
+
+
+def test_a_head_still_being_processed_is_not_read_again() -> None:
+    """Commands finish out of order: record 0 still running while 1 and 2 are
+    acked is not a missing head (the unacked-head guard holds the commit)."""
+    c = _fresh([1, 2], in_flight=(0,))
+    assert not gap_reread._head_missing(c, TP0)
+    assert _pending(c, TP0) is None
+    c._unacked_messages[0].acked = True  # done; its ack joins the list
+    c._acked[TP0].insert(0, 0)
+    assert not gap_reread._head_missing(c, TP0)
