@@ -33,19 +33,36 @@ class _Ticket(Generic[Token]):
     offset: int
     token: Token
     done: bool = False
+    # The same record delivered again (a seek back read it twice): acked with it.
+    again: list[Token] = field(default_factory=list)
 
 
 class OrderedAcker(Generic[Token]):
-    """Acks one partition's records in offset order, whatever order they finish in."""
+    """Acks one partition's records in offset order, whatever order they finish in.
+
+    A seek back (a gap or a partition head read again, ``streams.kafka.gap_reread``)
+    delivers records again: one still pending is not run twice, its new delivery
+    is acked when the first finishes (acking it sooner would let a commit pass a
+    record still being processed); one not pending takes its place in the order
+    (a record delivered for the first time, or one done before: run again, as a
+    redelivery after a restart would be)."""
 
     def __init__(self, ack: Callable[[Token], Awaitable[None]]) -> None:
         self._ack = ack
         self._pending: deque[_Ticket[Token]] = deque()
         self._closed = False
 
-    def track(self, offset: int, token: Token) -> _Ticket[Token]:
+    def track(self, offset: int, token: Token) -> _Ticket[Token] | None:
+        """The record's ticket; ``None`` when it is pending already (nothing to run)."""
         if self._pending and offset <= self._pending[-1].offset:
-            raise ValueError(f"offset {offset} is not after {self._pending[-1].offset}")
+            for ticket in self._pending:
+                if ticket.offset == offset:
+                    ticket.again.append(token)
+                    return None
+            ticket = _Ticket(offset, token)
+            index = next(i for i, t in enumerate(self._pending) if t.offset > offset)
+            self._pending.insert(index, ticket)
+            return ticket
         ticket = _Ticket(offset, token)
         self._pending.append(ticket)
         return ticket
@@ -54,7 +71,8 @@ class OrderedAcker(Generic[Token]):
         ticket.done = True
         while self._pending and self._pending[0].done and not self._closed:
             head = self._pending.popleft()
-            await self._ack(head.token)
+            for token in (head.token, *head.again):
+                await self._ack(token)
 
     def close(self) -> None:
         """The partition was revoked: its new owner will redo whatever is unacked."""
@@ -139,6 +157,8 @@ class CompactionScheduler(Generic[Token]):
         """
         acker = self._acker(partition)
         ticket = acker.track(offset, token)
+        if ticket is None:
+            return  # delivered again while pending: acked when the first delivery is
         if work is None or conversation_id is None:
             await acker.finish(ticket)
             return

@@ -27,9 +27,22 @@ async def test_acks_follow_offset_order_whatever_order_work_finishes() -> None:
     assert acks.tokens == []  # 10 still running: nothing may be committed
     await acker.finish(tickets[0])
     assert acks.tokens == ["t10", "t11", "t12"]
-    acker.track(20, "t20")
-    with pytest.raises(ValueError):
-        acker.track(19, "older than a pending record")
+
+
+async def test_a_record_delivered_again_is_not_run_twice_and_is_acked_with_the_first() -> None:
+    """A seek back (a gap read again) delivers pending records a second time:
+    before, the processor agent crashed ("offset 23 is not after 23")."""
+    acks = Acks()
+    acker: OrderedAcker[str] = OrderedAcker(acks)
+    first = [acker.track(offset, f"t{offset}") for offset in (20, 23)]
+    assert acker.track(23, "t23 again") is None  # pending: nothing to run
+    missed = acker.track(21, "t21")  # delivered for the first time by the re-read
+    assert missed is not None
+    await acker.finish(first[1])
+    await acker.finish(first[0])
+    assert acks.tokens == ["t20"]  # 21 still running: 23 (and its copy) wait
+    await acker.finish(missed)
+    assert acks.tokens == ["t20", "t21", "t23", "t23 again"]
 
 
 async def test_one_compaction_at_a_time_per_conversation_and_bounded_overall() -> None:
