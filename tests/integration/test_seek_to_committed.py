@@ -12,6 +12,7 @@ such partitions (two failures in one clean-clone CI run).
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -164,6 +165,7 @@ async def recording_app(
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
         topic_partitions=1,
+        datadir=tempfile.mkdtemp(prefix=f"{name}-"),  # not {name}-data in the work tree
         **settings,
     )
     seen: list[int] = []
