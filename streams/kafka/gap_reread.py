@@ -157,6 +157,20 @@ def _head_missing(consumer: Any, tp: Any) -> bool:
     return True
 
 
+async def _seek_back(consumer: Any) -> None:
+    """Seek each partition with a re-read not started yet back to its start
+    (between fetch batches: nothing of the last one is still being handed over)."""
+    for tp, reread in list(_rereads(consumer).items()):
+        if reread.sought:
+            continue
+        try:
+            await seek_to_reread(consumer, {tp: reread.start})
+        except Exception as error:  # the fetch loop must not die of it: next batch
+            log.warning("could not seek %s:%d back: %s", tp.topic, tp.partition, error)
+        else:
+            reread.sought = True
+
+
 def reread_gaps() -> bool:
     """Patch Faust's consumer so that a gap of records is read again (module doc).
 
@@ -181,14 +195,7 @@ def reread_gaps() -> bool:
         return result
 
     async def _getmany(self: Any, timeout: float) -> AsyncIterator[Any]:  # noqa: ASYNC109
-        for tp, reread in list(_rereads(self).items()):
-            if not reread.sought:
-                try:
-                    await seek_to_reread(self, {tp: reread.start})
-                except Exception as error:  # the fetch loop must not die of it: next batch
-                    log.warning("could not seek %s:%d back: %s", tp.topic, tp.partition, error)
-                else:
-                    reread.sought = True
+        await _seek_back(self)
         async for item in getmany(self, timeout):
             yield item
 
