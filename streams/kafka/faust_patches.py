@@ -29,7 +29,7 @@ from faust.transport.consumer import ThreadDelegateConsumer
 
 from streams.kafka.gap_reread import delivered_unacked_below, reread_gaps
 from streams.kafka.producers import DURABLE_SENDS
-from streams.kafka.seeking import seek_uncommitted_partitions_to_start
+from streams.kafka.seeking import seek_before_resuming_streams, seek_uncommitted_partitions_to_start
 
 log = logging.getLogger("compactor.worker")
 
@@ -247,7 +247,7 @@ def no_commit_past_an_unacked_head() -> bool:
     from faust.transport.consumer import Consumer
 
     original = Consumer._new_offset
-    if getattr(original, _MARK, False):
+    if _in_chain(original):  # the gap re-read wraps it again: look under it
         return True
 
     def _new_offset(self: Any, tp: Any) -> int | None:
@@ -261,8 +261,18 @@ def no_commit_past_an_unacked_head() -> bool:
         return result
 
     setattr(_new_offset, _MARK, True)
+    _new_offset.__wrapped__ = original  # type: ignore[attr-defined]
     Consumer._new_offset = _new_offset  # type: ignore[method-assign]
     return True
+
+
+def _in_chain(function: Any) -> bool:
+    """Is this module's patch ``function`` or under it (``__wrapped__``, as patches set)?"""
+    while function is not None:
+        if getattr(function, _MARK, False):
+            return True
+        function = getattr(function, "__wrapped__", None)
+    return False
 
 
 #: Topics whose fetched records are handed out after every other topic's.
@@ -351,5 +361,6 @@ def apply() -> None:
     deliver_without_tasks()
     no_commit_past_an_unacked_head()
     seek_uncommitted_partitions_to_start()
+    seek_before_resuming_streams()
     reread_gaps()  # wraps _new_offset again: applied last
     route_after_metadata_loss()

@@ -152,10 +152,11 @@ async def test_records_a_stopped_flow_dropped_are_read_again(
 
 
 async def recording_app(
-    bootstrap: str, name: str, records: int, **settings: Any
+    bootstrap: str, name: str, records: int, busy_seconds: float = 0.0, **settings: Any
 ) -> tuple[faust.App, list[int], asyncio.Event]:
     """A topic ``name`` of ``records`` records and a Faust app (not started) whose
-    agent notes each offset it is handed: (app, offsets seen, set on each)."""
+    agent notes each offset it is handed, then takes ``busy_seconds`` over it:
+    (app, offsets seen, set on each)."""
     await create(bootstrap, name)
     await send(bootstrap, name, records)
     app = faust.App(
@@ -176,5 +177,6 @@ async def recording_app(
         async for event in stream.events():
             seen.append(event.message.offset)
             arrived.set()
+            await asyncio.sleep(busy_seconds)
 
     return app, seen, arrived
