@@ -59,7 +59,13 @@ async def _send(
     bootstrap: str, topic: str, keys: list[str], issued: dict[str, float] | None = None
 ) -> dict[str, tuple[int, int]]:
     """Each conversation's command as accounting sends it (its issue time noted
-    in ``issued`` first, each in a millisecond of its own); where it landed."""
+    in ``issued`` first, each in a millisecond of its own); where it landed.
+
+    A millisecond passes after each send too: a command issued in the very
+    millisecond the previous record was stamped (a fast loopback ack) is found
+    at that record's offset, the time lookup's one ambiguity, which errs
+    towards a re-send (the previous record finished, so this one is taken as
+    done: copied, never lost); here each must be told apart."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
     try:
@@ -71,6 +77,8 @@ async def _send(
             conversation_id = ConversationRef.of_key(key).conversation_id
             meta = await producer.send_and_wait(topic, b"{}", key=conversation_id.encode())
             landed[key] = (meta.partition, meta.offset)
+            if issued is not None:
+                await asyncio.sleep(0.002)
         return landed
     finally:
         await producer.stop()
