@@ -22,8 +22,8 @@ from faust.transport.consumer import Consumer
 
 from streams.kafka import faust_patches
 from streams.kafka.seeking import seek_before_resuming_streams
-from tests.integration.test_fetch_buffer import create, send
-from tests.integration.test_seek_to_committed import recording_app
+from tests.integration.test_fetch_buffer import create
+from tests.integration.test_seek_to_committed import last_record_seen, recording_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -87,10 +87,7 @@ async def test_records_sought_back_at_the_end_of_recovery_reach_the_agent(
     try:
         async with asyncio.timeout(60):
             await app.tables.recovery.completed.wait()
-            await send(kafka_bootstrap, name, 1)  # offset 5: whatever comes before it came
-            while RECORDS not in seen:
-                arrived.clear()
-                await arrived.wait()
+            await last_record_seen(kafka_bootstrap, name, RECORDS, seen, arrived)
     finally:
         await app.stop()
     if patched:

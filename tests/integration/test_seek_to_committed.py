@@ -139,16 +139,24 @@ async def test_records_a_stopped_flow_dropped_are_read_again(
         consumer._wait_next_records = stop_flow_under_the_first_fetch
         async with asyncio.timeout(60):
             await dropped.wait()
-            await send(kafka_bootstrap, name, 1)  # offset 5: whatever comes before it came
-            while RECORDS not in seen:
-                arrived.clear()
-                await arrived.wait()
+            await last_record_seen(kafka_bootstrap, name, RECORDS, seen, arrived)
     finally:
         await app.stop()
     if patched:
         assert sorted(set(seen)) == list(range(RECORDS + 1))
     else:
         assert seen == [RECORDS], seen
+
+
+async def last_record_seen(
+    bootstrap: str, name: str, offset: int, seen: list[int], arrived: asyncio.Event
+) -> None:
+    """Produce one more record (at ``offset``) and wait until the agent is handed
+    it: whatever comes before it in the partition came by then."""
+    await send(bootstrap, name, 1)
+    while offset not in seen:
+        arrived.clear()
+        await arrived.wait()
 
 
 async def recording_app(
