@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 from core.domain.budget import BudgetConfig
+from core.domain.messages import ConversationMessage
 from core.domain.tally import on_messages, on_resync
 from core.domain.tokens import (
     DEFAULT_COUNTER,
@@ -55,11 +56,16 @@ class IngestPorts(Protocol):
     def token_counter(self) -> TokenCounter: ...
 
 
-def message_tokens(event: MessageEvent, counter: TokenCounter = DEFAULT_COUNTER) -> int:
+def message_tokens(
+    event: MessageEvent,
+    counter: TokenCounter = DEFAULT_COUNTER,
+    message: ConversationMessage | None = None,
+) -> int:
     """The provider's count when the producer sent one, clamped to a band of the
     estimate (``reported_tokens``: ``0`` no longer turns compaction off), else the
-    estimate (``counter``: the runtime's, calibrated with ``[budget].token_estimate``)."""
-    estimate = estimate_message_tokens(event.to_message(), counter)
+    estimate (``counter``: the runtime's, calibrated with ``[budget].token_estimate``)
+    of ``message`` (``event.to_message()`` unless given)."""
+    estimate = estimate_message_tokens(message or event.to_message(), counter)
     if event.token_count is not None:
         return reported_tokens(event.token_count, estimate)
     return estimate
@@ -140,9 +146,10 @@ class Ingest:
             except InvalidRecord as error:
                 letters.append((record, error))
                 continue
+            message = event.to_message()  # under its conversation key: (tenant, id)
             incoming = IncomingMessage(
-                event.to_message(),  # under its conversation key: (tenant, id)
-                message_tokens(event, self._runtime.token_counter),
+                message,
+                message_tokens(event, self._runtime.token_counter, message),
                 partition=record.partition,
                 offset=record.offset,
             )
