@@ -65,6 +65,10 @@ class ServiceSettings(Section):
     # Dirty table entries reach the Faust table (its changelog) at most this
     # often; 0 writes after every group. PostgreSQL stays the source of truth.
     table_flush_seconds: float = Field(default=1.0, ge=0, le=3600)
+    # After a flush of many entries the next waits longer, so the table takes at
+    # most this many writes a second on average (up to 10 s between flushes);
+    # 0 = every table_flush_seconds whatever it writes.
+    table_writes_per_second: float = Field(default=500.0, ge=0)
     # Table entries kept decoded in memory; beyond it clean entries are dropped.
     tally_cache_entries: int = Field(default=200_000, ge=100)
     command_timeout_seconds: float = Field(default=30.0, gt=0)

@@ -156,6 +156,7 @@ def tally_table(
         table,
         candidate=lambda tally: reconcile_due(tally, settings.budget, math.inf, 0.0),
         flush_seconds=settings.service.table_flush_seconds,
+        writes_per_second=settings.service.table_writes_per_second,
         max_cached=settings.service.tally_cache_entries,
         on_write=metrics.table_writes.inc,
         write_context=write_context,

@@ -53,6 +53,11 @@ WriteContext = Callable[[int | None], AbstractContextManager[Any]]
 _SINCE_PREVIOUS_RELEASE = ("last_message_at", "request", "queued")
 
 
+MAX_STRETCH_SECONDS = 10.0
+"""The longest a flush interval is stretched (``TallyTable._next_interval``): the
+longest an offset commit waits for the table under a wide burst."""
+
+
 def table_value(tally: ConversationTally) -> dict[str, Any]:
     """The entry as the table holds it: readable by this release and the previous one."""
     unset = {
@@ -88,6 +93,7 @@ class TallyTable:
         *,
         candidate: Callable[[ConversationTally], bool] = lambda t: t.outstanding is not None,
         flush_seconds: float = 0.0,
+        writes_per_second: float = 0.0,
         max_cached: int = 200_000,
         write_context: WriteContext | None = None,
         on_write: Callable[[int], None] = lambda _: None,
@@ -96,6 +102,8 @@ class TallyTable:
         self._table = table
         self._candidate = candidate
         self._flush_seconds = flush_seconds
+        self._writes_per_second = writes_per_second
+        self._interval = flush_seconds  # stretched after a large flush (``_next_interval``)
         self._max_cached = max_cached
         self._write_context = write_context or _no_context
         self._on_write = on_write
@@ -178,7 +186,23 @@ class TallyTable:
                 self._table.pop(conversation_id, None)
 
     def flush_due(self) -> bool:
-        return self._clock() - self._last_flush >= self._flush_seconds
+        return self._clock() - self._last_flush >= self._interval
+
+    def _next_interval(self, written: int) -> float:
+        """``flush_seconds``, or longer after a flush of many entries, so the table
+        takes at most ``writes_per_second`` on average (0: no limit), up to
+        ``MAX_STRETCH_SECONDS``.
+
+        Each entry written is a changelog record, ~0.3 ms of this worker and the
+        broker on a 2-core machine: with 2,000 conversations active every
+        second, a flush each second spent half of accounting's time writing the
+        table (docs/performance.md, section 2). A longer interval writes each
+        entry once for more of its messages; what it delays is the offset
+        commit (acks wait for the flush), never a message or a command."""
+        if self._writes_per_second <= 0:
+            return self._flush_seconds
+        stretched = min(written / self._writes_per_second, MAX_STRETCH_SECONDS)
+        return max(self._flush_seconds, stretched)
 
     def flush(self, *, force: bool = False, only: Collection[str] | None = None) -> int:
         """Write the dirty entries (``only`` those) if ``flush_seconds`` have passed
@@ -206,6 +230,7 @@ class TallyTable:
                     written += 1
         if only is None:
             self._last_flush = now
+            self._interval = self._next_interval(written)
         self._on_write(written)
         self._evict()
         return written

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from core.domain.tally import ConversationTally
 from streams.events import CompactionCommand, MessageEvent
 from streams.worker.records import Record
-from streams.worker.tally_table import TallyTable
+from streams.worker.tally_table import MAX_STRETCH_SECONDS, TallyTable
 from tests.support.builders import T0, message
 from tests.support.metrics_text import sample
 from tests.support.stores import round_trips, saved
@@ -209,6 +209,53 @@ def test_flushes_coalesce_writes_and_wait_for_their_interval() -> None:
     assert table.flush() == 1 and raw["c"]["token_total"] == 99
     assert table.flush(force=True) == 0  # nothing dirty
     assert sum(written) == 1
+
+
+def test_a_large_flush_stretches_the_next_interval_to_the_write_rate() -> None:
+    """2,000 entries at 500 writes/s: the next flush waits 4 s, not 1 s; a small
+    flush brings the interval back; the stretch never exceeds its cap."""
+    now = [0.0]
+    raw: dict[str, Any] = {}
+
+    def touch(count: int) -> None:
+        for i in range(count):
+            table.put(
+                ConversationTally(conversation_id=f"c{i}", token_total=int(now[0])), partition=0
+            )
+
+    table = TallyTable(raw, flush_seconds=1.0, writes_per_second=500, clock=lambda: now[0])
+    touch(2_000)
+    now[0] = 1.0
+    assert table.flush() == 2_000
+    touch(2_000)
+    now[0] = 4.9
+    assert not table.flush_due() and table.flush() == 0
+    now[0] = 5.0
+    assert table.flush_due() and table.flush() == 2_000
+    touch(100)  # a quiet spell: back to flush_seconds
+    now[0] = 9.0
+    assert table.flush() == 100
+    touch(100)
+    now[0] = 10.0
+    assert table.flush() == 100
+    touch(100_000)
+    now[0] = 11.0
+    assert table.flush() == 100_000
+    touch(1)
+    now[0] = 11.0 + MAX_STRETCH_SECONDS
+    assert table.flush() == 1  # capped: 100,000 ÷ 500 would be 200 s
+
+
+def test_without_a_write_rate_the_interval_never_stretches() -> None:
+    now = [0.0]
+    table = TallyTable({}, flush_seconds=1.0, clock=lambda: now[0])
+    for i in range(5_000):
+        table.put(ConversationTally(conversation_id=f"c{i}"), partition=0)
+    now[0] = 1.0
+    assert table.flush() == 5_000
+    table.put(ConversationTally(conversation_id="c0", token_total=1), partition=0)
+    now[0] = 2.0
+    assert table.flush() == 1
 
 
 def test_an_entry_of_an_unseen_partition_waits_for_a_later_flush() -> None:
