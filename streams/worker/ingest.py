@@ -127,6 +127,7 @@ class Ingest:
             for conversation_id, items in groups.items()
             if (command := self._count(items, totals.get(conversation_id), now, epochs))
         ]
+        self._count_arrivals(groups.values())
         await asyncio.gather(
             *(self._dead_letter(record, error) for record, error in letters),
             *(self._commands.publish(command, "over_budget") for command in commands),
@@ -172,6 +173,15 @@ class Ingest:
                 )
         return groups
 
+    def _count_arrivals(self, groups: Collection[Sequence[Stored]]) -> None:
+        """``events_in`` by label, once per group (a label appears once it happened:
+        the metrics views rely on it)."""
+        new = sum(outcome.status == "inserted" for items in groups for _, _, outcome in items)
+        duplicate = sum(len(items) for items in groups) - new
+        for label, count in (("new", new), ("duplicate", duplicate)):
+            if count:
+                self._metrics.events_in.labels(label).inc(count)
+
     def _count(
         self,
         items: Sequence[Stored],
@@ -182,10 +192,6 @@ class Ingest:
         """One conversation's share of a group: its new tally, and a command if due."""
         conversation_id = items[0][1].message.conversation_id
         tally = self._table.get(conversation_id)
-        inserted = [outcome for _, _, outcome in items if outcome.status == "inserted"]
-        for label, count in (("new", len(inserted)), ("duplicate", len(items) - len(inserted))):
-            if count:  # a label appears once it happened (the metrics views rely on it)
-                self._metrics.events_in.labels(label).inc(count)
         if totals is not None:
             tally, issue = on_resync(
                 tally, conversation_id, totals.tokens, totals.rows, self._budget, now, totals.epoch

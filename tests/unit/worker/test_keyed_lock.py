@@ -34,3 +34,40 @@ async def test_the_keyed_lock_serialises_one_key_and_forgets_idle_keys() -> None
     await asyncio.gather(first, second)
     assert order[3:] == ["first out", "second in", "second out"]
     assert len(locks) == 0
+
+
+async def test_a_group_waits_for_its_held_keys_and_a_cancelled_wait_leaves_nothing() -> None:
+    import asyncio
+
+    from streams.worker.keyed_lock import KeyedLock
+
+    locks = KeyedLock()
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def holder() -> None:
+        async with locks.hold("b"):
+            entered.set()
+            await release.wait()
+
+    first = asyncio.create_task(holder())
+    await entered.wait()
+    group_in = asyncio.Event()
+
+    async def group() -> None:
+        async with locks.hold_many(["c", "a", "b", "a"]):
+            group_in.set()
+
+    waiting = asyncio.create_task(group())
+    await asyncio.sleep(0)
+    assert not group_in.is_set() and len(locks) == 2  # a taken, waits on b (c comes after)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert len(locks) == 1  # only the holder's b
+    again = asyncio.create_task(group())
+    await asyncio.sleep(0)
+    assert not group_in.is_set()
+    release.set()
+    await asyncio.gather(first, again)
+    assert group_in.is_set() and len(locks) == 0
