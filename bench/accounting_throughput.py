@@ -97,6 +97,11 @@ from core.ports.storage import IncomingMessage
 from core.settings import ServiceSettings
 from streams.events import MessageEvent
 from tests.support.stores import saved, totals
+
+try:  # a stretched flush interval (absent from older checkouts: none)
+    from streams.worker.tally_table import MAX_STRETCH_SECONDS
+except ImportError:
+    MAX_STRETCH_SECONDS = 0.0
 from tests.support.worker import WorkerProcess, terminate_all, wait_for_split
 
 INSERT_SQL = """
@@ -518,9 +523,12 @@ async def worker_drain(
             measured = await drain(
                 infra, worker, label, topic, args, expected, lambda: events_in(worker)
             )
-            # Dirty entries reach the table at most every table_flush_seconds: wait for
-            # the last flush (and the last offset commit) before counting.
-            await asyncio.sleep(1.5 * (args.table_flush_seconds or 1.0) + 0.5)
+            # Dirty entries reach the table every table_flush_seconds, or up to
+            # MAX_STRETCH_SECONDS after a large flush, and offsets are committed after
+            # that: wait for the last commit (the table's last flush) before counting.
+            await audit.committed(
+                expected, within=MAX_STRETCH_SECONDS + 1.5 * (args.table_flush_seconds or 1.0) + 2
+            )
             metrics = await worker_metrics(worker)
         finally:
             audit.stop.set()
@@ -588,6 +596,14 @@ class CommitAudit:
         finally:
             await conn.close()
             await admin.close()
+
+    async def committed(self, expected: int, *, within: float) -> None:
+        """Until the group has committed ``expected`` offsets (its last flush and
+        commit), or ``within`` seconds: the figures are read either way."""
+        deadline = time.monotonic() + within
+        while self.last_committed < expected and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 0.2)
 
     def describe(self) -> str:
         verdict = "ok" if not self.violations else f"{self.violations} BAD"
