@@ -259,6 +259,13 @@ class Metrics:
             "Token-table entries written to the Faust table (changelog records)",
             registry=r,
         )
+        self.table_flush_interval = Gauge(
+            "compactor_table_flush_interval_seconds",
+            "The wait before the token table's next flush (and the offset commits that "
+            "wait for it): table_flush_seconds, longer after a flush of many entries "
+            "(table_writes_per_second)",
+            registry=r,
+        )
 
     def _reconcile_metrics(self, r: CollectorRegistry) -> None:
         self.reconcile_tick_seconds = Histogram(

@@ -159,5 +159,6 @@ def tally_table(
         writes_per_second=settings.service.table_writes_per_second,
         max_cached=settings.service.tally_cache_entries,
         on_write=metrics.table_writes.inc,
+        on_interval=metrics.table_flush_interval.set,
         write_context=write_context,
     )

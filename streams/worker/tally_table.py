@@ -97,6 +97,7 @@ class TallyTable:
         max_cached: int = 200_000,
         write_context: WriteContext | None = None,
         on_write: Callable[[int], None] = lambda _: None,
+        on_interval: Callable[[float], None] = lambda _: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._table = table
@@ -107,6 +108,8 @@ class TallyTable:
         self._max_cached = max_cached
         self._write_context = write_context or _no_context
         self._on_write = on_write
+        self._on_interval = on_interval
+        on_interval(flush_seconds)
         self._clock = clock
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._dirty: set[str] = set()
@@ -231,6 +234,7 @@ class TallyTable:
         if only is None:
             self._last_flush = now
             self._interval = self._next_interval(written)
+            self._on_interval(self._interval)
         self._on_write(written)
         self._evict()
         return written

@@ -223,10 +223,18 @@ def test_a_large_flush_stretches_the_next_interval_to_the_write_rate() -> None:
                 ConversationTally(conversation_id=f"c{i}", token_total=int(now[0])), partition=0
             )
 
-    table = TallyTable(raw, flush_seconds=1.0, writes_per_second=500, clock=lambda: now[0])
+    intervals: list[float] = []
+    table = TallyTable(
+        raw,
+        flush_seconds=1.0,
+        writes_per_second=500,
+        clock=lambda: now[0],
+        on_interval=intervals.append,  # the compactor_table_flush_interval_seconds gauge
+    )
     touch(2_000)
     now[0] = 1.0
     assert table.flush() == 2_000
+    assert intervals == [1.0, 4.0]
     touch(2_000)
     now[0] = 4.9
     assert not table.flush_due() and table.flush() == 0
