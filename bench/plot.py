@@ -92,7 +92,8 @@ def plot_accounting(ax: Any, data: Mapping[str, Any] | None) -> None:
                     )
         floor = shape.get("floor")
         if floor:
-            rate = floor["events_per_s"]
+            # both runs of the floor (before and after the sweep) where the JSON has them
+            rate = shape.get("floor_rate") or floor["events_per_s"]
             ax.axhline(
                 rate, color=colour, linestyle="--", linewidth=1, label=f"Faust no-op floor, {name}"
             )
