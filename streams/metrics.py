@@ -6,7 +6,6 @@ one process (tests, benchmarks) never collide.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,19 +22,12 @@ from prometheus_client import (
 
 from core.domain.usage import LlmUsage
 from core.provider_guard import GUARD_STATES, CallOutcome, GuardState, ProviderGuard
+from streams.watchdog_exits import ExitsFile
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Stored history ÷ budget when a compaction starts: around compact_at (or 1)
 # when compactions keep up, higher when they queue behind a burst (P4: ≤ 1.5).
 RATIO_BUCKETS = (0.5, 0.8, 0.85, 0.9, 0.95, 1, 1.05, 1.1, 1.25, 1.5, 2, 3, 5)
-
-
-log = logging.getLogger("compactor.metrics")
-
-# The count of watchdog exits, kept in the worker's data_dir: the counter is
-# raised just before the process exits, so no scrape would ever see it; the
-# next start restores it, so increase() over the restart shows the exit.
-WATCHDOG_EXITS_FILE = "watchdog_exits"
 
 
 def _with_process_metrics(r: CollectorRegistry) -> CollectorRegistry:
@@ -226,8 +218,8 @@ class Metrics:
 
     def _fault_metrics(self, r: CollectorRegistry, state_dir: Path | None) -> None:
         """Outages waited out, stalls healed (watchdog exits kept in ``state_dir``)."""
-        self._exits_file = state_dir / WATCHDOG_EXITS_FILE if state_dir is not None else None
-        self._exits = 0
+        self._exits_file = ExitsFile(state_dir)
+        self._exits = self._exits_file.read()
         self.accounting_retries = Counter(
             "compactor_accounting_retries_total",
             "Records whose accounting failed and is retried (not acknowledged)",
@@ -245,7 +237,8 @@ class Metrics:
             "Times the worker exited because re-seeking a stuck partition did not help",
             registry=r,
         )
-        self._restore_watchdog_exits()
+        if self._exits:
+            self.watchdog_exits.inc(self._exits)
 
     def _accounting_metrics(self, r: CollectorRegistry) -> None:
         self.accounting_batch_events = Histogram(
@@ -261,9 +254,8 @@ class Metrics:
         )
         self.table_flush_interval = Gauge(
             "compactor_table_flush_interval_seconds",
-            "The wait before the token table's next flush (and the offset commits that "
-            "wait for it): table_flush_seconds, longer after a flush of many entries "
-            "(table_writes_per_second)",
+            "The wait before the token table's next flush, and the commits behind it "
+            "(longer than table_flush_seconds after a large flush: table_writes_per_second)",
             registry=r,
         )
 
@@ -363,32 +355,12 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def _restore_watchdog_exits(self) -> None:
-        if self._exits_file is None:
-            return
-        try:
-            count = int(self._exits_file.read_text().strip() or 0)
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as error:
-            log.warning("ignoring %s: %s", self._exits_file, error)
-            return
-        if count > 0:
-            self._exits = count
-            self.watchdog_exits.inc(count)
-
     def count_watchdog_exit(self) -> None:
         """The worker is about to exit for the watchdog: count it, in the registry
         and in the data_dir file the next start reads (best effort)."""
         self.watchdog_exits.inc()
         self._exits += 1
-        if self._exits_file is None:
-            return
-        try:
-            self._exits_file.parent.mkdir(parents=True, exist_ok=True)
-            self._exits_file.write_text(f"{self._exits}\n")
-        except OSError as error:
-            log.warning("could not record the watchdog exit in %s: %s", self._exits_file, error)
+        self._exits_file.record(self._exits)
 
 
 class _GuardCounters:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.metrics import WATCHDOG_EXITS_FILE, Metrics
+from streams.metrics import Metrics
+from streams.watchdog_exits import WATCHDOG_EXITS_FILE
 
 pytestmark = pytest.mark.unit
 
