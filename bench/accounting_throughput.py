@@ -97,12 +97,12 @@ from core.ports.storage import IncomingMessage
 from core.settings import ServiceSettings
 from streams.events import MessageEvent
 from tests.support.stores import saved, totals
+from tests.support.worker import WorkerProcess, terminate_all, wait_for_split
 
 try:  # a stretched flush interval (absent from older checkouts: none)
     from streams.worker.tally_table import MAX_STRETCH_SECONDS
 except ImportError:
     MAX_STRETCH_SECONDS = 0.0
-from tests.support.worker import WorkerProcess, terminate_all, wait_for_split
 
 INSERT_SQL = """
 INSERT INTO messages (id, conversation_id, role, content, tool_calls,
@@ -964,7 +964,8 @@ def report_shapes(shapes: list[ShapeResult]) -> None:
     )
     print(
         "\n÷ floor: the worker's rate over the Faust no-op agent's on the same backlog in this"
-        " run, the agent run before and after the workers (events ÷ their mean seconds). table writes/event: compactor_table_writes_total ÷ compactor_events_in_total;"
+        " run, the agent run before and after the workers (events ÷ their mean seconds)."
+        " table writes/event: compactor_table_writes_total ÷ compactor_events_in_total;"
         " mean group: compactor_accounting_batch_events sum ÷ count (events per accounted"
         " group); in PostgreSQL: messages stored in the worker's database afterwards;"
         " stored before committed: every 200 ms the consumer group's committed offsets"
