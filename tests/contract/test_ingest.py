@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from core.domain.messages import ConversationMessage, ToolCall
-from core.ports.storage import Applied, Erasure, IncomingMessage
+from core.ports.storage import Applied, Erasure, IncomingMessage, ReadScope
 from tests.contract.backends import Backend
 from tests.support.plans import CONV, T0, make_plan, msg, save_all, stored
 from tests.support.stores import saved, totals
@@ -146,3 +146,32 @@ async def test_a_negative_token_count_is_refused(store: Any) -> None:
     with pytest.raises(ValueError, match=">= 0"):
         await store.ingest.save_messages([incoming(msg(0), tokens=-1)])
     assert await store.history.load_history(CONV) == []
+
+
+async def test_a_group_stores_its_other_conversations_past_an_erased_one(
+    store: Any, backend: Backend
+) -> None:
+    """The group touching an erased conversation takes the careful path: each of its
+    messages judged against the marks, the other conversations stored as usual."""
+
+    def at(conversation_id: str, i: int, offset: int) -> IncomingMessage:
+        return IncomingMessage(msg(i, conversation_id=conversation_id, seconds=i), 10, 1, offset)
+
+    assert await statuses(store, at("doomed", 0, 5)) == ["inserted"]
+    erasure = Erasure(
+        request_id="req-2",
+        requester="ops@example",
+        reason="asked",
+        requested_at=T0 - timedelta(days=1),
+        erased_at=T0 + timedelta(days=1),
+        offsets={1: 6},
+    )
+    await store.privacy.erase_conversation("doomed", erasure)
+    group = (at("doomed", 0, 5), at("fresh", 1, 6), at("doomed", 2, 7), at("fresh", 3, 8))
+    assert await statuses(store, *group) == ["erased", "inserted", "inserted", "inserted"]
+    assert (await totals(store, "fresh")).rows == 2
+    assert ((await totals(store, "doomed")).rows, (await totals(store, "doomed")).epoch) == (1, 1)
+    assert await backend.tenant("fresh") == (True, None)
+    scope = ReadScope.everything()
+    watermark = (await store.context.context_version("fresh", scope=scope)).watermark
+    assert (watermark.message_id, watermark.offset) == (msg(3, conversation_id="fresh").id, 8)

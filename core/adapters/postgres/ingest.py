@@ -1,15 +1,19 @@
-"""Storing a group of incoming messages in a few statements: the accounting hot path.
+"""Storing a group of incoming messages in one call: the accounting hot path.
 
 One message at a time would cost five round trips per message (a transaction,
 the conversation's advisory lock, the erase mark, the tenant, the insert); at
-the rate a worker reads a topic that is the bottleneck. A group goes in with the
-same guarantees in one transaction of five statements, whatever its size: lock
-every conversation of the group (sorted, so two ingests cannot deadlock;
-``apply_compaction`` takes one of them), read the erase marks of those that were
-erased (a message an erase covers is ``erased``, nothing of it written:
-``core.domain.erasure``), record new conversations' tenants and every
-conversation's watermark, insert with
-``unnest`` and read the arrival numbers back.
+the rate a worker reads a topic that is the bottleneck. A group goes in with
+the same guarantees in one call of ``compactor_ingest`` (migration 0018),
+whatever its size: it locks every conversation of the group (sorted, so two
+ingests cannot deadlock; ``apply_compaction`` takes one of them), reads the
+erase marks of those that were erased, records new conversations' tenants and
+every conversation's watermark, inserts and returns the arrival numbers. Alone,
+that one statement is its own transaction.
+
+A group that touches an erased conversation gets the marks back and nothing is
+written; it is then stored in a transaction of its own: the marks read again
+under the locks, each message an erase covers is ``erased``, nothing of it
+written (``core.domain.erasure``), and the rest stored by a second call.
 
 A message that a compaction already summarised and deleted must not come back
 when it is delivered again (Kafka redelivers after a crash, a producer
@@ -20,10 +24,9 @@ runs under the conversation's advisory lock, the one ``apply_compaction``
 holds while it deletes, so a redelivery racing a compaction sees either the
 row or its batch.
 
-With ``single_conversation_transactions`` the group is split into one such
-transaction per conversation, run side by side on the pool's connections,
-for a deployment that distributes the schema by conversation
-(docs/scaling.md).
+With ``single_conversation_transactions`` the group is split into one call per
+conversation, run side by side on the pool's connections, for a deployment
+that distributes the schema by conversation (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -42,62 +45,9 @@ from core.domain.erasure import EraseMark
 from core.domain.tenancy import conversation_id_of, tenant_of
 from core.ports.storage import IncomingMessage, IngestStore, SaveOutcome
 
-_LOCK_SQL = """
-SELECT pg_advisory_xact_lock($1, h)
-  FROM (SELECT DISTINCT hashtext(c) AS h FROM unnest($2::text[]) AS c ORDER BY 1) AS keys
-"""
-
-# The erase marks of the group's conversations (read under their locks, so an
-# erase cannot commit between this read and the insert), and the legacy marks
-# of their producers' ids: an erase applied before conversation keys named
-# their tenant (migration 0010) is kept by the bare id, its tenant unknown, so
-# it covers that id under any tenant. That drops no message the old rules
-# would have stored: then an id belonged to one tenant at a time, and another
-# tenant's messages for it were dead-lettered.
-_MARKS_SQL = """
-SELECT conversation_id, epoch, offsets, cutoff, false AS legacy
-  FROM erasures WHERE conversation_id = ANY($1::text[])
-UNION ALL
-SELECT conversation_id, 0 AS epoch, offsets, cutoff, true AS legacy
-  FROM legacy_erasures WHERE conversation_id = ANY($2::text[])
-"""
-
-# Record each new conversation's tenant (the one its key names), which the
-# row-level security of reads goes by, and every conversation's watermark: the
-# newest record of the group processed for it (migration 0013), never moved
-# back. A conversation key names its tenant (core.domain.tenancy), so there is
-# nothing to claim or contest: two tenants using one id have two keys.
-_RECORD_CONVERSATIONS_SQL = """
-INSERT INTO conversations (conversation_id, tenant_id, last_message_id,
-                           source_partition, source_offset)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[])
-ON CONFLICT (conversation_id) DO UPDATE
-   SET last_message_id = EXCLUDED.last_message_id,
-       source_partition = EXCLUDED.source_partition,
-       source_offset = EXCLUDED.source_offset
- WHERE EXCLUDED.source_offset IS NOT NULL
-   AND (conversations.source_offset IS NULL
-        OR conversations.source_partition IS DISTINCT FROM EXCLUDED.source_partition
-        OR EXCLUDED.source_offset > conversations.source_offset)
-"""
-
-# A message an archived batch already covers was compacted and deleted: a
-# redelivery must not bring it back (see the module's docstring).
-_INSERT_SQL = """
-INSERT INTO messages (id, conversation_id, role, content, tool_calls,
-                      tool_call_id, created_at, token_estimate, pinned)
-SELECT r.id, r.conversation_id, r.role, r.content, r.tool_calls::jsonb,
-       r.tool_call_id, r.created_at, r.token_estimate, r.pinned
-  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-              $7::timestamptz[], $8::integer[], $9::integer[], $10::boolean[])
-       AS r(id, conversation_id, role, content, tool_calls, tool_call_id,
-            created_at, token_estimate, ord, pinned)
- WHERE NOT EXISTS (
-       SELECT 1 FROM archival_memory AS a
-        WHERE a.conversation_id = r.conversation_id AND a.source_message_ids @> ARRAY[r.id])
- ORDER BY r.ord
-ON CONFLICT (conversation_id, id) DO NOTHING
-RETURNING conversation_id, id, seq
+_INGEST_SQL = """
+SELECT conversation_id, id, seq, legacy, epoch, offsets, cutoff
+  FROM compactor_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 """
 
 
@@ -110,24 +60,6 @@ def _tool_calls_text(incoming: IncomingMessage) -> str | None:
 def _conversations(batch: Sequence[IncomingMessage]) -> list[str]:
     """The group's conversation keys, each once, in order of first appearance."""
     return list(dict.fromkeys(incoming.message.conversation_id for incoming in batch))
-
-
-async def record_conversations(conn: Any, admitted: Sequence[IncomingMessage]) -> None:
-    """A ``conversations`` row (key, the key's tenant) for each new conversation, and
-    each conversation's newest record of ``admitted`` as its watermark."""
-    newest: dict[str, IncomingMessage] = {}
-    for incoming in admitted:  # in the topic's order: the last one is the newest
-        newest[incoming.message.conversation_id] = incoming
-    if newest:
-        keys = list(newest)
-        await conn.execute(
-            _RECORD_CONVERSATIONS_SQL,
-            keys,
-            [tenant_of(key) for key in keys],
-            [newest[key].message.id for key in keys],
-            [newest[key].partition for key in keys],
-            [newest[key].offset for key in keys],
-        )
 
 
 @port_errors_on_methods
@@ -160,8 +92,12 @@ class PostgresIngest:
         return _in_order(len(batch), [r for r in results if not isinstance(r, BaseException)])
 
     async def _save(self, group: list[tuple[int, IncomingMessage]]) -> dict[int, SaveOutcome]:
-        async with self._pool.acquire() as conn, conn.transaction():
-            return await _save_in_transaction(conn, group, CONVERSATION_LOCK_CLASS)
+        async with self._pool.acquire() as conn:
+            rows = await _call(conn, [incoming for _, incoming in group], check_marks=True)
+            if not any(row["id"] is None for row in rows):  # no erased conversation
+                return _outcomes(group, rows)
+            async with conn.transaction():  # the marks again, under the locks
+                return await _save_past_erasures(conn, group)
 
 
 def _in_order(size: int, found: Sequence[dict[int, SaveOutcome]]) -> list[SaveOutcome]:
@@ -187,16 +123,19 @@ def _mark_of(row: Any) -> EraseMark:
     )
 
 
-async def erase_marks(conn: Any, conversation_ids: Sequence[str]) -> dict[str, list[EraseMark]]:
-    """The erase marks covering each of ``conversation_ids`` that was ever erased:
-    its own, and a legacy mark of its producer's id (see ``_MARKS_SQL``)."""
-    bare = {key: conversation_id_of(key) for key in conversation_ids}
-    rows = await conn.fetch(_MARKS_SQL, list(conversation_ids), list(set(bare.values())))
-    own = {row["conversation_id"]: _mark_of(row) for row in rows if not row["legacy"]}
-    legacy = {row["conversation_id"]: _mark_of(row) for row in rows if row["legacy"]}
+def _marks(rows: Sequence[Any], conversation_ids: Sequence[str]) -> dict[str, list[EraseMark]]:
+    """The erase marks covering each of ``conversation_ids`` that was ever erased, from
+    the rows ``compactor_ingest`` returned: its own, and a legacy mark of its
+    producer's id (an erase applied before conversation keys named their tenant,
+    migration 0010, kept by the bare id: it covers that id under any tenant; that
+    drops no message the old rules would have stored, as then an id belonged to
+    one tenant at a time)."""
+    own = {row["conversation_id"]: _mark_of(row) for row in rows if row["legacy"] is False}
+    legacy = {row["conversation_id"]: _mark_of(row) for row in rows if row["legacy"] is True}
     marks: dict[str, list[EraseMark]] = {}
     for key in conversation_ids:
-        found = [mark for mark in (own.get(key), legacy.get(bare[key])) if mark is not None]
+        bare = conversation_id_of(key)
+        found = [mark for mark in (own.get(key), legacy.get(bare)) if mark is not None]
         if found:
             marks[key] = found
     return marks
@@ -210,51 +149,65 @@ def covered(marks: dict[str, list[EraseMark]], incoming: IncomingMessage) -> boo
     )
 
 
-async def _save_in_transaction(
-    conn: Any, group: Sequence[tuple[int, IncomingMessage]], lock_class: int
+async def _call(conn: Any, batch: Sequence[IncomingMessage], *, check_marks: bool) -> list[Any]:
+    """``compactor_ingest`` of ``batch``: the marks of its erased conversations
+    (rows without an ``id``, nothing written), or the rows inserted."""
+    keys = _conversations(batch)
+    messages = [incoming.message for incoming in batch]
+    return list(
+        await conn.fetch(
+            _INGEST_SQL,
+            check_marks,
+            CONVERSATION_LOCK_CLASS,
+            keys,
+            list({conversation_id_of(key) for key in keys}),
+            [m.id for m in messages],
+            [m.conversation_id for m in messages],
+            [tenant_of(m.conversation_id) for m in messages],
+            [m.role for m in messages],
+            [m.content for m in messages],
+            [_tool_calls_text(incoming) for incoming in batch],
+            [m.tool_call_id for m in messages],
+            [m.created_at for m in messages],
+            [incoming.tokens for incoming in batch],
+            [m.pinned for m in messages],
+            [incoming.partition for incoming in batch],
+            [incoming.offset for incoming in batch],
+        )
+    )
+
+
+def _outcomes(
+    group: Sequence[tuple[int, IncomingMessage]], rows: Sequence[Any]
 ) -> dict[int, SaveOutcome]:
-    conversations = _conversations([incoming for _, incoming in group])
-    await conn.execute(_LOCK_SQL, lock_class, conversations)
-    marks = await erase_marks(conn, conversations)
+    """Each message's outcome from the rows inserted: a message without one was
+    there already (a redelivery, or a repeated id: its first copy only)."""
+    seqs = {(row["conversation_id"], row["id"]): int(row["seq"]) for row in rows}
     outcomes: dict[int, SaveOutcome] = {}
-    admitted: list[tuple[int, IncomingMessage]] = []
     for position, incoming in group:
-        if covered(marks, incoming):
-            outcomes[position] = SaveOutcome("erased")
-        else:
-            admitted.append((position, incoming))
-    await record_conversations(conn, [incoming for _, incoming in admitted])
-    seqs = await _insert(conn, admitted)
-    for position, incoming in admitted:
-        key = (incoming.message.conversation_id, incoming.message.id)
-        seq = seqs.pop(key, None)  # a repeated id: its first copy only
+        seq = seqs.pop((incoming.message.conversation_id, incoming.message.id), None)
         outcomes[position] = (
             SaveOutcome("duplicate") if seq is None else SaveOutcome("inserted", seq)
         )
     return outcomes
 
 
-async def _insert(
-    conn: Any, admitted: Sequence[tuple[int, IncomingMessage]]
-) -> dict[tuple[str, str], int]:
-    """{(conversation id, message id): arrival number} of the rows inserted."""
-    if not admitted:
-        return {}
-    rows = [incoming for _, incoming in admitted]
-    inserted = await conn.fetch(
-        _INSERT_SQL,
-        [r.message.id for r in rows],
-        [r.message.conversation_id for r in rows],
-        [r.message.role for r in rows],
-        [r.message.content for r in rows],
-        [_tool_calls_text(r) for r in rows],
-        [r.message.tool_call_id for r in rows],
-        [r.message.created_at for r in rows],
-        [r.tokens for r in rows],
-        list(range(len(rows))),
-        [r.message.pinned for r in rows],
+async def _save_past_erasures(
+    conn: Any, group: Sequence[tuple[int, IncomingMessage]]
+) -> dict[int, SaveOutcome]:
+    """In a transaction: the group's locks and marks, then what no erase covers."""
+    batch = [incoming for _, incoming in group]
+    marks = _marks(await _call(conn, batch, check_marks=True), _conversations(batch))
+    erased = {position for position, incoming in group if covered(marks, incoming)}
+    admitted = [(position, incoming) for position, incoming in group if position not in erased]
+    rows = (
+        await _call(conn, [incoming for _, incoming in admitted], check_marks=False)
+        if admitted
+        else []
     )
-    return {(row["conversation_id"], row["id"]): int(row["seq"]) for row in inserted}
+    outcomes = _outcomes(admitted, rows)
+    outcomes.update((position, SaveOutcome("erased")) for position in erased)
+    return outcomes
 
 
 if TYPE_CHECKING:
