@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,9 @@ from streams.http.views import register_views
 from streams.kafka.consumer import CommandToken, ConsumerSide
 from streams.kafka.faust_app import raw_topic
 from streams.kafka.log_limits import limit_repeats
-from streams.kafka.stream_take import ready_events
+from streams.kafka.message_groups import account_message_groups
 from streams.kafka.table_context import TableContexts
 from streams.runtime import WorkerRuntime
-from streams.worker import batching
 from streams.worker.components import Components
 from streams.worker.records import record_of
 from streams.worker.tally_table import AcksAfterFlush
@@ -72,18 +70,20 @@ def register(
 def register_agents(worker: Worker) -> None:
     """Each agent waits for the runtime once, before its first event."""
     app, components, contexts = worker.app, worker.components, worker.contexts
-    accounting, intake, acks = components.accounting, components.intake, worker.acks
+    accounting, intake = components.accounting, components.intake
 
     @app.agent(raw_topic(app, components.names.messages), concurrency=1)
     async def accounting_messages(stream: faust.StreamT[bytes]) -> None:
         """Concurrency 1 (the table's writer); groups acked once durable (``AcksAfterFlush``)."""
         await worker.runtime.wait_open()
         manual: faust.StreamT[bytes] = stream.noack()  # type: ignore[attr-defined]
-        limit, ready = worker.settings.service.accounting_batch_max, partial(ready_events, manual)
-        async for group in batching.in_groups(manual, limit, contexts.seen, ready):
-            revoked = await accounting.handle_batch([record_of(event) for event in group])
-            acks.hold(manual, group, skip=revoked)
-            await acks.settle()
+        await account_message_groups(
+            manual,
+            worker.components.accounting,
+            worker.acks,
+            limit=worker.settings.service.accounting_batch_max,
+            seen=worker.contexts.seen,
+        )
 
     @app.agent(worker.topics["control"], concurrency=1)
     async def accounting_control(stream: faust.StreamT[bytes]) -> None:

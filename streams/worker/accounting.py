@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 from core.domain.budget import BudgetConfig
@@ -34,7 +35,7 @@ from streams.worker.dead_letters import DeadLetters
 from streams.worker.erasure import ConsumedOffsets, Eraser, ErasurePorts
 from streams.worker.failures import Durably, FailurePolicy
 from streams.worker.health import Health
-from streams.worker.ingest import Ingest, IngestPorts
+from streams.worker.ingest import Decoded, Ingest, IngestPorts
 from streams.worker.issued_commands import IssuedCommands
 from streams.worker.keyed_lock import KeyedLock
 from streams.worker.producers import ProducerPolicy
@@ -136,7 +137,14 @@ class Accounting:
             touched = await self._durably.run([record], self._account)
         self._table.flush(only=touched)
 
-    async def handle_batch(self, records: Sequence[Record]) -> set[int]:
+    async def decode(self, records: Sequence[Record]) -> Decoded:
+        """A group of message records decoded as it is taken, ahead of its store
+        (``streams.worker.overlap``); its partitions' epochs are taken now."""
+        return await self._ingest.decode(records)
+
+    async def handle_batch(
+        self, records: Sequence[Record], ahead: Decoded | None = None
+    ) -> set[int]:
         """Account a group of message records, durably; their table entries are
         written by the next due flush (``streams.worker.tally_table.AcksAfterFlush``).
 
@@ -145,19 +153,20 @@ class Accounting:
         that keeps failing otherwise is retried one record at a time, so one bad
         record cannot hold up or dead-letter the others.
 
-        Returns the partitions revoked meanwhile: their records must not be
-        acked (their effect on the table was not kept), so whoever reads the
-        partition next reads them again, finds them stored and resyncs.
+        ``ahead``: the group as ``decode`` returned it when it was taken.
+        Returns the partitions revoked since it was taken: their records must
+        not be acked (their effect on the table was not kept), so whoever reads
+        the partition next reads them again, finds them stored and resyncs.
         """
         if not records:
             return set()
-        epochs = {record.partition: self._table.epoch(record.partition) for record in records}
+        epochs = self._ingest.epochs(records) if ahead is None else ahead.epochs
         async with self._locks.hold_many(record.key for record in records):
-            await self._durably.run(records, self._account)
+            await self._durably.run(records, partial(self._account, ahead=ahead))
         self._metrics.accounting_batch_events.observe(len(records))
         return {p for p, epoch in epochs.items() if self._table.epoch(p) != epoch}
 
-    async def _account(self, records: Sequence[Record]) -> set[str]:
+    async def _account(self, records: Sequence[Record], ahead: Decoded | None = None) -> set[str]:
         """One try: the conversation keys whose table entry it changed."""
         if len(records) == 1 and records[0].topic != self._names.messages:
             try:
@@ -168,7 +177,7 @@ class Accounting:
             except InvalidRecord as error:
                 await self._dead_letter(records[0], error)
                 return set()
-        return await self._ingest.ingest(records)
+        return await self._ingest.ingest(records, ahead)
 
     async def _dead_letter(self, record: Record, error: InvalidRecord) -> None:
         await self._dead_letters.send(record, error)

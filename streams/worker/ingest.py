@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from core.domain.budget import BudgetConfig
@@ -41,6 +42,24 @@ of large turns at once (``streams.kafka.stream_take``), so a group of eight
 
 # One message of a group as stored: its record, what was stored and how it went.
 Stored = tuple[Record, IncomingMessage, SaveOutcome]
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A group decoded ahead of its store (``streams.worker.overlap``), with the
+    table epochs of its partitions when it was taken: a partition revoked after
+    that is not counted or acked here, however long the group waited."""
+
+    records: Sequence[Record]
+    epochs: dict[int, int]
+    messages: list[tuple[Record, IncomingMessage]]
+    letters: list[tuple[Record, InvalidRecord]]
+
+    def covers(self, records: Sequence[Record]) -> bool:
+        """Whether this is the decoding of exactly ``records`` (a retry may split them)."""
+        return len(records) == len(self.records) and all(
+            mine is theirs for mine, theirs in zip(self.records, records, strict=True)
+        )
 
 
 class IngestPorts(Protocol):
@@ -101,16 +120,30 @@ class Ingest:
         self._clock = clock
         self._stored = stored
 
-    async def ingest(self, records: Sequence[Record]) -> set[str]:
-        """Store the group, then count each conversation once: from the store when
-        this worker has not checked its entry since it got the partition (or a
-        message was a redelivery), else by adding the new messages' tokens.
-        Returns the conversation keys counted."""
-        epochs = {record.partition: self._table.epoch(record.partition) for record in records}
+    def epochs(self, records: Sequence[Record]) -> dict[int, int]:
+        """The table epoch of each partition of ``records``, now."""
+        return {record.partition: self._table.epoch(record.partition) for record in records}
+
+    async def decode(
+        self, records: Sequence[Record], epochs: dict[int, int] | None = None
+    ) -> Decoded:
+        """``records`` decoded, with their partitions' epochs (``epochs``, else now)."""
+        epochs = self.epochs(records) if epochs is None else epochs
         if sum(len(r.value or b"") for r in records) > OFF_LOOP_BYTES:
             decoded, letters = await asyncio.to_thread(self._decode, records)
         else:
             decoded, letters = self._decode(records)
+        return Decoded(records, epochs, decoded, letters)
+
+    async def ingest(self, records: Sequence[Record], ahead: Decoded | None = None) -> set[str]:
+        """Store the group, then count each conversation once: from the store when
+        this worker has not checked its entry since it got the partition (or a
+        message was a redelivery), else by adding the new messages' tokens.
+        ``ahead``: the group as decoded when it was taken (its epochs hold for any
+        part of it). Returns the conversation keys counted."""
+        if ahead is None or not ahead.covers(records):
+            ahead = await self.decode(records, None if ahead is None else ahead.epochs)
+        epochs, decoded, letters = ahead.epochs, ahead.messages, ahead.letters
         outcomes = await self._runtime.ingest.save_messages([incoming for _, incoming in decoded])
         groups = self._by_conversation(decoded, outcomes)
         self._stored(groups.keys())

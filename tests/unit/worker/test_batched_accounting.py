@@ -356,6 +356,23 @@ async def test_a_group_in_flight_when_its_partition_is_revoked_keeps_nothing_and
     assert h.tally("c").token_total == 100  # a duplicate: resynced from the store
 
 
+async def test_a_group_decoded_before_its_partition_was_revoked_keeps_nothing_and_says_so() -> None:
+    """Decoded ahead (``streams.worker.overlap``), the group waits for the one before
+    it; a revocation in that wait counts as one during the group: its epochs are
+    the ones it was taken under."""
+    h = harness()
+    await h.components.accounting.handle_batch([message_record(h, 0, "c", 50)])
+    table = h.components.table
+    records = [message_record(h, 1, "c", 50)]
+    ahead = await h.components.accounting.decode(records)
+    table.flush_partitions({partition_of("c")})  # what on_revoked does, while it waited
+    table.forget({partition_of("c")})
+    revoked = await h.components.accounting.handle_batch(records, ahead)
+    assert revoked == {partition_of("c")}  # not acked: re-read by the next owner
+    assert not table.synced("c") and table.cached == 0
+    assert h.table["c"]["token_total"] == 50
+
+
 class _Event:
     def __init__(self, partition: int) -> None:
         self.message = type("M", (), {"partition": partition})()
