@@ -46,8 +46,12 @@ from streams.worker.ingest_notices import IngestNotices
 
 Shape = Literal["openai", "anthropic", "messages"]
 Fit = Literal["budget", "window", "none"]
-# Polled this often when no notice comes (a conversation another worker ingests).
+# Polled this often when no notice is to be expected (a conversation another
+# worker ingests, or a new one) ...
 POLL_SECONDS = 0.025
+# ... and this often when one is (this worker stored it lately): a safety net for a
+# partition that moved away, not the way the reader is woken.
+NOTICED_POLL_SECONDS = 0.25
 
 
 class ContextPorts(Protocol):
@@ -110,10 +114,11 @@ class TurnContexts:
         fit_settings: FitSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         poll_seconds: float = POLL_SECONDS,
+        noticed_poll_seconds: float = NOTICED_POLL_SECONDS,
     ) -> None:
         """``pending``: the compaction in flight for a conversation, when this worker
         holds its table entry (None otherwise, or when there is none)."""
-        self._poll_seconds = poll_seconds
+        self._polls = (poll_seconds, noticed_poll_seconds)
         self._runtime = runtime
         self._budget = budget
         self._notices = notices
@@ -152,14 +157,17 @@ class TurnContexts:
         """The version, once it includes what ``request`` asks for or its wait is over."""
         deadline = self._clock() + min(request.wait_seconds, 60.0)
         reader = self._runtime.context
+        key = request.conversation_key
         while True:
+            seen = self._notices.mark(key)  # before the look: a store after it wakes us
             version = await reader.context_version(
-                request.conversation_key, scope=request.scope, through=request.through
+                key, scope=request.scope, through=request.through
             )
             left = deadline - self._clock()
             if _satisfied(version, request) or left <= 0:
                 return version
-            await self._notices.wait(request.conversation_key, min(left, self._poll_seconds))
+            poll = self._polls[seen is not None]
+            await self._notices.wait(key, min(left, poll), seen=seen)
 
     async def _render(self, request: ContextRequest, snapshot: ContextSnapshot) -> _Rendered:
         limit = self._limit(request.fit)

@@ -34,14 +34,16 @@ class WatchedNotices(IngestNotices):
     def __init__(self) -> None:
         super().__init__()
         self.waiting_started = asyncio.Event()
+        self.waits: list[float] = []  # each wait's ``within``
 
-    async def wait(self, conversation_key: str, within: float) -> bool:
+    async def wait(self, conversation_key: str, within: float, **seen: Any) -> bool:
+        self.waits.append(within)
         self.waiting_started.set()
-        return await super().wait(conversation_key, within)
+        return await super().wait(conversation_key, within, **seen)
 
 
 class Setup:
-    def __init__(self, *, poll_seconds: float = 0.025) -> None:
+    def __init__(self, *, poll_seconds: float = 0.025, noticed_poll_seconds: float = 0.25) -> None:
         self.store = InMemoryStore()
         self.notices = WatchedNotices()
         self.metrics = Metrics()
@@ -52,6 +54,7 @@ class Setup:
             self.metrics,
             pending=lambda key: "cmp-7" if key == KEY else None,
             poll_seconds=poll_seconds,
+            noticed_poll_seconds=noticed_poll_seconds,
         )
         self.offset = 0
 
@@ -132,6 +135,28 @@ async def test_through_waits_for_the_message_and_is_woken_by_its_ingest() -> Non
     await setup.publish(1)
     found = body(await asyncio.wait_for(waiting, 5))
     assert [m["id"] for m in found["request"]["messages"]][-1] == msg(2, conversation_id=KEY).id
+
+
+async def test_a_reader_polls_the_store_rarely_when_this_worker_ingests_the_conversation() -> None:
+    """Stored here lately: the notice wakes the reader, the poll is only a safety
+    net; stored by no one here: the reader polls, as another worker's notice
+    never comes."""
+    setup = Setup(poll_seconds=0.025, noticed_poll_seconds=30.0)
+    other = "acme/elsewhere"  # never stored by this worker
+    late = asyncio.create_task(
+        setup.contexts.answer(ContextRequest(other, SCOPE, through="x", wait_seconds=0.2))
+    )
+    assert isinstance(await asyncio.wait_for(late, 5), NotYet)
+    assert setup.notices.waits and max(setup.notices.waits) <= 0.025
+    await setup.publish(2)
+    setup.notices.waits.clear()
+    setup.notices.waiting_started.clear()
+    through = msg(2, conversation_id=KEY).id
+    waiting = asyncio.create_task(setup.read(through=through, wait_seconds=20))
+    await setup.notices.waiting_started.wait()
+    await setup.publish(1)
+    assert isinstance(await asyncio.wait_for(waiting, 5), Served)
+    assert setup.notices.waits[0] > 19  # the notice's wait, not a 25 ms poll
 
 
 async def test_after_waits_for_the_record_position() -> None:
