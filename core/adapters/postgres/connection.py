@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 import asyncpg
 from pgvector.asyncpg import register_vector
 
+from core.domain.tenancy import is_tenant_id
 from core.ports.storage import ReadScope
 
 if TYPE_CHECKING:
@@ -91,19 +93,32 @@ WRITER_ROLE = "compactor_writer"
 TENANT_SETTING = "compactor.tenant"
 ALL_TENANTS = "*"
 
-_ENTER_SCOPE = (
-    f"SELECT set_config('role', '{READER_ROLE}', true), set_config('{TENANT_SETTING}', $1, true)"
-)
+_BEGIN_READ: dict[IsolationLevel, str] = {
+    "read_committed": "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY",
+    "repeatable_read": "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+}
 
 
 def tenant_setting(scope: ReadScope) -> str:
-    """The value of ``compactor.tenant`` for ``scope``."""
+    """The value of ``compactor.tenant`` for ``scope``: ``*`` or a tenant id, so only
+    ``TENANT_ID_PATTERN``'s characters (ValueError otherwise)."""
     if scope.all_tenants:
         return ALL_TENANTS
     tenant = scope.tenant or ""
-    if tenant == ALL_TENANTS:  # ReadScope takes any string; "*" is not a tenant
-        raise ValueError("'*' is not a tenant id")
+    if not is_tenant_id(tenant):  # ReadScope takes any string; "*" is not a tenant
+        raise ValueError(f"not a tenant id: {tenant[:80]!r}")
     return tenant
+
+
+def enter_scope(scope: ReadScope, isolation: IsolationLevel) -> str:
+    """The transaction's start and its scope, one simple query: one round trip
+    where a parameter would cost a second (a read at every turn pays it). The
+    tenant is a literal here, safely: ``tenant_setting`` admits only letters,
+    digits, ``._:@-`` and ``*``, none of which can end or escape a string."""
+    return (
+        f"{_BEGIN_READ[isolation]}; SELECT set_config('role', '{READER_ROLE}', true), "
+        f"set_config('{TENANT_SETTING}', '{tenant_setting(scope)}', true)"
+    )
 
 
 @asynccontextmanager
@@ -114,10 +129,25 @@ async def reading(
     for ``scope`` (both ``SET LOCAL``: they end with the transaction, so the pooled
     connection goes back as it came). Row-level security then shows only the
     scope's rows, whatever the queries inside filter on, even for a superuser.
-    ``repeatable_read``: every statement inside sees one snapshot."""
-    async with pool.acquire() as conn, conn.transaction(isolation=isolation, readonly=True):
-        await conn.execute(_ENTER_SCOPE, tenant_setting(scope))
-        yield conn
+    ``repeatable_read``: every statement inside sees one snapshot. The queries
+    inside open no transaction of their own (asyncpg does not know of this one)."""
+    start = enter_scope(scope, isolation)
+    async with pool.acquire() as conn:
+        try:
+            await conn.execute(start)
+            yield conn
+        except BaseException:
+            await _roll_back(conn)
+            raise
+        await conn.execute("COMMIT")
+
+
+async def _roll_back(conn: Any) -> None:
+    """Best effort: a connection too broken to roll back is closed by the pool."""
+    if conn.is_closed() or not conn.is_in_transaction():
+        return
+    with contextlib.suppress(Exception):
+        await conn.execute("ROLLBACK")
 
 
 def read_as(pool: asyncpg.Pool, scope: ReadScope | None) -> AbstractAsyncContextManager[Queryable]:
