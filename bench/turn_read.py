@@ -16,6 +16,9 @@ budget and are compacted too). Then:
    version lookup), and the baseline in the same loop: the whole ``/history``
    (``limit=1000``: the paged read a platform used before, converting it itself).
    Reported: p50/p95/p99 per kind, turns/s, any non-200 (a 429 is the rate limit).
+   Back to back by default: the readers' turns queue at the worker, so the
+   latencies measure its read capacity (Little's law). ``--think-ms`` paces each
+   reader as a platform is paced, a model call between two turns.
 2. **fit** (provider down): conversations pushed over the window while every
    summary call fails, read cold at ``fit=budget`` (fitted: a provisional
    clip-archive) and ``fit=none`` (the same rows, not fitted): the p95 ratio.
@@ -74,7 +77,12 @@ from tests.support.worker import wait_for_split
 
 
 async def turn_phase(
-    worker_urls: list[str], turns: Turns, conversations: list[str], readers: int, seconds: float
+    worker_urls: list[str],
+    turns: Turns,
+    conversations: list[str],
+    readers: int,
+    seconds: float,
+    think: float = 0.0,
 ) -> dict[str, Any]:
     """``readers`` turn loops over the big conversations for ``seconds``, spread
     over the workers as a load balancer would (a worker forwards a read of a
@@ -96,11 +104,13 @@ async def turn_phase(
             http = sessions[n % len(sessions)]
             while time.monotonic() < deadline:
                 await turns.one(http, cid, latencies, statuses)
+                if think:  # the platform's model call before its next turn
+                    await asyncio.sleep(think * random.uniform(0.5, 1.5))
 
         started = time.monotonic()
         await asyncio.gather(*(loop(n) for n in range(readers)))
         elapsed = time.monotonic() - started
-    row: dict[str, Any] = {"readers": readers, "seconds": round(elapsed, 1)}
+    row: dict[str, Any] = {"readers": readers, "seconds": round(elapsed, 1), "think_s": think}
     row["turns_per_s"] = round(latencies["cold"].count / elapsed, 1)
     for kind in kinds:
         row[kind] = latencies[kind].summary()
@@ -256,7 +266,10 @@ async def measure(
         try:
             results["turns_by_readers"] = []
             for readers in args.readers:
-                row = await turn_phase(urls, turns, big, readers, args.seconds)
+                note(f"turns: {readers} readers for {args.seconds:g} s")
+                row = await turn_phase(
+                    urls, turns, big, readers, args.seconds, args.think_ms / 1000
+                )
                 results["turns_by_readers"].append(row)
                 note(f"{readers} readers: {json.dumps(row)}")  # kept if a later phase fails
         finally:
@@ -278,7 +291,9 @@ def report(results: dict[str, Any]) -> None:
         rows.append((*cells, json.dumps(row["not_200"]) if row["not_200"] else "-"))
     heads = ("readers", "turns/s", "publish->readable ms", "of which the ack ms", "context cold ms",
              "context cached ms", "/history (baseline) ms", "not 200")  # fmt: skip
-    print(f"\nturn loops, {results.get('workers', 1)} worker(s), background "
+    think = results["turns_by_readers"][0].get("think_s", 0) if results["turns_by_readers"] else 0
+    paced = f"a {think:g} s pause between turns" if think else "turns back to back"
+    print(f"\nturn loops, {results.get('workers', 1)} worker(s), {paced}, background "
           f"{results['background_events_per_s']} events/s (p50 / p95 / p99)")  # fmt: skip
     print(table(heads, rows))
     fit = results["fit"]
@@ -297,6 +312,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--big", type=int, default=16, help="conversations read")
     parser.add_argument("--turns", type=int, default=700, help="turns of each")
     parser.add_argument("--latency-ms", type=float, default=2000.0)
+    parser.add_argument(
+        "--think-ms", type=float, default=0.0, help="each reader's pause between turns (mean)"
+    )
     parser.add_argument("--fit-reads", type=int, default=200)
     parser.add_argument("--burst", type=int, default=6)
     parser.add_argument("--json", type=Path)
