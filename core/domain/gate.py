@@ -74,8 +74,11 @@ COMMON_BIGRAMS = frozenset(
 of hiragana alone, Japanese grammar, are skipped too)."""
 MIN_COPY_CHARS = 40
 """A shorter summary found in the previous clip-archive may be a coincidence."""
-OFF_LOOP_CHARS = 200_000
-"""Above this many characters (summaries and compressed turns), run the gate off the loop."""
+OFF_LOOP_CHARS = 8_000
+"""Above this many characters (summaries and compressed turns), run the gate off the
+loop: the specifics alone take ~1.2 ms per 1,000 characters on the 2-core machine
+(``docs/performance.md`` section 10), so a compaction's gate stays within ~10 ms
+of the loop that also answers the platforms' reads."""
 
 
 @dataclass(frozen=True)
