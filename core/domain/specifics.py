@@ -18,6 +18,7 @@ Pure: the same turns, summary and allowance always give the same ledger.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -211,8 +212,19 @@ def _clean(kind: SpecificKind, match: re.Match[str]) -> str | None:
 
 def mentions_in(text: str, message_id: str, position: int = 0) -> list[Mention]:
     """Every specific in ``text``, each span claimed once, in text order."""
+    spans = _remembered_spans(text) if len(text) <= REMEMBERED_TEXT_CHARS else _spans(text)
+    return [Mention(kind, cleaned, message_id, position) for kind, cleaned in spans]
+
+
+# A compaction's turns are read when it is planned and again by the store's gate,
+# seconds apart: the spans of the last 2,048 chat-sized texts are kept (<= ~8 MB).
+REMEMBERED_TEXT_CHARS = 4_000
+_remembered_spans = functools.lru_cache(maxsize=2_048)(lambda text: _spans(text))
+
+
+def _spans(text: str) -> tuple[tuple[SpecificKind, str], ...]:
     claimed = ClaimedSpans()
-    found: list[tuple[int, Mention]] = []
+    found: list[tuple[int, SpecificKind, str]] = []
     for kind, pattern in _PATTERNS:
         for match in pattern.finditer(text):
             start, end = match.span()
@@ -222,8 +234,8 @@ def mentions_in(text: str, message_id: str, position: int = 0) -> list[Mention]:
             if cleaned is None:
                 continue
             claimed.add(start, end)
-            found.append((start, Mention(kind, cleaned, message_id, position)))
-    return [mention for _, mention in sorted(found, key=lambda item: item[0])]
+            found.append((start, kind, cleaned))
+    return tuple((kind, cleaned) for _, kind, cleaned in sorted(found, key=lambda item: item[0]))
 
 
 def turn_text(message: ConversationMessage) -> str:

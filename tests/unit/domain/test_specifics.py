@@ -175,3 +175,21 @@ def test_a_merged_ranking_keeps_each_specific_once_raised_by_its_repeats() -> No
     merged = merge_ranked([a, b])
     assert [(s.text, s.message_id) for s in merged] == [("$5", "m1"), ("Ada Byron", "m9")]
     assert merged[0].score > 2.0
+
+
+def test_a_turn_read_again_is_not_searched_again_and_reads_the_same() -> None:
+    """The plan and the store's gate read the same turns seconds apart."""
+    from core.domain import specifics
+
+    text = "Order ORD-88123 shipped to Berlin on 2024-03-05 for $1,250 (see /srv/app/config.toml)."
+    first = specifics.mentions_in(text, "m-1", 2)
+    hits = specifics._remembered_spans.cache_info().hits
+    again = specifics.mentions_in(text, "m-9", 7)
+    assert specifics._remembered_spans.cache_info().hits == hits + 1
+    assert [(m.kind, m.text) for m in again] == [(m.kind, m.text) for m in first]
+    assert {(m.message_id, m.position) for m in again} == {("m-9", 7)}
+    assert {m.kind for m in first} >= {"identifier", "datetime", "amount", "path"}
+    long_text = text + " filler" * 1_000  # over REMEMBERED_TEXT_CHARS: read each time
+    specifics.mentions_in(long_text, "m-2")
+    specifics.mentions_in(long_text, "m-2")
+    assert specifics._remembered_spans.cache_info().hits == hits + 1
