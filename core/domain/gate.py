@@ -77,7 +77,7 @@ MIN_COPY_CHARS = 40
 OFF_LOOP_CHARS = 8_000
 """Above this many characters (summaries and compressed turns), run the gate off the
 loop: the specifics alone take ~1.2 ms per 1,000 characters on the 2-core machine
-(``docs/performance.md`` section 10), so a compaction's gate stays within ~10 ms
+(``docs/performance.md`` section 3), so a compaction's gate stays within ~10 ms
 of the loop that also answers the platforms' reads."""
 
 
