@@ -256,7 +256,10 @@ def _content_words(text: str) -> set[str]:
     shares words with its turns, never whole clauses."""
     found: set[str] = set()
     for word in CONTENT_WORD.findall(text.casefold(), 0, MAX_SHINGLES * 16)[:MAX_SHINGLES]:
-        if IDEOGRAPHIC_START.match(word):
+        if word.isascii():  # neither script below: the common case, without two matches
+            if word not in COMMON_WORDS:
+                found.add(word)
+        elif IDEOGRAPHIC_START.match(word):
             found.update(
                 gram
                 for gram in _grams(word, 2)

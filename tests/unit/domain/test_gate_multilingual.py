@@ -12,6 +12,8 @@ assistant's reply instead of a summary, which must still be refused.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from core.domain.gate import Passed, Rejected
 from core.domain.messages import ConversationMessage
@@ -94,3 +96,34 @@ def test_an_assistants_reply_instead_of_a_summary_is_refused(language: str) -> N
     conversation, reply = ASSISTANT_REPLY[language]
     found = verdict(reply, conversation)
     assert isinstance(found, Rejected) and found.reason == "unrelated", found
+
+
+@given(
+    st.text(
+        alphabet=st.one_of(
+            st.characters(max_codepoint=127),
+            st.sampled_from("éßçøあいう漢字語한국어กขคअआइ"),
+        ),
+        max_size=300,
+    )
+)
+def test_content_words_take_a_shortcut_for_ascii_words_only(text: str) -> None:
+    """An ASCII word is in neither unspaced script, so it skips both script checks
+    and is kept unless common: the same words as checking every script first."""
+    from core.domain import gate
+
+    expected: set[str] = set()
+    for word in gate.CONTENT_WORD.findall(text.casefold(), 0, gate.MAX_SHINGLES * 16)[
+        : gate.MAX_SHINGLES
+    ]:
+        if gate.IDEOGRAPHIC_START.match(word):
+            expected.update(
+                g
+                for g in gate._grams(word, 2)
+                if g not in gate.COMMON_BIGRAMS and not gate.HIRAGANA_ONLY.fullmatch(g)
+            )
+        elif gate.ABUGIDA_START.match(word):
+            expected.update(gate._grams(word, 4))
+        elif word not in gate.COMMON_WORDS:
+            expected.add(word)
+    assert gate._content_words(text) == expected
