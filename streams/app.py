@@ -79,10 +79,10 @@ def register_agents(worker: Worker) -> None:
         manual: faust.StreamT[bytes] = stream.noack()  # type: ignore[attr-defined]
         await account_message_groups(
             manual,
-            worker.components.accounting,
+            accounting,
             worker.acks,
             limit=worker.settings.service.accounting_batch_max,
-            seen=worker.contexts.seen,
+            seen=contexts.seen,
         )
 
     @app.agent(worker.topics["control"], concurrency=1)
