@@ -114,6 +114,9 @@ class Plan:
     storm_seconds: float = 20.0
     workers: int = 2
     seed: int = 0
+    # Compactions in flight per worker: the chaos stack's 8 unless given. With a
+    # 300 ms provider, 2 workers x 8 slots compact ~26 conversations a second.
+    compaction_slots: int | None = None
     recovery_limit: float = 180.0  # seconds for the lag to come back after a fault
 
     @property
@@ -366,6 +369,9 @@ class Soak:
         self.stack = SoakStack(
             scenario="soak", bootstrap=broker.bootstrap_servers, dsn=dsn, llm=llm, root=root
         )
+        if plan.compaction_slots is not None:
+            slots = {"max_concurrent_compactions": plan.compaction_slots}
+            self.stack.configure({"service": slots})
         self.traffic = Traffic(plan.conversations, f"{self.stack.app_id}-c", plan.seed)
         self.samples: list[dict[str, Any]] = []
         self.faults: list[Fault] = []
@@ -1089,6 +1095,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llm-ms", type=float, default=300.0)
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds")
     parser.add_argument("--storm-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--compaction-slots",
+        type=int,
+        default=None,
+        help="[service].max_concurrent_compactions per worker (default: the chaos stack's 8)",
+    )
     parser.add_argument("--out", type=Path, default=Path("soak-out"))
     parser.add_argument("--max-rss-growth-mib", type=float, default=Limits.max_rss_growth_mib)
     parser.add_argument("--max-fd-growth", type=float, default=Limits.max_fd_growth)
@@ -1102,6 +1114,7 @@ def main(argv: list[str] | None = None) -> int:
         llm_ms=args.llm_ms,
         sample_every=args.sample_every,
         storm_seconds=args.storm_seconds,
+        compaction_slots=args.compaction_slots,
     )
     limits = Limits(
         max_rss_growth_mib=args.max_rss_growth_mib,
