@@ -25,9 +25,9 @@ from streams.kafka.log_limits import limit_repeats
 from streams.kafka.message_groups import account_message_groups
 from streams.kafka.table_context import TableContexts
 from streams.runtime import WorkerRuntime
+from streams.worker.acks_after_flush import AcksAfterFlush
 from streams.worker.components import Components
 from streams.worker.records import record_of
-from streams.worker.tally_table import AcksAfterFlush
 
 log = logging.getLogger("compactor.worker")
 

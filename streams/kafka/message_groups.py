@@ -15,10 +15,10 @@ from typing import Any
 from streams.kafka.stream_take import ready_events
 from streams.worker import batching
 from streams.worker.accounting import Accounting
+from streams.worker.acks_after_flush import AcksAfterFlush
 from streams.worker.ingest import Decoded
 from streams.worker.overlap import overlapped
 from streams.worker.records import record_of
-from streams.worker.tally_table import AcksAfterFlush
 
 
 async def account_message_groups(

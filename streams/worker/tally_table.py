@@ -57,6 +57,9 @@ MAX_STRETCH_SECONDS = 10.0
 """The longest a flush interval is stretched (``TallyTable._next_interval``): the
 longest an offset commit waits for the table under a wide burst."""
 
+FLUSH_STEP = 250
+"""Entries a flush writes between two yields to the event loop (~20 ms)."""
+
 
 def table_value(tally: ConversationTally) -> dict[str, Any]:
     """The entry as the table holds it: readable by this release and the previous one."""
@@ -213,26 +216,54 @@ class TallyTable:
         now = self._clock()
         if only is None and not force and not self.flush_due():
             return 0
-        keys = list(self._dirty) if only is None else self._dirty.intersection(only)
-        by_partition: dict[int | None, list[_Entry]] = {}
-        for conversation_id in keys:
-            entry = self._cache[conversation_id]
-            by_partition.setdefault(entry.partition, []).append(entry)
+        written = sum(self._write(p, keys) for p, keys in self._due(only).items())
+        return self._flushed(written, now, whole=only is None)
+
+    async def flush_in_steps(self, step: int = FLUSH_STEP) -> int:
+        """``flush(force=True)``, yielding to the event loop after every ``step``
+        entries: at ~70 µs an entry (a profile's figure, docs/performance.md
+        section 2), 10,000 dirty entries would hold the loop (reads,
+        heartbeats, compactions) for ~0.7 s. An entry changed meanwhile
+        is written as it is then, or at the next flush; one forgotten meanwhile
+        (its partition revoked) is skipped."""
+        now = self._clock()
         written = 0
-        for partition, entries in by_partition.items():
-            try:
-                context = self._write_context(partition)
-            except LookupError:  # no event of that partition seen yet: next flush
-                continue
-            with context:
-                for entry in entries:
-                    conversation_id = entry.tally.conversation_id
-                    self._table[conversation_id] = table_value(entry.tally)
-                    entry.dirty = False
-                    self._dirty.discard(conversation_id)
-                    written += 1
-        if only is None:
-            self._last_flush = now
+        for partition, keys in self._due(None).items():
+            for start in range(0, len(keys), step):
+                written += self._write(partition, keys[start : start + step])
+                await asyncio.sleep(0)
+        return self._flushed(written, now, whole=True)
+
+    def _due(self, only: Collection[str] | None) -> dict[int | None, list[str]]:
+        """The dirty entries (``only`` those), by partition."""
+        keys = list(self._dirty) if only is None else self._dirty.intersection(only)
+        by_partition: dict[int | None, list[str]] = {}
+        for conversation_id in keys:
+            by_partition.setdefault(self._cache[conversation_id].partition, []).append(
+                conversation_id
+            )
+        return by_partition
+
+    def _write(self, partition: int | None, keys: list[str]) -> int:
+        try:
+            context = self._write_context(partition)
+        except LookupError:  # no event of that partition seen yet: next flush
+            return 0
+        written = 0
+        with context:
+            for conversation_id in keys:
+                entry = self._cache.get(conversation_id)
+                if entry is None or conversation_id not in self._dirty:
+                    continue  # forgotten, or written by another flush meanwhile
+                self._table[conversation_id] = table_value(entry.tally)
+                entry.dirty = False
+                self._dirty.discard(conversation_id)
+                written += 1
+        return written
+
+    def _flushed(self, written: int, started: float, *, whole: bool) -> int:
+        if whole:
+            self._last_flush = started
             self._interval = self._next_interval(written)
             self._on_interval(self._interval)
         self._on_write(written)
@@ -330,41 +361,3 @@ class TallyTable:
             yield from self._table.items()
         except RuntimeError:  # changed during the iteration: fall back to a copy
             yield from list(self._table.items())
-
-
-class AcksAfterFlush:
-    """Acks a group's events once the table entries they changed are flushed.
-
-    The table is written behind (``TallyTable.flush``), and Faust commits an
-    acked offset within a second: acked at once, a kill -9 between the commit
-    and the flush left the changelog a message short of PostgreSQL, for good
-    if the conversation got no further message (the new owner restores the
-    entry and never reads that message again). Held until the flush, the
-    events are read again after a kill, found stored, and the entry resynced.
-    Faust flushes its producer (changelog records included) before it commits.
-    """
-
-    def __init__(self, table: Any) -> None:
-        self._table = table
-        self._pending: list[tuple[Any, Any]] = []
-
-    def hold(self, stream: Any, events: list[Any], skip: set[int]) -> None:
-        """Events of partitions in ``skip`` (revoked meanwhile) are never acked."""
-        self._pending.extend((stream, e) for e in events if e.message.partition not in skip)
-
-    async def settle(self, *, force: bool = False) -> int:
-        """Flush if due (or ``force``), then ack what the flush made durable."""
-        if not (force or self._table.flush_due()):
-            return 0
-        self._table.flush(force=True)
-        pending, self._pending = self._pending, []
-        for stream, event in pending:
-            await stream.ack(event)
-        return len(pending)
-
-    def drop(self, partitions: set[int]) -> None:
-        """Revoked: their new owner reads these events again."""
-        self._pending = [(s, e) for s, e in self._pending if e.message.partition not in partitions]
-
-    def __len__(self) -> int:
-        return len(self._pending)

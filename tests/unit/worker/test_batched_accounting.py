@@ -387,7 +387,7 @@ class _Stream:
 
 
 async def test_events_are_acked_only_once_their_table_entries_are_flushed() -> None:
-    from streams.worker.tally_table import AcksAfterFlush
+    from streams.worker.acks_after_flush import AcksAfterFlush
 
     now = [0.0]
     raw: dict[str, Any] = {}
