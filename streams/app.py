@@ -157,7 +157,7 @@ def register_timers(worker: Worker) -> None:
     async def measure_lag() -> None:
         worker.side.lag.tick()
 
-    @app.timer(interval=2.0)  # type: ignore[untyped-decorator]
+    @app.timer(interval=service.stall_check_seconds)  # type: ignore[untyped-decorator]
     async def watch_progress() -> None:
         await worker.side.watchdog.tick()
 

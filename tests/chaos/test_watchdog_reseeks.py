@@ -6,9 +6,10 @@ re-sought five partitions 1-2 s into a new generation while Faust's recovery
 sought them too. The guard in ``streams/kafka/watchdog.py`` (no re-seek once a
 rebalance or recovery began during the pass) was the suspected fix.
 
-How the timing is forced: ``stall_seconds`` is tiny (0.1 s), so every watchdog
-pass (every 2 s) re-seeks each watched partition with work left that did not
-move since the previous pass. Outside a rebalance that is rare; during one it is
+How the timing is forced: ``stall_seconds`` is tiny (0.1 s) and the watchdog
+looks every 0.25 s (``stall_check_seconds``; 2 s by default, when a rebalance
+could come and go between two passes), so every pass re-seeks each watched
+partition with work left that did not move since the previous pass. Outside a rebalance that is rare; during one it is
 every paused partition, and during table recovery every changelog partition
 still being read: without the guard the watchdog seeks exactly in the window
 that the hour run suspected. ``stall_reseeks_before_exit`` is huge so the
@@ -87,7 +88,15 @@ async def test_watchdog_reseeking_during_rebalances_loses_nothing(
 ) -> None:
     chaos_llm.latency = (0.2, 0.6)
     stack = await make_stack("watchdog_reseeks", kafka_bootstrap, pg_database)
-    stack.configure({"service": {"stall_seconds": 0.1, "stall_reseeks_before_exit": 1_000_000}})
+    stack.configure(
+        {
+            "service": {
+                "stall_seconds": 0.1,
+                "stall_check_seconds": 0.25,
+                "stall_reseeks_before_exit": 1_000_000,
+            }
+        }
+    )
     stack.notes["llm_latency_ms"] = "200-600"
     stack.worker("w1")
     stack.worker("w2")
