@@ -371,34 +371,3 @@ async def test_a_group_decoded_before_its_partition_was_revoked_keeps_nothing_an
     assert revoked == {partition_of("c")}  # not acked: re-read by the next owner
     assert not table.synced("c") and table.cached == 0
     assert h.table["c"]["token_total"] == 50
-
-
-class _Event:
-    def __init__(self, partition: int) -> None:
-        self.message = type("M", (), {"partition": partition})()
-
-
-class _Stream:
-    def __init__(self) -> None:
-        self.acked: list[_Event] = []
-
-    async def ack(self, event: _Event) -> None:
-        self.acked.append(event)
-
-
-async def test_events_are_acked_only_once_their_table_entries_are_flushed() -> None:
-    from streams.worker.acks_after_flush import AcksAfterFlush
-
-    now = [0.0]
-    raw: dict[str, Any] = {}
-    table = TallyTable(raw, flush_seconds=1.0, clock=lambda: now[0])
-    acks, stream = AcksAfterFlush(table), _Stream()
-    first, second, revoked = _Event(0), _Event(1), _Event(2)
-    table.put(ConversationTally(conversation_id="c", token_total=5), partition=0)
-    acks.hold(stream, [first, second, revoked], skip={2})
-    assert await acks.settle() == 0 and stream.acked == [] and raw == {}  # not due yet
-    acks.drop({1})  # partition 1 revoked meanwhile: read again by its next owner
-    now[0] = 1.0
-    assert await acks.settle() == 1
-    assert stream.acked == [first] and raw["c"]["token_total"] == 5  # flushed, then acked
-    assert len(acks) == 0

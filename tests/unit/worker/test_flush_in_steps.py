@@ -1,4 +1,5 @@
-"""A table flush yields to the event loop every ``step`` entries, and stays correct
+"""Acks wait for the table flush that wrote their entries; a flush yields to the
+event loop every ``step`` entries, and stays correct
 when the table changes (or a partition is revoked) between two steps."""
 
 from __future__ import annotations
@@ -130,3 +131,19 @@ async def test_a_settle_begun_during_another_keeps_its_revocations() -> None:
     assert await acks.settle(force=True) == 0
     await task
     assert stream.acked == []
+
+
+async def test_events_are_acked_only_once_their_table_entries_are_flushed() -> None:
+    now = [0.0]
+    raw: dict[str, Any] = {}
+    table = TallyTable(raw, flush_seconds=1.0, clock=lambda: now[0])
+    acks, stream = AcksAfterFlush(table), _Stream()
+    first, second, revoked = _Event(0), _Event(1), _Event(2)
+    table.put(ConversationTally(conversation_id="c", token_total=5), partition=0)
+    acks.hold(stream, [first, second, revoked], skip={2})
+    assert await acks.settle() == 0 and stream.acked == [] and raw == {}  # not due yet
+    acks.drop({1})  # partition 1 revoked meanwhile: read again by its next owner
+    now[0] = 1.0
+    assert await acks.settle() == 1
+    assert stream.acked == [first] and raw["c"]["token_total"] == 5  # flushed, then acked
+    assert len(acks) == 0
