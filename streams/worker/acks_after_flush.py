@@ -14,7 +14,7 @@ from typing import Any
 class AcksAfterFlush:
     """Acks a group's events once the table entries they changed are flushed.
 
-    The table is written behind (``TallyTable.flush``), and Faust commits an
+    The table is written behind (``TallyTable.flush_in_steps``), and Faust commits an
     acked offset within a second: acked at once, a kill -9 between the commit
     and the flush left the changelog a message short of PostgreSQL, for good
     if the conversation got no further message (the new owner restores the
