@@ -61,6 +61,25 @@ async def test_a_flush_of_ten_thousand_entries_lets_the_event_loop_run_between_s
     assert turns - before >= 10_000 // 250 - 1  # the loop ran between every two steps
 
 
+async def test_a_flush_of_fewer_entries_than_a_step_runs_in_one_go() -> None:
+    """Whatever partitions they are in: a small flush costs no extra loop turns."""
+    table, raw = _filled(249, partitions=6)
+    turns = 0
+
+    async def other_work() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    ticker = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    before = turns
+    assert await table.flush_in_steps(step=250) == 249 == len(raw)
+    ticker.cancel()
+    assert turns == before
+
+
 async def test_steps_write_what_one_flush_writes() -> None:
     stepped, stepped_raw = _filled(1_003)
     whole, whole_raw = _filled(1_003)
