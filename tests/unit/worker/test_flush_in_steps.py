@@ -41,9 +41,8 @@ def _filled(entries: int, partitions: int = 4) -> tuple[TallyTable, dict[str, An
     return table, raw
 
 
-async def test_a_flush_of_ten_thousand_entries_lets_the_event_loop_run_between_steps() -> None:
-    """Written in one go, 10,000 entries would hold the loop ~0.7 s."""
-    table, raw = _filled(10_000)
+async def _flush_counting_loop_turns(table: TallyTable) -> tuple[int, int]:
+    """(entries written, turns another task got) over one ``flush_in_steps(250)``."""
     turns = 0
 
     async def other_work() -> None:
@@ -57,27 +56,23 @@ async def test_a_flush_of_ten_thousand_entries_lets_the_event_loop_run_between_s
     before = turns
     written = await table.flush_in_steps(step=250)
     ticker.cancel()
+    return written, turns - before
+
+
+async def test_a_flush_of_ten_thousand_entries_lets_the_event_loop_run_between_steps() -> None:
+    """Written in one go, 10,000 entries would hold the loop ~0.7 s."""
+    table, raw = _filled(10_000)
+    written, turns = await _flush_counting_loop_turns(table)
     assert written == 10_000 and len(raw) == 10_000 and table.dirty == 0
-    assert turns - before >= 10_000 // 250 - 1  # the loop ran between every two steps
+    assert turns >= 10_000 // 250 - 1  # the loop ran between every two steps
 
 
 async def test_a_flush_of_fewer_entries_than_a_step_runs_in_one_go() -> None:
     """Whatever partitions they are in: a small flush costs no extra loop turns."""
     table, raw = _filled(249, partitions=6)
-    turns = 0
-
-    async def other_work() -> None:
-        nonlocal turns
-        while True:
-            await asyncio.sleep(0)
-            turns += 1
-
-    ticker = asyncio.create_task(other_work())
-    await asyncio.sleep(0)
-    before = turns
-    assert await table.flush_in_steps(step=250) == 249 == len(raw)
-    ticker.cancel()
-    assert turns == before
+    written, turns = await _flush_counting_loop_turns(table)
+    assert written == 249 == len(raw)
+    assert turns == 0
 
 
 async def test_steps_write_what_one_flush_writes() -> None:
