@@ -104,3 +104,49 @@ def test_a_head_still_being_processed_is_not_read_again() -> None:
     c._unacked_messages[0].acked = True  # done; its ack joins the list
     c._acked[TP0].insert(0, 0)
     assert not gap_reread._head_missing(c, TP0)
+
+
+def _deliver(c: Any, offsets: list[int]) -> list[int]:
+    """What the fetch loop is handed of ``offsets``, in order, as Faust's loop
+    moves its read offset past each record handed over."""
+    handed = []
+    for offset in offsets:
+        if not gap_reread._held_back(c, TP0, offset):
+            handed.append(offset)
+            c._read_offset[TP0] = offset
+    return handed
+
+
+def test_records_past_a_gap_are_not_handed_over_before_the_gap_is_read_again() -> None:
+    c = consumer()
+    assert _deliver(c, [0, 1, 2, 5, 6, 7]) == [0, 1, 2]  # 3..4 missing: 5 on are held
+    reread = _pending(c, TP0)
+    assert reread is not None and (reread.start, reread.end, reread.sought) == (3, 5, False)
+    reread.sought = True  # the seek back, before the next batch
+    c._read_offset[TP0] = 3
+    assert _deliver(c, [3, 4, 5, 6, 7]) == [3, 4, 5, 6, 7]
+    assert _pending(c, TP0) is None
+
+
+def test_a_gap_still_there_on_the_second_read_and_a_single_offset_are_let_through() -> None:
+    c = consumer()
+    assert _deliver(c, [10, 12]) == [10, 12]  # one offset (11): a marker, Faust's way
+    assert _deliver(c, [20, 21]) == []  # 13..19 missing
+    reread = _pending(c, TP0)
+    assert reread is not None
+    reread.sought, c._read_offset[TP0] = True, 12
+    assert _deliver(c, [20, 21]) == [20, 21]  # no records there: real, Faust records it
+
+
+def test_a_fresh_partition_is_handed_its_head_first_once() -> None:
+    c = consumer()
+    gap_reread.expect_heads(c, {TP0: 0})
+    assert _deliver(c, [12, 13]) == []  # 0..11 never delivered: read again first
+    reread = _pending(c, TP0)
+    assert reread is not None and (reread.start, reread.end) == (0, 12)
+    reread.sought = True  # sought back to 0: the read offset is None again
+    c._read_offset[TP0] = None
+    assert _deliver(c, [12, 13]) == [12, 13]  # the head is markers: once is enough
+    fresh = consumer()
+    gap_reread.expect_heads(fresh, {TP0: 0})
+    assert _deliver(fresh, [0, 1]) == [0, 1]
