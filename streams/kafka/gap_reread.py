@@ -133,6 +133,34 @@ def expect_heads(consumer: Any, earliest: dict[Any, int]) -> None:
     heads.clear()
     heads.update(earliest)
     consumer._compactor_heads = heads
+    consumer._compactor_starts = dict(earliest)  # kept for the generation (``first_offset``)
+
+
+def first_offset(consumer: Any, tp: Any) -> int | None:
+    """Where ``tp``'s records start in this generation, as far as is known: its
+    committed offset, or the first offset of a never-committed partition."""
+    committed: int | None = consumer._committed_offset.get(tp)
+    if committed is not None:
+        return committed
+    starts: dict[Any, int] = getattr(consumer, "_compactor_starts", {})
+    return starts.get(tp)
+
+
+def reread(consumer: Any, tp: Any, start: int, end: int) -> None:
+    """Read ``start`` to ``end`` (excluded) of ``tp`` again, found missing past
+    the fetch loop: it delivers nothing more of ``tp`` until it has sought back
+    there (before its next batch), and no commit passes ``start`` meanwhile."""
+    found = _pending(consumer, tp)
+    if found is None:
+        _rereads(consumer)[tp] = Reread(start, end, time.monotonic())
+    else:
+        found.start, found.end = min(found.start, start), max(found.end, end)
+        found.sought = False
+
+
+def reread_pending(consumer: Any, tp: Any) -> bool:
+    """Is a re-read of ``tp`` still to be sought, or not yet past its end?"""
+    return _pending(consumer, tp) is not None
 
 
 def _head_missing(consumer: Any, tp: Any) -> bool:

@@ -1,7 +1,8 @@
 """The messages agent's loop: Faust's stream in groups, each accounted durably.
 
 A group is what is waiting (``streams.worker.batching``, taken at once by
-``streams.kafka.stream_take``), decoded while the group before it is stored
+``streams.kafka.stream_take``), each partition's events in offset order
+(``streams.kafka.offset_order``), decoded while the group before it is stored
 (``streams.worker.overlap``), and acked once the table entries it changed are
 flushed (``streams.worker.tally_table.AcksAfterFlush``).
 """
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from streams.kafka.offset_order import OffsetOrder
 from streams.kafka.stream_take import ready_events
 from streams.worker import batching
 from streams.worker.accounting import Accounting
@@ -41,4 +43,5 @@ async def account_message_groups(
         await acks.settle()
 
     groups = batching.in_groups(manual, limit, seen, partial(ready_events, manual))
-    await overlapped(groups, decode, account, lambda: queue is not None and not queue.empty())
+    ordered = OffsetOrder(lambda: manual.app.consumer, queue).in_order(groups)
+    await overlapped(ordered, decode, account, lambda: queue is not None and not queue.empty())
