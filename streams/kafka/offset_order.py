@@ -1,13 +1,12 @@
 """Hand the messages agent each partition's records in offset order, from where
 the partition starts.
 
-Records have gone missing between Faust's fetch loop and the agent: a
-clean-clone CI run's worker, whose runtime opened 7 s after its last
-rebalance, was never handed the first 12 records of a fresh partition (no
-step is found that drops them; docs/reliability.md). The commit-time guard
-reads such records again (``gap_reread``), but too late for their order: the
-agent had stored the conversation's later turns, and a compaction archived a
-tool result whose call was stored after it.
+Records can go missing between Faust's fetch loop and the agent (the first
+records of a fresh partition, after a rebalance; where is not found:
+docs/reliability.md). The commit-time guard reads them again
+(``gap_reread``), but too late for their order: a conversation's later turns
+stored and compacted before its first ones can archive a tool result whose
+call is stored after it.
 
 So the agent checks each event against the next offset it expects of its
 partition: at the first event of a generation, where the partition starts
