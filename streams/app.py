@@ -4,7 +4,7 @@ here (``streams.bootstrap`` builds); behaviour lives in the components.
 
 Agents: accounting (messages; control, apart so completions never queue behind
 messages; erase requests, from their own topic) and the processor (commands).
-Timers: reconciliation, outbox relay, table flush, lag, progress (docs/architecture.md).
+Timers: reconciliation, outbox relay, table flush, lag, progress, the loop's lag.
 """
 
 from __future__ import annotations
@@ -176,9 +176,10 @@ def register_lifecycle(worker: Worker) -> None:
         health.clear("runtime")
 
     @app.task  # type: ignore[untyped-decorator]
-    async def quiet_outage_logs() -> None:
+    async def quiet_outage_logs_then_watch_the_loop() -> None:
         """After Faust has set up logging, so its configuration cannot drop the filter."""
         limit_repeats()
+        await components.loop_watch.run()  # for as long as the worker runs
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close_runtime(sender: faust.App, **kwargs: Any) -> None:
@@ -191,9 +192,7 @@ def register_lifecycle(worker: Worker) -> None:
         if abandoned:
             log.warning(
                 "shutdown: %d compaction(s) unfinished after %.0fs abandoned; "
-                "they are unacked and will be redone",
-                abandoned,
-                grace,
-            )
+                "they are unacked and will be redone", abandoned, grace,
+            )  # fmt: skip
         await runtime.close()
         await components.reconciler.close()

@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ from streams.runtime import WorkerRuntime
 from streams.topics import TOPICS, TopicNames
 from streams.worker.assembly import build_components
 from streams.worker.components import Components
+from streams.worker.loop_watch import LoopWatch
 from streams.worker.runtime import StorePorts
 
 log = logging.getLogger("compactor.runtime")
@@ -270,7 +271,11 @@ def _worker_components(
     """The components over Faust: its table, topics, consumer and recovery state."""
     partitions = settings.kafka.partitions
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
-    return build_components(
+    loop_watch = LoopWatch(
+        metrics.loop_lag.observe, metrics.loop_stalls.inc,
+        stall_seconds=settings.service.loop_stall_seconds,
+    )  # fmt: skip
+    built = build_components(
         settings,
         table=_conversations_table(app, settings),
         publisher=FaustPublisher(topics),
@@ -287,3 +292,4 @@ def _worker_components(
             partitions=partitions,
         ),
     )  # fmt: skip
+    return replace(built, loop_watch=loop_watch)

@@ -239,6 +239,19 @@ class Metrics:
         )
         if self._exits:
             self.watchdog_exits.inc(self._exits)
+        self.loop_lag = Histogram(
+            "compactor_event_loop_lag_seconds",
+            "How late the event loop ran a 50 ms timer (every step that does not yield "
+            "delays the consumers, the agents and every read by as much)",
+            buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 5),
+            registry=r,
+        )
+        self.loop_stalls = Counter(
+            "compactor_event_loop_stalls_total",
+            "Times the event loop was held by one step for [service].loop_stall_seconds "
+            "or more (logged with the stack holding it)",
+            registry=r,
+        )
 
     def _accounting_metrics(self, r: CollectorRegistry) -> None:
         self.accounting_batch_events = Histogram(

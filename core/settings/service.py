@@ -82,6 +82,8 @@ class ServiceSettings(Section):
     stall_reseeks_before_exit: int = Field(default=3, ge=1)
     # How often the watchdog looks (a tick is cheap: no I/O unless it re-seeks).
     stall_check_seconds: float = Field(default=2.0, gt=0)
+    # The event loop held this long is logged with the stack holding it (0: off).
+    loop_stall_seconds: float = Field(default=0.25, ge=0, le=60)
     # "json": every log line (worker, CLI, Faust, aiokafka) one JSON object.
     log_format: Literal["text", "json"] = "text"
     # SIGTERM: compactions still running after this long are abandoned (they are

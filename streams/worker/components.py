@@ -12,6 +12,7 @@ from streams.worker.dead_letters import DeadLetters
 from streams.worker.health import Health
 from streams.worker.ingest_notices import IngestNotices
 from streams.worker.intake import CommandIntake
+from streams.worker.loop_watch import LoopWatch
 from streams.worker.outbox import OutboxRelay
 from streams.worker.processor import Processor
 from streams.worker.reconciler import Reconciler
@@ -35,3 +36,4 @@ class Components(Generic[Token]):
     reconciler: Reconciler
     requests: OperatorRequests
     notices: IngestNotices = field(default_factory=IngestNotices)
+    loop_watch: LoopWatch = field(default_factory=LoopWatch.lag_only)
