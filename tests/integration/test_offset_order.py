@@ -13,7 +13,6 @@ offset order, without it it handles the head last.
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import uuid
 from functools import partial
 from typing import Any
@@ -27,6 +26,7 @@ from streams.kafka.offset_order import OffsetOrder
 from streams.kafka.stream_take import ready_events
 from streams.worker import batching
 from tests.integration.test_fetch_buffer import create, send
+from tests.integration.test_seek_to_committed import plain_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -38,16 +38,7 @@ def ordering_app(bootstrap: str, name: str, ordered: bool) -> tuple[faust.App, l
     """An app whose agent takes groups as the messages agent does, notes each
     offset it handles and acks it; the head of a fresh partition is expected
     at 0, as the worker's rebalance rewind tells the patches."""
-    app = faust.App(
-        name,
-        broker=f"kafka://{bootstrap}",
-        value_serializer="raw",
-        web_enabled=False,
-        consumer_auto_offset_reset="earliest",
-        topic_partitions=1,
-        broker_commit_interval=0.2,
-        datadir=tempfile.mkdtemp(prefix=f"{name}-"),
-    )
+    app = plain_app(bootstrap, name, broker_commit_interval=0.2)
     handled: list[int] = []
 
     @app.agent(app.topic(name, value_type=bytes))

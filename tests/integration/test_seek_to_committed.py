@@ -159,15 +159,9 @@ async def last_record_seen(
         await arrived.wait()
 
 
-async def recording_app(
-    bootstrap: str, name: str, records: int, busy_seconds: float = 0.0, **settings: Any
-) -> tuple[faust.App, list[int], asyncio.Event]:
-    """A topic ``name`` of ``records`` records and a Faust app (not started) whose
-    agent notes each offset it is handed, then takes ``busy_seconds`` over it:
-    (app, offsets seen, set on each)."""
-    await create(bootstrap, name)
-    await send(bootstrap, name, records)
-    app = faust.App(
+def plain_app(bootstrap: str, name: str, **settings: Any) -> faust.App:
+    """A Faust app reading ``name`` from its start, with no web server."""
+    return faust.App(
         name,
         broker=f"kafka://{bootstrap}",
         value_serializer="raw",
@@ -177,6 +171,17 @@ async def recording_app(
         datadir=tempfile.mkdtemp(prefix=f"{name}-"),  # not {name}-data in the work tree
         **settings,
     )
+
+
+async def recording_app(
+    bootstrap: str, name: str, records: int, busy_seconds: float = 0.0, **settings: Any
+) -> tuple[faust.App, list[int], asyncio.Event]:
+    """A topic ``name`` of ``records`` records and a Faust app (not started) whose
+    agent notes each offset it is handed, then takes ``busy_seconds`` over it:
+    (app, offsets seen, set on each)."""
+    await create(bootstrap, name)
+    await send(bootstrap, name, records)
+    app = plain_app(bootstrap, name, **settings)
     seen: list[int] = []
     arrived = asyncio.Event()
 
