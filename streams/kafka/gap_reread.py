@@ -220,6 +220,17 @@ def _held_back(consumer: Any, tp: Any, offset: int) -> bool:
     return True
 
 
+async def in_offset_order(consumer: Any, fetched: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``fetched`` (Faust's ``(tp, message)`` pairs) without the records held back.
+    Only topics with acks, as Faust's own gaps: a compacted changelog's gaps are
+    records compacted away, and reading each one again would stall recovery."""
+    acks_enabled_for = consumer.app.topics.acks_enabled_for
+    async for tp, message in fetched:
+        if acks_enabled_for(tp.topic) and _held_back(consumer, tp, message.offset):
+            continue
+        yield tp, message
+
+
 async def _seek_back(consumer: Any) -> None:
     """Seek each partition with a re-read not started yet back to its start
     (between fetch batches: nothing of the last one is still being handed over)."""
@@ -259,9 +270,8 @@ def reread_gaps() -> bool:
 
     async def _getmany(self: Any, timeout: float) -> AsyncIterator[Any]:  # noqa: ASYNC109
         await _seek_back(self)
-        async for tp, message in getmany(self, timeout):
-            if not _held_back(self, tp, message.offset):
-                yield tp, message
+        async for item in in_offset_order(self, getmany(self, timeout)):
+            yield item
 
     async def _perform_seek(self: Any) -> None:
         _rereads(self).clear()  # every partition goes back to its committed offset

@@ -150,3 +150,18 @@ def test_a_fresh_partition_is_handed_its_head_first_once() -> None:
     fresh = consumer()
     gap_reread.expect_heads(fresh, {TP0: 0})
     assert _deliver(fresh, [0, 1]) == [0, 1]
+
+
+async def test_only_topics_with_acks_are_held_back_a_compacted_changelog_is_not() -> None:
+    changelog, messages = TP("app-table-changelog", 0), TP0
+    c = consumer()
+    c.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda t: t == "messages"))
+
+    async def fetched() -> Any:
+        for tp, offset in ((changelog, 0), (changelog, 9), (messages, 0), (messages, 9)):
+            yield tp, SimpleNamespace(offset=offset)
+            c._read_offset[tp] = offset  # Faust's loop moves past what it was handed
+
+    handed = [(tp.topic, m.offset) async for tp, m in gap_reread.in_offset_order(c, fetched())]
+    assert handed == [("app-table-changelog", 0), ("app-table-changelog", 9), ("messages", 0)]
+    assert _pending(c, changelog) is None  # records compacted away: not read again
