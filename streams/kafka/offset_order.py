@@ -16,11 +16,12 @@ event and every later one of the partition are set aside, neither handled nor
 acked, and the fetch loop reads the hole again (``gap_reread.reread``: it
 delivers nothing more of the partition until it has sought back). Events of
 the partition already queued when the hole is found are set aside when they
-come; one still on its way is set aside while the re-read is pending. The
-partition is admitted again from the first event inside the hole, or once the
-re-read is over without one: what the second read skips holds no records (it
-is not read a third time). Duplicates (offsets
-already admitted) pass: every write is idempotent.
+come; one still on its way is set aside while the re-read is pending (taken
+after it is over, it is admitted, ahead of the hole's records: a delivery in
+flight at the instant the hole is found). The partition is admitted again
+from the first event inside the hole, or once the re-read is over without
+one: what the second read skips holds no records (it is not read a third
+time). Duplicates (offsets already admitted) pass: every write is idempotent.
 """
 
 from __future__ import annotations
