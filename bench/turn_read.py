@@ -67,6 +67,7 @@ from bench.turn_traffic import (
     BUDGET,
     WINDOW,
     Latencies,
+    LoopLag,
     Traffic,
     Turns,
     conversation_events,
@@ -108,9 +109,11 @@ async def turn_phase(
                     await asyncio.sleep(think * random.uniform(0.5, 1.5))
 
         started = time.monotonic()
-        await asyncio.gather(*(loop(n) for n in range(readers)))
+        async with LoopLag() as lag:
+            await asyncio.gather(*(loop(n) for n in range(readers)))
         elapsed = time.monotonic() - started
     row: dict[str, Any] = {"readers": readers, "seconds": round(elapsed, 1), "think_s": think}
+    row["bench_loop_lag"] = lag.late.summary()
     row["turns_per_s"] = round(latencies["cold"].count / elapsed, 1)
     for kind in kinds:
         row[kind] = latencies[kind].summary()
@@ -288,9 +291,12 @@ def report(results: dict[str, Any]) -> None:
         cells = [row["readers"], row["turns_per_s"]]
         for kind in ("publish_to_readable", "ack", "cold", "cached", "history"):
             cells.append("{p50} / {p95} / {p99}".format(**row[kind]))
+        lag = row.get("bench_loop_lag", {})
+        cells.append("{p50} / {p95} / {p99}".format(**lag) if lag else "-")
         rows.append((*cells, json.dumps(row["not_200"]) if row["not_200"] else "-"))
     heads = ("readers", "turns/s", "publish->readable ms", "of which the ack ms", "context cold ms",
-             "context cached ms", "/history (baseline) ms", "not 200")  # fmt: skip
+             "context cached ms", "/history (baseline) ms", "bench's own loop lag ms",
+             "not 200")  # fmt: skip
     think = results["turns_by_readers"][0].get("think_s", 0) if results["turns_by_readers"] else 0
     paced = f"a {think:g} s pause between turns" if think else "turns back to back"
     print(f"\nturn loops, {results.get('workers', 1)} worker(s), {paced}, background "
