@@ -84,6 +84,12 @@ class Metrics:
             ["source", "error_type"],
             registry=r,
         )
+        self.ingest_left = Counter(
+            "compactor_ingest_left_total",
+            "Messages stored after the rest of their group, their conversation held by a "
+            "compaction being written",
+            registry=r,
+        )
         self.erasures = Counter(
             "compactor_erasures_total", "Conversations erased (erase requests applied)", registry=r
         )

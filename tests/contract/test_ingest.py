@@ -1,6 +1,7 @@
 """``IngestStore.save_messages``: each message once by (conversation, message id),
 in the group's order; a duplicate, a message a compaction archived, a message an
-erase covers: nothing written."""
+erase covers: nothing written. ``save_free``, when no compaction holds a
+conversation of the group, the same."""
 
 from __future__ import annotations
 
@@ -20,8 +21,20 @@ def incoming(message: ConversationMessage, tokens: int = 10, **where: int) -> In
     return IncomingMessage(message, tokens, where.get("partition"), where.get("offset"))
 
 
-async def statuses(store: Any, *group: IncomingMessage) -> list[str]:
+async def statuses(store: Any, *group: IncomingMessage, method: str = "save_messages") -> list[str]:
+    if method == "save_free":
+        free = await store.ingest.save_free(list(group))
+        assert free.left == ()  # nothing held: everything stored
+        return [free.outcomes[n].status for n in range(len(group))]
     return [outcome.status for outcome in await store.ingest.save_messages(list(group))]
+
+
+async def test_save_free_stores_a_group_no_one_holds_as_save_messages_does(store: Any) -> None:
+    group = [incoming(msg(0)), incoming(msg(0, conversation_id="other")), incoming(msg(1))]
+    group.append(incoming(msg(1)))  # the same id again, in the same group
+    assert await statuses(store, *group, method="save_free") == ["inserted"] * 3 + ["duplicate"]
+    assert [m.id for m in await store.history.load_history(CONV)] == [msg(0).id, msg(1).id]
+    assert await statuses(store, *group, method="save_free") == ["duplicate"] * 4
 
 
 async def test_a_message_is_stored_once_and_round_trips(store: Any) -> None:
@@ -148,8 +161,9 @@ async def test_a_negative_token_count_is_refused(store: Any) -> None:
     assert await store.history.load_history(CONV) == []
 
 
+@pytest.mark.parametrize("method", ["save_messages", "save_free"])
 async def test_a_group_stores_its_other_conversations_past_an_erased_one(
-    store: Any, backend: Backend
+    store: Any, backend: Backend, method: str
 ) -> None:
     """The group touching an erased conversation takes the careful path: each of its
     messages judged against the marks, the other conversations stored as usual."""
@@ -168,7 +182,8 @@ async def test_a_group_stores_its_other_conversations_past_an_erased_one(
     )
     await store.privacy.erase_conversation("doomed", erasure)
     group = (at("doomed", 0, 5), at("fresh", 1, 6), at("doomed", 2, 7), at("fresh", 3, 8))
-    assert await statuses(store, *group) == ["erased", "inserted", "inserted", "inserted"]
+    outcomes = await statuses(store, *group, method=method)
+    assert outcomes == ["erased", "inserted", "inserted", "inserted"]
     assert (await totals(store, "fresh")).rows == 2
     assert ((await totals(store, "doomed")).rows, (await totals(store, "doomed")).epoch) == (1, 1)
     assert await backend.tenant("fresh") == (True, None)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 
+from core.adapters.postgres.connection import CONVERSATION_LOCK_CLASS
 from core.adapters.postgres.store import PostgresStore
 from core.domain.messages import ToolCall
 from core.ports.storage import IncomingMessage
@@ -82,3 +84,45 @@ async def test_concurrent_groups_over_the_same_conversations_do_not_deadlock(
 
 def same_id(message_id: str, conversation_id: str, index: int) -> object:
     return msg(index, conversation_id=conversation_id).model_copy(update={"id": message_id})
+
+
+async def _advisory_waiters(conn: asyncpg.Connection) -> int:
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        )
+    )
+
+
+async def test_save_free_stores_around_a_conversation_a_compaction_holds(
+    pg_store: PostgresStore, pg_database: str
+) -> None:
+    """A compaction's write holds its conversation's lock for its whole transaction:
+    ``save_free`` stores the group's other conversations without waiting for it and
+    leaves that one's messages, which ``save_messages`` then stores, waiting."""
+    holder = await asyncpg.connect(pg_database)
+    try:
+        writing = holder.transaction()  # as apply_compaction: the lock, held to the end
+        await writing.start()
+        await holder.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))", CONVERSATION_LOCK_CLASS, "busy"
+        )
+        group = [incoming(msg(n // 2, conversation_id=("busy", "free")[n % 2])) for n in range(4)]
+        first = await asyncio.wait_for(pg_store.ingest.save_free(group), timeout=30)
+        assert first.left == (0, 2)  # the held conversation's, in order
+        assert [first.outcomes[n].status for n in (1, 3)] == ["inserted", "inserted"]
+        assert [m.id for m in await pg_store.history.load_history("free")] == [
+            msg(0, conversation_id="free").id,
+            msg(1, conversation_id="free").id,
+        ]
+        assert await pg_store.history.load_history("busy") == []
+        rest = asyncio.create_task(pg_store.ingest.save_messages([group[0], group[2]]))
+        deadline = asyncio.get_running_loop().time() + 30
+        while await _advisory_waiters(holder) == 0:  # it waits for the compaction
+            assert asyncio.get_running_loop().time() < deadline and not rest.done()
+            await asyncio.sleep(0.02)
+        await writing.rollback()
+        assert [o.status for o in await asyncio.wait_for(rest, 30)] == ["inserted"] * 2
+        assert len(await pg_store.history.load_history("busy")) == 2
+    finally:
+        await holder.close()

@@ -24,6 +24,11 @@ runs under the conversation's advisory lock, the one ``apply_compaction``
 holds while it deletes, so a redelivery racing a compaction sees either the
 row or its batch.
 
+``save_free`` takes only the locks no one holds (migration 0019): a group's
+messages of conversations a compaction is writing are left for a second call
+that waits, so the rest, a platform's waited-for turn among them, never wait
+behind another conversation's compaction.
+
 With ``single_conversation_transactions`` the group is split into one call per
 conversation, run side by side on the pool's connections, for a deployment
 that distributes the schema by conversation (docs/scaling.md).
@@ -43,11 +48,12 @@ from core.adapters.postgres.errors import port_errors_on_methods
 from core.adapters.postgres.rows import tool_calls_json
 from core.domain.erasure import EraseMark
 from core.domain.tenancy import conversation_id_of, tenant_of
-from core.ports.storage import IncomingMessage, IngestStore, SaveOutcome
+from core.ports.storage import FreeSaved, IncomingMessage, IngestStore, SaveOutcome
 
 _INGEST_SQL = """
 SELECT conversation_id, id, seq, legacy, epoch, offsets, cutoff
-  FROM compactor_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+  FROM compactor_ingest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                        $17)
 """
 
 
@@ -71,11 +77,33 @@ class PostgresIngest:
         self._pool = pool
         self._per_conversation = per_conversation
 
+    async def save_free(self, batch: Sequence[IncomingMessage]) -> FreeSaved:
+        """The messages of ``batch`` whose conversations no compaction holds, stored
+        without waiting; the others' positions left. A group touching an erased
+        conversation is stored whole, waiting, as by ``save_messages``."""
+        _check_tokens(batch)
+        if not batch or self._per_conversation:
+            return FreeSaved(dict(enumerate(await self.save_messages(batch))))
+        group = list(enumerate(batch))
+        async with self._pool.acquire() as conn:
+            rows = await _call(conn, batch, check_marks=True, wait=False)
+            if any(row["legacy"] is not None for row in rows):  # an erased conversation
+                async with conn.transaction():
+                    return FreeSaved(await _save_past_erasures(conn, group))
+        held = {row["conversation_id"] for row in rows if row["id"] is None}
+        free = [
+            (position, incoming)
+            for position, incoming in group
+            if incoming.message.conversation_id not in held
+        ]
+        left = tuple(
+            position for position, incoming in group if incoming.message.conversation_id in held
+        )
+        return FreeSaved(_outcomes(free, [row for row in rows if row["id"] is not None]), left)
+
     async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
         """The outcome of every message of ``batch``, in its order."""
-        for incoming in batch:
-            if incoming.tokens < 0:
-                raise ValueError("token counts must be >= 0")
+        _check_tokens(batch)
         if not batch:
             return []
         if not self._per_conversation:
@@ -98,6 +126,11 @@ class PostgresIngest:
                 return _outcomes(group, rows)
             async with conn.transaction():  # the marks again, under the locks
                 return await _save_past_erasures(conn, group)
+
+
+def _check_tokens(batch: Sequence[IncomingMessage]) -> None:
+    if any(incoming.tokens < 0 for incoming in batch):
+        raise ValueError("token counts must be >= 0")
 
 
 def _in_order(size: int, found: Sequence[dict[int, SaveOutcome]]) -> list[SaveOutcome]:
@@ -149,9 +182,13 @@ def covered(marks: dict[str, list[EraseMark]], incoming: IncomingMessage) -> boo
     )
 
 
-async def _call(conn: Any, batch: Sequence[IncomingMessage], *, check_marks: bool) -> list[Any]:
+async def _call(
+    conn: Any, batch: Sequence[IncomingMessage], *, check_marks: bool, wait: bool = True
+) -> list[Any]:
     """``compactor_ingest`` of ``batch``: the marks of its erased conversations
-    (rows without an ``id``, nothing written), or the rows inserted."""
+    (rows without an ``id``, with ``legacy`` set: nothing written), or the rows
+    inserted, and without ``wait`` the conversations held by others (rows with
+    neither an ``id`` nor ``legacy``: not written)."""
     keys = _conversations(batch)
     messages = [incoming.message for incoming in batch]
     return list(
@@ -173,6 +210,7 @@ async def _call(conn: Any, batch: Sequence[IncomingMessage], *, check_marks: boo
             [m.pinned for m in messages],
             [incoming.partition for incoming in batch],
             [incoming.offset for incoming in batch],
+            wait,
         )
     )
 

@@ -54,7 +54,13 @@ from core.ports.storage.history import (
     History,
     HistoryReader,
 )
-from core.ports.storage.ingest import IncomingMessage, IngestStore, SaveOutcome, SaveStatus
+from core.ports.storage.ingest import (
+    FreeSaved,
+    IncomingMessage,
+    IngestStore,
+    SaveOutcome,
+    SaveStatus,
+)
 from core.ports.storage.memory import (
     MatchList,
     MatchReason,
@@ -135,6 +141,7 @@ __all__ = [
     "EraseOutcome",
     "Erasure",
     "ExpandedBatch",
+    "FreeSaved",
     "History",
     "HistoryConflictError",
     "HistoryReader",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -34,6 +34,16 @@ class SaveOutcome:
     seq: int | None = None  # the arrival number, when inserted
 
 
+@dataclass(frozen=True)
+class FreeSaved:
+    """What ``save_free`` stored: the outcome of each message stored, by its position
+    in the group, and the positions of the messages it left (their conversations
+    are held by a compaction being written), in order."""
+
+    outcomes: Mapping[int, SaveOutcome]
+    left: tuple[int, ...] = ()
+
+
 class IngestStore(Protocol):
     async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
         """Insert each message once, in the group's order, in as few round trips as
@@ -46,4 +56,12 @@ class IngestStore(Protocol):
         key's, ``core.domain.tenancy``) is recorded with the conversation's
         first message, for the row-level security of reads.
         """
+        ...
+
+    async def save_free(self, batch: Sequence[IncomingMessage]) -> FreeSaved:
+        """``save_messages`` of the conversations no one else is writing now, without
+        waiting for the others: those are left, for ``save_messages``. A group's
+        messages then never wait behind a compaction of another conversation, so
+        the turn a platform waits for is stored (and its reader told) first. A
+        store without such waits stores everything."""
         ...

@@ -9,6 +9,7 @@ from core.domain.messages import ConversationMessage
 from core.domain.tenancy import tenant_of
 from core.ports.storage import (
     CompactionInputs,
+    FreeSaved,
     IncomingMessage,
     MessageKey,
     ReadScope,
@@ -22,15 +23,30 @@ from tests.support.memory_store.tables import (
 )
 
 
+def _check_tokens(batch: Sequence[IncomingMessage]) -> None:
+    if any(incoming.tokens < 0 for incoming in batch):
+        raise ValueError("token counts must be >= 0")
+
+
 class MemoryIngest:
     def __init__(self, tables: Tables) -> None:
         self._t = tables
 
+    async def save_free(self, batch: Sequence[IncomingMessage]) -> FreeSaved:
+        """As ``PostgresIngest``: the conversations in ``Tables.held`` (a compaction
+        being written, as a test sets it) are left, the rest stored at once."""
+        self._t._call("save_free")
+        _check_tokens(batch)
+        free = [
+            (n, i) for n, i in enumerate(batch) if i.message.conversation_id not in self._t.held
+        ]
+        left = tuple(n for n, i in enumerate(batch) if i.message.conversation_id in self._t.held)
+        return FreeSaved({n: self._save(incoming) for n, incoming in free}, left)
+
     async def save_messages(self, batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
         """All or nothing, like the one transaction ``PostgresStore`` uses."""
         self._t._call("save_messages")
-        if any(incoming.tokens < 0 for incoming in batch):
-            raise ValueError("token counts must be >= 0")
+        _check_tokens(batch)
         return [self._save(incoming) for incoming in batch]
 
     def _save(self, incoming: IncomingMessage) -> SaveOutcome:

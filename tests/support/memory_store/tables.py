@@ -104,6 +104,8 @@ class Tables:
     read_scopes: list[tuple[str, ReadScope | None]] = field(default_factory=list)
     # (provider, model) → its measured tokens per character (token_calibration, 0016)
     token_rates: dict[tuple[str, str], TokenRate] = field(default_factory=dict)
+    # conversations whose advisory lock a compaction being written holds: save_free leaves them
+    held: set[str] = field(default_factory=set)
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     _seq: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 

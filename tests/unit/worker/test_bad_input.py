@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from core.domain.messages import INVALID_TEXT, ConversationMessage, ToolCall, text_problem
-from core.ports.storage import IncomingMessage, SaveOutcome, StoreRejected
+from core.ports.storage import FreeSaved, IncomingMessage, StoreRejected
 from streams.dead_letter_headers import DeadLetterHeaders
 from streams.events import MessageEvent
 from streams.worker.records import InvalidRecord, Record, decode_message
@@ -161,7 +161,7 @@ async def test_a_nul_record_is_dead_lettered_at_once_and_its_group_is_stored(
     assert dead_letter_types(h) == [INVALID_TEXT]
     assert h.store.message_ids("c1") == ["m0", "m2"]
     # At once: caught before the store, so the group goes in one round trip, unsplit.
-    assert h.slept == [] and trips.count("ingest.save_messages") == 1
+    assert h.slept == [] and trips.count("ingest.save_free") == 1
 
 
 async def test_data_the_store_rejects_is_dead_lettered_without_a_single_backoff(
@@ -170,16 +170,16 @@ async def test_data_the_store_rejects_is_dead_lettered_without_a_single_backoff(
     """``StoreRejected``: the group is split once to find the culprit, the culprit is
     dead-lettered, the others are stored, and nothing waits."""
     h = harness()
-    save = h.store.ingest.save_messages
+    save = h.store.ingest.save_free
     tries: list[int] = []  # the size of every group the store was asked to take
 
-    async def refusing(batch: Sequence[IncomingMessage]) -> list[SaveOutcome]:
+    async def refusing(batch: Sequence[IncomingMessage]) -> FreeSaved:
         tries.append(len(batch))
         if any("poison" in incoming.message.content for incoming in batch):
             raise StoreRejected("PostgreSQL refused the data (CharacterNotInRepertoireError)")
         return await save(batch)
 
-    monkeypatch.setattr(h.store.ingest, "save_messages", refusing)
+    monkeypatch.setattr(h.store.ingest, "save_free", refusing)
     group = [message_record(h, 0, "fine"), message_record(h, 1, "poison")]
     group.append(message_record(h, 2, "fine too"))
     await h.components.accounting.handle_batch(group)
@@ -199,7 +199,7 @@ async def test_data_the_store_rejects_is_dead_lettered_without_a_single_backoff(
 
 async def test_an_outage_is_still_waited_out() -> None:
     h = harness()
-    h.store.fail_times("save_messages", 2)
+    h.store.fail_times("save_free", 2)
     await h.components.accounting.handle_batch([message_record(h, 0, "fine")])
     assert h.store.message_ids("c1") == ["m0"] and len(h.slept) == 2
     assert dead_letter_types(h) == []

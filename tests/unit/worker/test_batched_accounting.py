@@ -57,7 +57,7 @@ async def test_a_group_is_stored_with_one_call_and_counted_per_conversation(
     await h.components.accounting.handle_batch(group)
     # The promise is the round trips: one for the group, one for the counts of
     # the three conversations (new to this worker), whatever the group's size.
-    assert trips == ["ingest.save_messages", "tallies.totals_of"]
+    assert trips == ["ingest.save_free", "tallies.totals_of"]
     for conversation in ("c0", "c1", "c2"):
         tally = h.tally(conversation)
         assert (tally.token_total, tally.message_count) == (120, 4)
@@ -71,7 +71,7 @@ async def test_a_group_is_stored_with_one_call_and_counted_per_conversation(
     trips.clear()
     await h.components.accounting.handle_batch([message_record(h, 20, "c0", 30)])
     assert h.tally("c0").token_total == 150
-    assert trips == ["ingest.save_messages"]
+    assert trips == ["ingest.save_free"]
 
 
 async def test_a_group_issues_one_command_per_conversation_that_crosses_its_budget() -> None:
@@ -129,7 +129,7 @@ async def test_bad_records_in_a_group_are_dead_lettered_and_the_rest_accounted()
 
 async def test_an_outage_holds_the_group_until_it_is_durable() -> None:
     h = harness()
-    h.store.fail_times("save_messages", 3)
+    h.store.fail_times("save_free", 3)
     group = [message_record(h, i, "c", 5) for i in range(4)]
     await h.components.accounting.handle_batch(group)
     assert len(h.store.messages) == 4 and len(h.slept) == 3 and backed_off(h.slept)
@@ -137,14 +137,14 @@ async def test_an_outage_holds_the_group_until_it_is_durable() -> None:
 
 async def test_a_group_that_keeps_failing_is_retried_record_by_record() -> None:
     h = harness()
-    original = h.store.ingest.save_messages
+    original = h.store.ingest.save_free
 
     async def poisoned(batch: Any) -> Any:
         if any(incoming.message.id == "c-m0001" for incoming in batch):
             raise ValueError("this one breaks an assumption")
         return await original(batch)
 
-    h.store.ingest.save_messages = poisoned  # type: ignore[method-assign]
+    h.store.ingest.save_free = poisoned  # type: ignore[method-assign]
     await h.components.accounting.handle_batch([message_record(h, i, "c", 5) for i in range(3)])
     assert sorted(h.store.message_ids()) == ["c-m0000", "c-m0002"]
     (letter,) = h.publisher.on("dead_letters")
@@ -339,19 +339,19 @@ async def test_a_group_in_flight_when_its_partition_is_revoked_keeps_nothing_and
     h = harness()
     await h.components.accounting.handle_batch([message_record(h, 0, "c", 50)])
     table = h.components.table
-    original = h.store.ingest.save_messages
+    original = h.store.ingest.save_free
 
     async def revoked_meanwhile(batch: Any) -> Any:
         table.flush_partitions({partition_of("c")})  # what on_revoked does, mid-group
         table.forget({partition_of("c")})
         return await original(batch)
 
-    h.store.ingest.save_messages = revoked_meanwhile  # type: ignore[method-assign]
+    h.store.ingest.save_free = revoked_meanwhile  # type: ignore[method-assign]
     revoked = await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])
     assert revoked == {partition_of("c")}  # not acked: re-read by the next owner
     assert not table.synced("c") and table.cached == 0
     assert h.table["c"]["token_total"] == 50  # flushed before the revocation, then left alone
-    h.store.ingest.save_messages = original  # type: ignore[method-assign]
+    h.store.ingest.save_free = original  # type: ignore[method-assign]
     await h.components.accounting.handle_batch([message_record(h, 1, "c", 50)])  # redelivered
     assert h.tally("c").token_total == 100  # a duplicate: resynced from the store
 

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 
 async def test_a_database_outage_is_waited_out_on_the_same_record() -> None:
     h = harness()
-    h.store.fail_times("save_messages", 6)
+    h.store.fail_times("save_free", 6)
     await h.message(0, "hello there")
     assert h.store.message_ids() == ["c1-m0000"]
     assert h.tally().token_total == 3
@@ -45,7 +45,7 @@ async def test_a_record_that_keeps_failing_for_another_reason_is_dead_lettered()
     original = h.store._call
 
     def failing(name: str) -> None:
-        if name == "save_messages":
+        if name == "save_free":
             raise ValueError("boom")  # not an outage: a bug, or a record breaking an assumption
         original(name)
 
@@ -60,7 +60,7 @@ async def test_a_record_that_keeps_failing_for_another_reason_is_dead_lettered()
 
 async def test_a_revoked_partition_stops_the_wait() -> None:
     h = harness()
-    h.store.fail_times("save_messages", 1000)
+    h.store.fail_times("save_free", 1000)
     h.assigned = False
     await h.message(0, "hello there")  # returns: the new owner redoes it
     assert h.store.messages == {} and h.table == {}
