@@ -152,6 +152,7 @@ async def _open_store(settings: Settings, dsn: str, embedder: Embedder | None) -
         read_pool=ReadPool(
             settings.postgres.read_pool_max_size, settings.postgres.read_statement_timeout_seconds
         ),
+        ingest_pool_size=settings.postgres.ingest_pool_size,
     )
 
 

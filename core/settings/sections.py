@@ -105,6 +105,10 @@ class PostgresSettings(Section):
     # the caller gets a 503 naming the timeout. Writes have no statement timeout.
     read_pool_max_size: int = Field(default=4, ge=1)
     read_statement_timeout_seconds: float = Field(default=5.0, ge=0)
+    # The accounting agent's own pool, for the groups of messages it stores: it never
+    # queues behind compactions for one of pool_max_size. Not used with
+    # single_conversation_transactions (a group's calls take the writers' pool).
+    ingest_pool_size: int = Field(default=2, ge=1)
     # TLS: unset = what the DSN says (asyncpg's default is "prefer"). The DSN's
     # own sslmode / sslrootcert parameters win over these (see docs/security.md).
     sslmode: Literal["disable", "prefer", "require", "verify-ca", "verify-full"] | None = None

@@ -126,3 +126,19 @@ async def test_save_free_stores_around_a_conversation_a_compaction_holds(
         assert len(await pg_store.history.load_history("busy")) == 2
     finally:
         await holder.close()
+
+
+async def test_ingest_has_its_own_connections_whatever_compactions_hold(pg_database: str) -> None:
+    """Every writers' connection taken (a wave of compactions): a group is still stored
+    at once, on the accounting agent's own pool."""
+    store = await PostgresStore.connect(pg_database, max_size=2, run_migrations=False)
+    held = [await store.pool.acquire() for _ in range(2)]  # the writers' pool, all of it
+    try:
+        group = [incoming(msg(n, conversation_id=f"c{n % 3}")) for n in range(30)]
+        saved = await asyncio.wait_for(store.ingest.save_free(group), timeout=30)
+        assert saved.left == () and len(saved.outcomes) == 30
+        assert await asyncio.wait_for(store.ingest.save_messages(group[:1]), timeout=30)
+    finally:
+        for connection in held:
+            await store.pool.release(connection)
+        await store.close()

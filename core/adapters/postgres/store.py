@@ -53,6 +53,9 @@ from core.adapters.postgres.usage import PostgresUsage
 from core.ports.embedding import Embedder
 from core.ports.storage import Storage
 
+INGEST_POOL_SIZE = 2
+"""The accounting agent stores one group at a time, and its held part next: two."""
+
 
 @port_errors_on_methods
 class PostgresStore:
@@ -61,7 +64,8 @@ class PostgresStore:
     (none: full text only); ``threads``: where a search's text work runs (None:
     the loop's default executor); ``raw_retention_days``: how long archived raw
     turns are kept (0: forever); ``single_conversation_transactions``: a group of
-    messages is stored in one transaction per conversation."""
+    messages is stored in one transaction per conversation; ``ingest``: the pool
+    the accounting agent stores groups of messages with (None: the writers')."""
 
     def __init__(
         self,
@@ -73,13 +77,17 @@ class PostgresStore:
         single_conversation_transactions: bool = False,
         reads: asyncpg.Pool | None = None,
         threads: Executor | None = None,
+        ingest: asyncpg.Pool | None = None,
     ) -> None:
         self._pool = pool
         self._reads = reads
+        self._ingest = ingest
         self._threads = threads
         self._embedder = embedder
         read_pool = pool if reads is None else reads
-        self.ingest = PostgresIngest(pool, per_conversation=single_conversation_transactions)
+        self.ingest = PostgresIngest(
+            pool if ingest is None else ingest, per_conversation=single_conversation_transactions
+        )
         self.history = PostgresHistory(pool, reads=read_pool)
         self.context = PostgresContext(read_pool)
         self.compactions = PostgresCompactions(pool)
@@ -105,29 +113,39 @@ class PostgresStore:
         raw_retention_days: int = 0,
         single_conversation_transactions: bool = False,
         read_pool: ReadPool | None = None,
+        ingest_pool_size: int = INGEST_POOL_SIZE,
     ) -> PostgresStore:
         """A store with its own pools, migrating the database first by default.
 
         Migrations run on a separate connection before the pools exist, since
         their connections register the ``vector`` codec, which needs the
-        extension the first migration creates.
+        extension the first migration creates. Groups of messages are stored on
+        a pool of their own (``ingest_pool_size``), so the accounting agent never
+        queues for a connection behind compactions (a wave of them held the
+        writers' 10 for up to 0.8 s, docs/performance.md section 10); with
+        ``single_conversation_transactions`` a group's calls run side by side on
+        the writers' pool instead.
         """
         if run_migrations:
             await migrate(dsn)
         read = ReadPool() if read_pool is None else read_pool
-        pool = await _create_pool(dsn, min_size, max_size)
+        pools: list[asyncpg.Pool] = [await _create_pool(dsn, min_size, max_size)]
         try:
-            reads = await _create_pool(dsn, 0, read.max_size, read.server_settings())
+            pools.append(await _create_pool(dsn, 0, read.max_size, read.server_settings()))
+            if not single_conversation_transactions:
+                pools.append(await _create_pool(dsn, 1, ingest_pool_size))
         except BaseException:
-            await pool.close()
+            for opened in pools:
+                await opened.close()
             raise
         return cls(
-            pool,
+            pools[0],
             embedder,
             raw_retention_days=raw_retention_days,
             single_conversation_transactions=single_conversation_transactions,
-            reads=reads,
+            reads=pools[1],
             threads=ThreadPoolExecutor(SEARCH_THREADS, thread_name_prefix="memory-read"),
+            ingest=pools[2] if len(pools) > 2 else None,
         )
 
     @property
@@ -146,8 +164,9 @@ class PostgresStore:
     async def close(self) -> None:
         try:
             await self._pool.close()
-            if self._reads is not None:
-                await self._reads.close()
+            for own in (self._reads, self._ingest):
+                if own is not None:
+                    await own.close()
         finally:
             if self._threads is not None:
                 self._threads.shutdown(wait=False, cancel_futures=True)
