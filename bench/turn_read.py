@@ -10,7 +10,8 @@ budget and are compacted too). Then:
 1. **turns** (for each ``--readers`` count, ``--seconds`` each): every reader is a
    platform's turn loop over one of the big conversations: publish a turn
    (acks=all), ``GET /context?format=messages&after=<partition:offset>&wait_ms=5000``
-   (publish-to-readable: from the send to the answer that includes it), then
+   (publish-to-readable: from the send to the answer that includes it; a 409, not
+   stored within the wait, counts as its wait, a lower bound), then
    ``format=openai`` (a **cold** read: the history changed since that shape was
    last served, so it is loaded and fitted), the same again (**cached**: one
    version lookup), and the baseline in the same loop: the whole ``/history``
