@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 import pytest
 
-from core.adapters.postgres.store import PostgresStore
+from core.adapters.postgres.store import INGEST_POOL_SIZE, PostgresStore
 from core.ports.storage import StoreUnavailable
 from tests.support.builders import message
 from tests.support.pg_replication import ReplicatedPostgres, replicated_pair
@@ -42,11 +42,17 @@ async def _store(pair: ReplicatedPostgres, max_size: int = 4) -> PostgresStore:
 async def _save_until_stored(store: PostgresStore, index: int, timeout: float = 60.0) -> int:
     """Save message ``index`` as a caller that waits outages out would; the number of
     ``StoreUnavailable`` on the way."""
+    return await _until_done(lambda: saved(store, message(index), 10), timeout)
+
+
+async def _until_done(write: Callable[[], Awaitable[object]], timeout: float = 60.0) -> int:
+    """``write`` until it goes through, as a caller that waits outages out would; the
+    number of ``StoreUnavailable`` on the way."""
     deadline = time.monotonic() + timeout
     failures = 0
     while True:
         try:
-            await saved(store, message(index), 10)
+            await write()
             return failures
         except StoreUnavailable:
             failures += 1
@@ -85,7 +91,8 @@ async def test_the_pool_drops_connections_to_a_primary_fenced_read_only(
 ) -> None:
     """A primary fenced with ``default_transaction_read_only`` keeps its connections
     open: each pooled one fails at most once (``StoreUnavailable``) and is dropped,
-    then the store writes to the promoted standby."""
+    then the store writes to the promoted standby: with the accounting agent's pool
+    (a message) and the writers' (a pin)."""
     pool_size = 3
     store = await _store(pair, max_size=pool_size)
     try:
@@ -101,7 +108,9 @@ async def test_the_pool_drops_connections_to_a_primary_fenced_read_only(
             await PostgresStore.connect(pair.dsn("failover"), run_migrations=False)
         await pair.promote()
         failures = await _save_until_stored(store, 1)
-        assert failures <= pool_size
+        assert failures <= INGEST_POOL_SIZE
+        pin = await _until_done(lambda: store.compactions.set_pinned("conv-1", message(0).id, True))
+        assert pin <= pool_size
         assert await _server_port(store) == pair.primary.port
         assert [m.id for m in await store.history.load_history("conv-1")] == [
             message(0).id,

@@ -292,7 +292,8 @@ async def test_no_write_transaction_touches_two_conversations(
         assert runtime.resolved_model.kind == "anthropic"  # over HTTP to the test server
         assert store.embedder is not None  # archived turns get embedded (an UPDATE)
         windows = write_audit.TxidWindows.on(store.pool)
-        monkeypatch.setattr(store.ingest, "save_messages", windows.wrap(store.ingest.save_messages))
+        for call in ("save_free", "save_messages"):  # the agent's group, and its held part
+            monkeypatch.setattr(store.ingest, call, windows.wrap(getattr(store.ingest, call)))
         run = OfflineRun(settings, store, runtime.compactor)
         await drive_every_write_path(run, store, monkeypatch)
 
