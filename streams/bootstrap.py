@@ -53,7 +53,6 @@ from streams.worker.assembly import build_components
 from streams.worker.components import Components
 from streams.worker.loop_watch import LoopWatch
 from streams.worker.runtime import StorePorts
-from streams.worker.tally_table import largest_flush
 
 log = logging.getLogger("compactor.runtime")
 
@@ -228,7 +227,6 @@ def build_app(
     servers = worker_bootstrap(settings, bootstrap)
     startup_checks(settings, servers)
     faust_patches.apply()
-    faust_patches.producer_buffer_holds(largest_flush(settings.service.table_writes_per_second))
     app = create_app(settings, servers)
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
     faust_patches.bulk_topics_last({names.messages})  # completions never wait behind messages

@@ -318,30 +318,6 @@ def bulk_topics_last(bulk: Iterable[str]) -> bool:
     return True
 
 
-def producer_buffer_holds(messages: int) -> bool:
-    """Stop delivering records for the producer's buffer only past ``messages``.
-
-    Faust's conductor makes every record it delivers, of every topic, wait
-    while its producer buffer holds more than ``ProducerBuffer.max_messages``
-    (100), until 100 of them are sent. That buffer holds the table's
-    changelog records (a table write sends its record "soon"), and the token
-    table is written behind, a flush at a time (``TallyTable``): at 1,000
-    events/s over 200 conversations each flush wrote ~200 entries, so each
-    one stopped every agent (a platform's waited-for turn among them) until
-    it had drained, up to 3.4 s when a wave of compactions held the loop
-    (turn-read bench; docs/performance.md, section 10). The bound stays, at
-    what the table writes in one flush, so the buffer still cannot grow
-    without end.
-
-    Upstream issue: none known; ``max_messages`` is a class attribute with no
-    setting. ``True`` once set.
-    """
-    from faust.transport.producer import ProducerBuffer
-
-    ProducerBuffer.max_messages = messages
-    return True
-
-
 def route_after_metadata_loss() -> bool:
     """Answer 503 and fetch the topic's metadata when the producer lost it, not 500.
 

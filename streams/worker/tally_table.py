@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping
@@ -60,17 +59,6 @@ longest an offset commit waits for the table under a wide burst."""
 
 FLUSH_STEP = 250
 """Entries a flush writes between two yields to the event loop (~20 ms)."""
-
-UNLIMITED_FLUSH = 10_000
-"""What ``largest_flush`` counts on when the write rate is not limited."""
-
-
-def largest_flush(writes_per_second: float) -> int:
-    """The entries one flush writes at most in steady state: the interval stretches
-    to ``MAX_STRETCH_SECONDS`` at ``writes_per_second`` (``_next_interval``)."""
-    if writes_per_second <= 0:
-        return UNLIMITED_FLUSH
-    return max(FLUSH_STEP, math.ceil(writes_per_second * MAX_STRETCH_SECONDS))
 
 
 def table_value(tally: ConversationTally) -> dict[str, Any]:
