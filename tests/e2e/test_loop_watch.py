@@ -3,8 +3,9 @@ holding the loop (``streams.worker.loop_watch``, wired by ``streams.bootstrap``)
 
 Why: the watch runs as a Faust task and a thread of the worker process, and
 its figures reach operators only through ``/metrics`` and the log; unit tests
-of the class cannot show that the worker starts it. A threshold of 5 ms makes
-stalls certain while the worker accounts and compacts a conversation.
+of the class cannot show that the worker starts it. A threshold of 2 ms, and a
+new conversation sent (accounted, then compacted) at every look, make a stall
+certain: an idle worker has none to show, however long the test waits.
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 async def test_a_worker_exports_its_loop_lag_and_logs_a_stall_with_its_stack(
     stack: Stack,
 ) -> None:
-    worker = stack.worker("w1", config={"service": {"loop_stall_seconds": 0.005}})
+    worker = stack.worker("w1", config={"service": {"loop_stall_seconds": 0.002}})
     assert await worker.wait_ready(stack.names.messages) == {0, 1, 2, 3}
     conv = Conversation("conv-loop", "loop")
     await stack.send_all(conv.until_over(0))
     await stack.wait_for_clip_events({conv.id: 1}, timeout=60)
 
+    looks = 0
+
     async def measured() -> str:
+        nonlocal looks
+        looks += 1  # work for the loop until the stall is seen
+        await stack.send_all(Conversation(f"conv-load-{looks}", "load").until_over(0))
         text = await worker.metrics_text()
         assert metric(text, "compactor_event_loop_lag_seconds_count") > 0
         assert metric(text, "compactor_event_loop_stalls_total") > 0
