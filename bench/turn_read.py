@@ -200,7 +200,7 @@ async def _handed_out(http: aiohttp.ClientSession, cid: str) -> dict[str, int]:
 
 def config(args: argparse.Namespace, prefix: str, llm_url: str) -> dict[str, Any]:
     shaped = worker_config(
-        topic_prefix=prefix, store=args.store, max_concurrent_compactions=None,
+        topic_prefix=prefix, store=args.store, max_concurrent_compactions=args.compactions,
         budget=(0.5, WINDOW), llm_base_url=llm_url, pool_max_size=None,
     )  # fmt: skip
     shaped["summarization"]["timeout_seconds"] = 30.0
@@ -333,6 +333,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=1, help="workers of one service")
     parser.add_argument(
         "--store", choices=["rocksdb://", "memory://"], default="rocksdb://", help="table store"
+    )
+    parser.add_argument(
+        "--compactions", type=int, help="[service].max_concurrent_compactions (default: shipped)"
     )
     parser.add_argument("--quick", action="store_true")
     if "--quick" in sys.argv:  # smaller defaults; options given still win

@@ -141,6 +141,14 @@ class FairSlots:
         finally:
             self.release(tenant)
 
+    def resize(self, capacity: int) -> None:
+        """Change the number of slots; held slots above a smaller capacity are kept
+        by their holders until released (``streams.worker.pacer`` moves it)."""
+        capacity = max(1, capacity)
+        self._free += capacity - self.capacity
+        self.capacity = capacity
+        self._grant()
+
     def _take(self, key: Tenant) -> None:
         self._free -= 1
         self._held[key] = self._held.get(key, 0) + 1
@@ -188,7 +196,7 @@ class FairSlots:
         """What ``key`` may hold: less the headroom while another tenant is active."""
         if not self._headroom or not (active - {key}):
             return self._cap
-        return min(self._cap, self.capacity - self._headroom)
+        return max(1, min(self._cap, self.capacity - self._headroom))
 
     def _note_active(self, key: Tenant) -> None:
         now = self._clock()

@@ -84,6 +84,10 @@ class Metrics:
             ["source", "error_type"],
             registry=r,
         )
+        limit = "Compactions this worker may run at once now (fewer while turns are late)"
+        self.compaction_limit = Gauge("compactor_compaction_limit", limit, registry=r)
+        late = "Groups of messages stored late: see [service].turn_delay_target_ms"
+        self.turns_late = Counter("compactor_turns_late_total", late, registry=r)
         self.ingest_left = Counter(
             "compactor_ingest_left_total",
             "Messages stored after the rest of their group, their conversation held by a "

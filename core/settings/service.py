@@ -59,6 +59,13 @@ class ServiceSettings(Section):
     # a compaction's reads, commit and publish overlap other compactions' LLM
     # calls (docs/configuration.md, "How many compactions at once").
     max_concurrent_compactions: int = Field(default=128, ge=1)
+    # Fewer at once while messages are stored late, so a wave of compactions does
+    # not hold the turns: the limit starts here (at most the maximum above),
+    # doubles each second in which more were due and no message was late, and
+    # halves when a group is stored more than turn_delay_target_ms after it was
+    # published (over the least delay of the last minute); 0 turns pacing off.
+    min_concurrent_compactions: int = Field(default=8, ge=1)
+    turn_delay_target_ms: float = Field(default=100.0, ge=0)
     # Message events accounted as one group: one PostgreSQL statement and one
     # table write per conversation per group (docs/performance.md).
     accounting_batch_max: int = Field(default=500, ge=1, le=100_000)

@@ -82,6 +82,8 @@ class AccountingHooks:
     issued: IssuedCommands | None = None
     # the conversations whose messages a group just stored (IngestNotices.stored)
     stored: Callable[[Collection[str]], None] = lambda _: None
+    # when the newest message of a group just stored was published (CompactionPacer.stored)
+    published: Callable[[float], None] = lambda _: None
 
 
 class Accounting:
@@ -118,6 +120,7 @@ class Accounting:
             budget=budget, max_content_chars=rules.max_content_chars, producers=rules.producers,
             runtime=runtime, table=table, commands=commands, dead_letter=self._dead_letter,
             consumed=consumed, metrics=metrics, clock=clock, stored=hooks.stored,
+            published=hooks.published,
         )  # fmt: skip
         self._control = Control(
             budget=budget, command_timeout_seconds=rules.command_timeout_seconds,

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
+from core.domain.pace import PaceRule
 from core.domain.tally import reconcile_due
 from core.ports.publisher import Publisher
 from core.settings import Settings
@@ -28,6 +29,7 @@ from streams.worker.ingest_notices import IngestNotices
 from streams.worker.intake import CommandIntake
 from streams.worker.issued_commands import IssuedCommands
 from streams.worker.outbox import OutboxRelay
+from streams.worker.pacer import CompactionPacer
 from streams.worker.processor import Processor
 from streams.worker.reconciler import CommandBacklog, Reconciler
 from streams.worker.records import Record
@@ -56,23 +58,23 @@ def build_components(
     tables_ready: Callable[[], bool] = lambda: True,
     backlog: CommandBacklog | None = None,
 ) -> Components[Token]:
-    """The components over the given table, publisher and runtime: the worker's
-    (Faust's) or a test's and the offline CLI's (in memory); the hooks are the
-    consumer's and the table's state, which only the worker has (``_worker_components``)."""
+    """The components over the given table, publisher and runtime: the worker's (Faust's) or
+    a test's and the offline CLI's; the hooks are the consumer's and the table's state."""
     names = TopicNames.with_prefix(settings.kafka.topic_prefix)
     metrics = metrics or Metrics()
     health = Health(clock)
     tallies = tally_table(settings, table, metrics, write_context)
     dead_letters = _dead_letters(settings, publisher, metrics, clock)
+    pacer = compaction_pacer(settings, metrics)  # ingest tells it, the scheduler asks it
     relay, processor, intake = _compaction(
-        settings, runtime, publisher, metrics, clock, ack, dead_letters
+        settings, runtime, publisher, metrics, clock, ack, dead_letters, pacer
     )
     issued = IssuedCommands()  # accounting notes where commands went; reconciliation reads
     notices = IngestNotices()  # readers waiting for a message to be stored
-    hooks = AccountingHooks(health, clock, sleep, still_assigned, issued, notices.stored)
-    accounting = _accounting(
-        settings, names, runtime, tallies, publisher, dead_letters, metrics, hooks
-    )
+    hooks = AccountingHooks(health, clock, sleep, still_assigned, issued, notices.stored,
+                            pacer.stored)  # fmt: skip
+    accounting = _accounting(settings, names, runtime, tallies, publisher, dead_letters,
+                             metrics, hooks)  # fmt: skip
     reconciler = Reconciler(
         table=tallies, publisher=publisher, budget=settings.budget,
         interval_seconds=settings.service.reconcile_interval_seconds,
@@ -123,6 +125,7 @@ def _compaction(
     clock: Callable[[], float],
     ack: Callable[[Token], Awaitable[None]],
     dead_letters: DeadLetters,
+    pacer: CompactionPacer,
 ) -> tuple[OutboxRelay, Processor, CommandIntake[Token]]:
     """The processor, the scheduler in front of it and the relay behind it: how
     commands become compactions and their events."""
@@ -141,8 +144,24 @@ def _compaction(
         max_concurrent=service.max_concurrent_compactions,
         fair_share=settings.summarization.fair_share,
         tenant_weights=settings.tenant_weights(),
+        pacer=pacer,
     )
     return relay, processor, CommandIntake(processor, scheduler, dead_letters)
+
+
+def compaction_pacer(settings: Settings, metrics: Metrics) -> CompactionPacer:
+    """Compactions at once, fewer while messages are stored late (wall clock: the
+    records' timestamps are)."""
+    service = settings.service
+    ceiling = service.max_concurrent_compactions
+    rule = PaceRule(
+        floor=min(service.min_concurrent_compactions, ceiling),
+        ceiling=ceiling,
+        target_seconds=service.turn_delay_target_ms / 1000,
+    )
+    return CompactionPacer(
+        rule, on_limit=metrics.compaction_limit.set, on_late=metrics.turns_late.inc
+    )
 
 
 def tally_table(

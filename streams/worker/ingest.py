@@ -105,9 +105,11 @@ class Ingest:
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
         stored: Callable[[Collection[str]], None] = lambda _: None,
+        published: Callable[[float], None] = lambda _: None,
     ) -> None:
         """``stored``: told the conversations of each group once its messages are
-        stored (the readers waiting for them, ``IngestNotices``)."""
+        stored (the readers waiting for them, ``IngestNotices``); ``published``:
+        when the newest of them was published (the compaction pacer)."""
         self._budget = budget
         self._max_content_chars = max_content_chars
         self._producers = producers
@@ -119,6 +121,7 @@ class Ingest:
         self._metrics = metrics
         self._clock = clock
         self._stored = stored
+        self._published = published
 
     def epochs(self, records: Sequence[Record]) -> dict[int, int]:
         """The table epoch of each partition of ``records``, now."""
@@ -147,6 +150,9 @@ class Ingest:
         outcomes = await self._save([incoming for _, incoming in decoded])
         groups = self._by_conversation(decoded, outcomes)
         self._stored(groups.keys())
+        newest = max((r.timestamp for r in records if r.timestamp), default=None)
+        if newest is not None:
+            self._published(newest)
         resync = [
             conversation_id
             for conversation_id, items in groups.items()

@@ -35,6 +35,9 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: Headers = ()
+    # When it was published, seconds since the epoch: the producer's clock (or
+    # the broker's, for a topic with LogAppendTime). Paces compactions.
+    timestamp: float | None = None
 
     def header(self, name: str) -> bytes | None:
         """The last value of header ``name`` (None when absent)."""
@@ -63,6 +66,7 @@ def record_of(event: Any) -> Record:
         key=None if event.key is None else bytes(event.key),
         value=None if event.value is None else bytes(event.value),
         headers=headers_of(message.headers),
+        timestamp=message.timestamp or None,
     )
 
 

@@ -4,7 +4,8 @@ A slow LLM call must not stall its partition or other conversations, so
 compaction commands run as tasks: at most ``max_concurrent`` at once across
 conversations, the slots shared by tenant (``core.fair_slots``), strictly one
 at a time per conversation (a second command for
-a conversation waits for the first). Offsets are committed by acking, and an
+a conversation waits for the first), fewer at once while messages are stored
+late (``streams.worker.pacer``). Offsets are committed by acking, and an
 ack is only sent when the command and every earlier command of the same
 partition are finished; so after a crash every unfinished command is
 delivered again. Faust's own out-of-order ack handling is not relied on.
@@ -17,8 +18,9 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
+from core.domain.pace import PaceRule
 from core.domain.tenancy import tenant_of
 from core.fair_slots import FairSlots
 from streams.logs import log_context
@@ -100,6 +102,17 @@ class SchedulerStats:
     conversations: dict[str, _Conversation] = field(default_factory=dict)
 
 
+class Pacer(Protocol):
+    """How many compactions may run now (``streams.worker.pacer.CompactionPacer``)."""
+
+    @property
+    def rule(self) -> PaceRule: ...
+
+    def limit(self, wanted: int) -> int: ...
+
+    def when_cut(self, callback: Callable[[], None]) -> None: ...
+
+
 class CompactionScheduler(Generic[Token]):
     """Runs ``work(item)`` per command with bounded, per-conversation-serial concurrency.
 
@@ -116,13 +129,16 @@ class CompactionScheduler(Generic[Token]):
         max_pending: int | None = None,
         fair_share: bool = True,
         tenant_weights: Mapping[str, float] | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
+        """``pacer``: the slots in use at once follow its limit, up to ``max_concurrent``."""
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be >= 1")
         self._ack = ack
         # Shared by tenant like the provider guard's call slots: a tenant's burst
         # queued here must not hold the other tenants' commands behind it.
         # A tenant holds at most three quarters of them: see FairSlots, max_per_tenant.
+        self._slots_max = max_concurrent
         self._slots = FairSlots(
             max_concurrent,
             weights=tenant_weights,
@@ -134,6 +150,11 @@ class CompactionScheduler(Generic[Token]):
         self._conversations: dict[str, _Conversation] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = SchedulerStats(conversations=self._conversations)
+        self._pacer = pacer
+        self._tick: asyncio.TimerHandle | None = None
+        if pacer is not None:
+            self._slots.resize(min(max_concurrent, pacer.limit(0)))
+            pacer.when_cut(self._repace)
 
     def _acker(self, partition: Hashable) -> OrderedAcker[Token]:
         acker = self._ackers.get(partition)
@@ -188,14 +209,33 @@ class CompactionScheduler(Generic[Token]):
         try:
             if previous is not None:
                 await asyncio.wait([previous])
+            self._repace(arriving=1)
             async with self._slots.hold(tenant_of(conversation_id)):
                 await self._compact(conversation_id, partition, work)
+            self._repace()
             await acker.finish(ticket)
         finally:
             conversation.queued -= 1
             if conversation.tail is asyncio.current_task() and conversation.queued == 0:
                 del self._conversations[conversation_id]
             self._room.release()
+
+    def _repace(self, arriving: int = 0) -> None:
+        """Slots to the pacer's limit; while some wait, again each round (it may grow)."""
+        if self._pacer is None:
+            return
+        wanted = self._slots.in_use + self._slots.waiting + arriving
+        limit = min(self._slots_max, self._pacer.limit(wanted))
+        if limit != self._slots.capacity:
+            self._slots.resize(limit)
+        if self._tick is None and wanted > self._slots.capacity:
+            self._tick = asyncio.get_running_loop().call_later(
+                self._pacer.rule.round_seconds, self._next_round
+            )
+
+    def _next_round(self) -> None:
+        self._tick = None
+        self._repace()
 
     async def _compact(
         self, conversation_id: str, partition: Hashable, work: Callable[[], Awaitable[None]]
@@ -254,6 +294,8 @@ class CompactionScheduler(Generic[Token]):
         return 0
 
     async def cancel(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

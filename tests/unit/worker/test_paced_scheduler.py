@@ -1,0 +1,146 @@
+"""The scheduler under the compaction pacer: a wave of commands starts at the
+floor, grows as rounds pass with the turns on time, and a late group of
+messages lowers the limit before the next compaction starts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+import pytest
+
+from core.domain.pace import PaceRule
+from streams.events import MessageEvent
+from streams.worker.pacer import CompactionPacer
+from streams.worker.scheduler import CompactionScheduler
+from tests.support.builders import T0
+from tests.unit.worker.harness import NAMES, harness
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _acked(_: int) -> None:
+    return None
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not condition():  # noqa: ASYNC110 (the compactions' own steps)
+            await asyncio.sleep(0)
+
+
+async def _wave(
+    scheduler: CompactionScheduler[int], size: int
+) -> tuple[list[asyncio.Event], list[int]]:
+    """``size`` conversations' commands, each compaction held until its event is set."""
+    gates = [asyncio.Event() for _ in range(size)]
+    running = [0, 0]  # now, peak
+
+    def work(gate: asyncio.Event) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+            await gate.wait()
+            running[0] -= 1
+
+        return run
+
+    for n, gate in enumerate(gates):
+        await scheduler.submit(
+            partition=0, offset=n, token=n, conversation_id=f"c{n}", work=work(gate)
+        )
+    return gates, running
+
+
+async def test_a_wave_starts_at_the_floor_and_grows_a_round_at_a_time() -> None:
+    clock = Clock()
+    pacer = CompactionPacer(PaceRule(floor=2, ceiling=16, target_seconds=0.1), clock=clock)
+    scheduler: CompactionScheduler[int] = CompactionScheduler(
+        _acked, max_concurrent=16, pacer=pacer
+    )
+    gates, running = await _wave(scheduler, 40)
+    await _until(lambda: running[0] == 2)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert running[1] == 2, "more than the floor started before a round passed"
+    clock.now += 1.0  # a round with the turns on time: the next finish doubles it
+    gates[0].set()
+    await _until(lambda: running[0] == 4)
+    clock.now += 1.0
+    gates[1].set()
+    await _until(lambda: running[0] == 8)
+    for gate in gates:
+        gate.set()
+    await scheduler.drain()
+    assert scheduler.stats.completed == 40
+
+
+async def test_a_late_group_lowers_the_limit_before_the_next_compaction_starts() -> None:
+    clock = Clock()
+    late: list[int] = []
+    pacer = CompactionPacer(
+        PaceRule(floor=2, ceiling=16, target_seconds=0.1),
+        clock=clock,
+        on_late=lambda: late.append(1),
+    )
+    scheduler: CompactionScheduler[int] = CompactionScheduler(
+        _acked, max_concurrent=16, pacer=pacer
+    )
+    gates, running = await _wave(scheduler, 40)
+    await _until(lambda: running[0] == 2)
+    for step, expected in enumerate((4, 8)):  # 2 -> 4 -> 8
+        clock.now += 1.0
+        gates[step].set()
+        await _until(lambda expected=expected: running[0] == expected)
+    pacer.stored(published_at=clock.now - 0.01)  # on time: the baseline
+    pacer.stored(published_at=clock.now - 0.5)  # 0.49 s over it: late
+    assert late == [1]
+    assert pacer.current == 4
+    for gate in gates[2:8]:  # six finish: none replaced while 4 or more run
+        gate.set()
+    await _until(lambda: scheduler.stats.completed == 8)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert running[0] == 4
+    for gate in gates:
+        gate.set()
+    await scheduler.drain()
+
+
+async def test_without_a_target_every_slot_is_used_at_once() -> None:
+    """Every slot a tenant may hold: three quarters of them (``FairSlots``)."""
+    pacer = CompactionPacer(PaceRule(floor=2, ceiling=16, target_seconds=0))
+    scheduler: CompactionScheduler[int] = CompactionScheduler(
+        _acked, max_concurrent=16, pacer=pacer
+    )
+    gates, running = await _wave(scheduler, 40)
+    await _until(lambda: running[0] == 12)
+    for gate in gates:
+        gate.set()
+    await scheduler.drain()
+
+
+async def test_ingest_tells_the_pacer_when_each_group_was_published() -> None:
+    """The worker's wiring (``build_components``): a group's newest record
+    timestamp reaches the pacer once the group is stored."""
+    h = harness(min_concurrent_compactions=2)
+    now = time.time()
+    for index, published in enumerate((now - 0.01, now - 3.0, None)):
+        event = MessageEvent(
+            message_id=f"m{index}", conversation_id="c1", role="user", content="hello",
+            created_at=T0,
+        )  # fmt: skip
+        record = h.record(NAMES.messages, "c1", event.model_dump_json())
+        await h.components.accounting.handle(replace(record, timestamp=published))
+    assert len(h.store.messages) == 3
+    assert h.components.metrics.turns_late._value.get() == 1
