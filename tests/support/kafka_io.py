@@ -61,8 +61,12 @@ class Producer:
         value: bytes,
         key: bytes | None,
         headers: list[tuple[str, bytes]] | None = None,
+        timestamp_ms: int | None = None,
     ) -> Sent:
-        meta = await self._producer.send_and_wait(topic, value, key=key, headers=headers)
+        """``timestamp_ms``: the record's time (CreateTime), now unless given."""
+        meta = await self._producer.send_and_wait(
+            topic, value, key=key, headers=headers, timestamp_ms=timestamp_ms
+        )
         return Sent(meta.partition, meta.offset, key, value)
 
 
