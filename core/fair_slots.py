@@ -27,6 +27,11 @@ preemptible, so a tenant that holds them all makes an active neighbour wait a
 whole LLM call for the first one to free. Alone (a single-tenant
 deployment, or the others quiet for a minute) a tenant gets every slot.
 
+Within a tenant, a waiter with a higher ``priority`` goes first (then in
+arrival order): the scheduler gives a compaction its conversation's token
+total, so while compactions are paced (``core.domain.pace``) the conversation
+furthest over its budget is not queued behind a wave of ones just over it.
+
 asyncio's own ``Semaphore`` would need one per tenant and a picker around
 them; a few dozen lines of queues are simpler and say what they do.
 """
@@ -34,8 +39,8 @@ them; a few dozen lines of queues are simpler and say what they do.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -43,9 +48,14 @@ from dataclasses import dataclass, field
 Tenant = str | None
 
 
+# A waiter: (-priority, arrival, future); a heap of them serves the most
+# urgent first, then in arrival order.
+_Waiter = tuple[float, int, asyncio.Future[None]]
+
+
 @dataclass
 class _Queue:
-    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    waiters: list[_Waiter] = field(default_factory=list)
     passed: float = 0.0  # virtual time of this tenant's service so far
     joined: int = 0  # tie-break: the order tenants started waiting
 
@@ -81,6 +91,7 @@ class FairSlots:
         self._queues: dict[Tenant, _Queue] = {}
         self._virtual_time = 0.0
         self._joins = 0
+        self._arrivals = 0
         self.granted: dict[Tenant, int] = {}  # slots each tenant got (tests, metrics)
 
     def weight(self, tenant: Tenant) -> float:
@@ -94,7 +105,8 @@ class FairSlots:
     def in_use(self) -> int:
         return self.capacity - self._free
 
-    async def acquire(self, tenant: Tenant = None) -> None:
+    async def acquire(self, tenant: Tenant = None, priority: float = 0.0) -> None:
+        """A slot for ``tenant``; among its waiters the highest ``priority`` first."""
         key = tenant if self.fair else None
         if self._headroom:
             self._note_active(key)
@@ -111,7 +123,8 @@ class FairSlots:
             self._joins += 1
             queue = self._queues[key] = _Queue(passed=self._virtual_time, joined=self._joins)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        queue.waiters.append(waiter)
+        self._arrivals += 1
+        heapq.heappush(queue.waiters, (-priority, self._arrivals, waiter))
         self._grant()  # free slots the tenants ahead may not take (their cap): ours?
         try:
             await waiter
@@ -134,8 +147,8 @@ class FairSlots:
         self._grant()
 
     @asynccontextmanager
-    async def hold(self, tenant: Tenant = None) -> AsyncIterator[None]:
-        await self.acquire(tenant)
+    async def hold(self, tenant: Tenant = None, priority: float = 0.0) -> AsyncIterator[None]:
+        await self.acquire(tenant, priority)
         try:
             yield
         finally:
@@ -160,7 +173,7 @@ class FairSlots:
                 return  # every waiting tenant holds its cap
             (key,) = chosen
             queue = self._queues[key]
-            waiter = queue.waiters.popleft()
+            waiter = heapq.heappop(queue.waiters)[2]
             if not queue.waiters:
                 del self._queues[key]
             if waiter.done():  # cancelled while queued
@@ -185,10 +198,11 @@ class FairSlots:
         queue = self._queues.get(key)
         if queue is None:
             return
-        try:
-            queue.waiters.remove(waiter)
-        except ValueError:
+        index = next((n for n, item in enumerate(queue.waiters) if item[2] is waiter), None)
+        if index is None:
             return
+        queue.waiters.pop(index)
+        heapq.heapify(queue.waiters)
         if not queue.waiters:
             del self._queues[key]
 

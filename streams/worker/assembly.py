@@ -67,7 +67,7 @@ def build_components(
     dead_letters = _dead_letters(settings, publisher, metrics, clock)
     pacer = compaction_pacer(settings, metrics)  # ingest tells it, the scheduler asks it
     relay, processor, intake = _compaction(
-        settings, runtime, publisher, metrics, clock, ack, dead_letters, pacer
+        settings, runtime, publisher, metrics, clock, ack, dead_letters, pacer, tallies
     )
     issued = IssuedCommands()  # accounting notes where commands went; reconciliation reads
     notices = IngestNotices()  # readers waiting for a message to be stored
@@ -126,6 +126,7 @@ def _compaction(
     ack: Callable[[Token], Awaitable[None]],
     dead_letters: DeadLetters,
     pacer: CompactionPacer,
+    tallies: TallyTable,
 ) -> tuple[OutboxRelay, Processor, CommandIntake[Token]]:
     """The processor, the scheduler in front of it and the relay behind it: how
     commands become compactions and their events."""
@@ -145,8 +146,15 @@ def _compaction(
         fair_share=settings.summarization.fair_share,
         tenant_weights=settings.tenant_weights(),
         pacer=pacer,
+        urgency=lambda conversation: float(tokens_counted(tallies, conversation)),
     )
     return relay, processor, CommandIntake(processor, scheduler, dead_letters)
+
+
+def tokens_counted(tallies: TallyTable, conversation: str) -> int:
+    """The conversation's token total as counted (0 when it has no entry)."""
+    tally = tallies.get(conversation)
+    return 0 if tally is None else tally.token_total
 
 
 def compaction_pacer(settings: Settings, metrics: Metrics) -> CompactionPacer:

@@ -130,8 +130,11 @@ class CompactionScheduler(Generic[Token]):
         fair_share: bool = True,
         tenant_weights: Mapping[str, float] | None = None,
         pacer: Pacer | None = None,
+        urgency: Callable[[str], float] = lambda _: 0.0,
     ) -> None:
-        """``pacer``: the slots in use at once follow its limit, up to ``max_concurrent``."""
+        """``pacer``: the slots in use at once follow its limit, up to ``max_concurrent``;
+        ``urgency``: a conversation's claim to the next free slot of its tenant (its
+        token total: the furthest over budget first)."""
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be >= 1")
         self._ack = ack
@@ -151,6 +154,7 @@ class CompactionScheduler(Generic[Token]):
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = SchedulerStats(conversations=self._conversations)
         self._pacer = pacer
+        self._urgency = urgency
         self._tick: asyncio.TimerHandle | None = None
         if pacer is not None:
             self._slots.resize(min(max_concurrent, pacer.limit(0)))
@@ -210,7 +214,8 @@ class CompactionScheduler(Generic[Token]):
             if previous is not None:
                 await asyncio.wait([previous])
             self._repace(arriving=1)
-            async with self._slots.hold(tenant_of(conversation_id)):
+            urgency = self._urgency(conversation_id)
+            async with self._slots.hold(tenant_of(conversation_id), urgency):
                 await self._compact(conversation_id, partition, work)
             self._repace()
             await acker.finish(ticket)

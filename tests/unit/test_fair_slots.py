@@ -116,3 +116,58 @@ async def test_headroom_is_kept_from_a_burst_while_another_tenant_is_active() ->
     for task in burst:
         task.cancel()
     await asyncio.gather(*burst, return_exceptions=True)
+
+
+async def test_within_a_tenant_the_highest_priority_goes_first_then_arrival_order() -> None:
+    slots = FairSlots(1)
+    await slots.acquire("t")
+    served: list[str] = []
+
+    async def one(name: str, priority: float) -> None:
+        await slots.acquire("t", priority)
+        served.append(name)
+        slots.release("t")
+
+    queued = [("a", 1.0), ("b", 5.0), ("c", 1.0), ("d", 9.0), ("e", 5.0)]
+    tasks = [asyncio.create_task(one(name, p)) for name, p in queued]
+    await asyncio.sleep(0)
+    slots.release("t")
+    await asyncio.gather(*tasks)
+    assert served == ["d", "b", "e", "a", "c"]
+
+
+async def test_a_waiter_cancelled_in_the_queue_leaves_the_order_of_the_rest() -> None:
+    slots = FairSlots(1)
+    await slots.acquire("t")
+    served: list[str] = []
+
+    async def one(name: str, priority: float) -> None:
+        await slots.acquire("t", priority)
+        served.append(name)
+        slots.release("t")
+
+    tasks = {n: asyncio.create_task(one(n, p)) for n, p in [("a", 1), ("b", 3), ("c", 2)]}
+    await asyncio.sleep(0)
+    tasks["b"].cancel()
+    await asyncio.sleep(0)
+    assert slots.waiting == 2
+    slots.release("t")
+    await asyncio.gather(tasks["a"], tasks["c"])
+    assert served == ["c", "a"]
+
+
+async def test_shrinking_keeps_the_held_slots_and_grants_none_until_under_the_new_size() -> None:
+    slots = FairSlots(4)
+    for _ in range(4):
+        await slots.acquire("t")
+    slots.resize(2)
+    waiter = asyncio.create_task(slots.acquire("t"))
+    for _ in range(3):
+        slots.release("t")
+        await asyncio.sleep(0)
+        assert not waiter.done() or slots.in_use <= 2
+    await waiter
+    assert slots.in_use == 2
+    slots.resize(3)
+    await asyncio.wait_for(slots.acquire("t"), 1)
+    assert slots.in_use == 3

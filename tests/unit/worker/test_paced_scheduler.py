@@ -144,3 +144,35 @@ async def test_ingest_tells_the_pacer_when_each_group_was_published() -> None:
         await h.components.accounting.handle(replace(record, timestamp=published))
     assert len(h.store.messages) == 3
     assert h.components.metrics.turns_late._value.get() == 1
+
+
+async def test_the_conversation_furthest_over_budget_is_compacted_first() -> None:
+    """Paced at the floor in a wave, a burst's conversation (three times its
+    budget) must not wait behind every conversation just over it."""
+    clock = Clock()
+    pacer = CompactionPacer(PaceRule(floor=1, ceiling=16, target_seconds=0.1), clock=clock)
+    tokens = {f"c{n}": 4_100 for n in range(10)} | {"burst": 12_000}
+    scheduler: CompactionScheduler[int] = CompactionScheduler(
+        _acked, max_concurrent=16, pacer=pacer, urgency=lambda c: tokens[c]
+    )
+    started: list[str] = []
+    first = asyncio.Event()
+
+    def work(conversation: str) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            started.append(conversation)
+            if conversation == "c0":
+                await first.wait()
+
+        return run
+
+    for n, conversation in enumerate([*list(tokens)[:10], "burst"]):
+        await scheduler.submit(
+            partition=0, offset=n, token=n, conversation_id=conversation, work=work(conversation)
+        )
+    await _until(lambda: started == ["c0"])
+    for _ in range(20):
+        await asyncio.sleep(0)
+    first.set()
+    await scheduler.drain()
+    assert started[:2] == ["c0", "burst"]
