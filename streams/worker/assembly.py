@@ -147,6 +147,7 @@ def _compaction(
         tenant_weights=settings.tenant_weights(),
         pacer=pacer,
         urgency=lambda conversation: float(tokens_counted(tallies, conversation)),
+        urgent_at=settings.budget.model_max_tokens,
     )
     return relay, processor, CommandIntake(processor, scheduler, dead_letters)
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -131,10 +133,12 @@ class CompactionScheduler(Generic[Token]):
         tenant_weights: Mapping[str, float] | None = None,
         pacer: Pacer | None = None,
         urgency: Callable[[str], float] = lambda _: 0.0,
+        urgent_at: float = math.inf,
     ) -> None:
         """``pacer``: the slots in use at once follow its limit, up to ``max_concurrent``;
         ``urgency``: a conversation's claim to the next free slot of its tenant (its
-        token total: the furthest over budget first)."""
+        token total: the furthest over budget first); ``urgent_at``: from that urgency
+        on, a compaction does not wait for the pace."""
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be >= 1")
         self._ack = ack
@@ -155,6 +159,8 @@ class CompactionScheduler(Generic[Token]):
         self.stats = SchedulerStats(conversations=self._conversations)
         self._pacer = pacer
         self._urgency = urgency
+        self._urgent_at = urgent_at
+        self._beside = 0  # urgent compactions running beside the pace
         self._tick: asyncio.TimerHandle | None = None
         if pacer is not None:
             self._slots.resize(min(max_concurrent, pacer.limit(0)))
@@ -214,8 +220,7 @@ class CompactionScheduler(Generic[Token]):
             if previous is not None:
                 await asyncio.wait([previous])
             self._repace(arriving=1)
-            urgency = self._urgency(conversation_id)
-            async with self._slots.hold(tenant_of(conversation_id), urgency):
+            async with self._slot(conversation_id):
                 await self._compact(conversation_id, partition, work)
             self._repace()
             await acker.finish(ticket)
@@ -224,6 +229,22 @@ class CompactionScheduler(Generic[Token]):
             if conversation.tail is asyncio.current_task() and conversation.queued == 0:
                 del self._conversations[conversation_id]
             self._room.release()
+
+    @asynccontextmanager
+    async def _slot(self, conversation_id: str) -> AsyncIterator[None]:
+        """A paced slot, the most urgent of its tenant's waiters first; a conversation
+        at ``urgent_at`` tokens or more (over its model's window: every turn sent
+        uncompacted fails) runs beside the pace, up to ``max_concurrent`` in all."""
+        urgency = self._urgency(conversation_id)
+        if urgency >= self._urgent_at and self._slots.in_use + self._beside < self._slots_max:
+            self._beside += 1
+            try:
+                yield
+            finally:
+                self._beside -= 1
+            return
+        async with self._slots.hold(tenant_of(conversation_id), urgency):
+            yield
 
     def _repace(self, arriving: int = 0) -> None:
         """Slots to the pacer's limit; while some wait, again each round (it may grow)."""

@@ -176,3 +176,34 @@ async def test_the_conversation_furthest_over_budget_is_compacted_first() -> Non
     first.set()
     await scheduler.drain()
     assert started[:2] == ["c0", "burst"]
+
+
+async def test_a_conversation_over_its_window_does_not_wait_for_the_pace() -> None:
+    """Over the model's window every turn sent uncompacted fails: its compaction
+    runs beside the pace, and never past ``max_concurrent`` in all."""
+    pacer = CompactionPacer(PaceRule(floor=1, ceiling=2, target_seconds=0.1), clock=Clock())
+    tokens = {"c0": 4_100, "c1": 4_100, "over1": 9_000, "over2": 9_000}
+    scheduler: CompactionScheduler[int] = CompactionScheduler(
+        _acked, max_concurrent=2, pacer=pacer, urgency=lambda c: tokens[c], urgent_at=8_000
+    )
+    started: list[str] = []
+    hold = asyncio.Event()
+
+    def work(conversation: str) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            started.append(conversation)
+            await hold.wait()
+
+        return run
+
+    for n, conversation in enumerate(tokens):
+        await scheduler.submit(
+            partition=0, offset=n, token=n, conversation_id=conversation, work=work(conversation)
+        )
+    await _until(lambda: len(started) == 2)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert started == ["c0", "over1"]  # c1 waits for the pace, over2 for max_concurrent
+    hold.set()
+    await scheduler.drain()
+    assert sorted(started) == sorted(tokens)
