@@ -118,7 +118,11 @@ async def test_headroom_is_kept_from_a_burst_while_another_tenant_is_active() ->
     await asyncio.gather(*burst, return_exceptions=True)
 
 
-async def test_within_a_tenant_the_highest_priority_goes_first_then_arrival_order() -> None:
+async def _queued_by_priority(
+    queued: list[tuple[str, float]], cancel: str | None = None
+) -> list[str]:
+    """One slot held; ``queued`` wait for it with their priorities (``cancel``
+    gives up while queued); then the slot is let go. The order they got it in."""
     slots = FairSlots(1)
     await slots.acquire("t")
     served: list[str] = []
@@ -128,31 +132,25 @@ async def test_within_a_tenant_the_highest_priority_goes_first_then_arrival_orde
         served.append(name)
         slots.release("t")
 
-    queued = [("a", 1.0), ("b", 5.0), ("c", 1.0), ("d", 9.0), ("e", 5.0)]
-    tasks = [asyncio.create_task(one(name, p)) for name, p in queued]
+    tasks = {name: asyncio.create_task(one(name, p)) for name, p in queued}
     await asyncio.sleep(0)
+    if cancel is not None:
+        tasks.pop(cancel).cancel()
+        await asyncio.sleep(0)
+        assert slots.waiting == len(tasks)
     slots.release("t")
-    await asyncio.gather(*tasks)
+    await asyncio.gather(*tasks.values())
+    return served
+
+
+async def test_within_a_tenant_the_highest_priority_goes_first_then_arrival_order() -> None:
+    queued = [("a", 1.0), ("b", 5.0), ("c", 1.0), ("d", 9.0), ("e", 5.0)]
+    served = await _queued_by_priority(queued)
     assert served == ["d", "b", "e", "a", "c"]
 
 
 async def test_a_waiter_cancelled_in_the_queue_leaves_the_order_of_the_rest() -> None:
-    slots = FairSlots(1)
-    await slots.acquire("t")
-    served: list[str] = []
-
-    async def one(name: str, priority: float) -> None:
-        await slots.acquire("t", priority)
-        served.append(name)
-        slots.release("t")
-
-    tasks = {n: asyncio.create_task(one(n, p)) for n, p in [("a", 1), ("b", 3), ("c", 2)]}
-    await asyncio.sleep(0)
-    tasks["b"].cancel()
-    await asyncio.sleep(0)
-    assert slots.waiting == 2
-    slots.release("t")
-    await asyncio.gather(tasks["a"], tasks["c"])
+    served = await _queued_by_priority([("a", 1), ("b", 3), ("c", 2)], cancel="b")
     assert served == ["c", "a"]
 
 
