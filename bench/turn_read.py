@@ -262,8 +262,13 @@ async def measure(
     async with aiohttp.ClientSession(url) as http:
         await settled(http, big, args.turns, wait=600)
     llm.latency_seconds = args.latency_ms / 1000
-    traffic = Traffic(bootstrap, topic, args.rate)
-    results: dict[str, Any] = {"rate": args.rate, "big": args.big, "turns": args.turns}
+    traffic = Traffic(bootstrap, topic, args.rate, mix=args.mix)
+    results: dict[str, Any] = {
+        "rate": args.rate,
+        "mix": args.mix,
+        "big": args.big,
+        "turns": args.turns,
+    }
     async with traffic:
         turns = Turns(bootstrap, topic)
         await turns.start()
@@ -301,7 +306,8 @@ def report(results: dict[str, Any]) -> None:
     think = results["turns_by_readers"][0].get("think_s", 0) if results["turns_by_readers"] else 0
     paced = f"a {think:g} s pause between turns" if think else "turns back to back"
     print(f"\nturn loops, {results.get('workers', 1)} worker(s), {paced}, background "
-          f"{results['background_events_per_s']} events/s (p50 / p95 / p99)")  # fmt: skip
+          f"{results['background_events_per_s']} events/s, {results.get('mix', 'round-robin')} "
+          "(p50 / p95 / p99)")  # fmt: skip
     print(table(heads, rows))
     fit = results["fit"]
     print(f"\nfit (provider down): fitted p95 {fit['fitted']['p95']} ms, plain p95 "
@@ -316,6 +322,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--readers", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=1000.0, help="background events/s")
+    parser.add_argument(
+        "--mix",
+        choices=["round-robin", "varied"],
+        default="round-robin",
+        help="background conversations in turn (one wave of compactions) or at varied speeds",
+    )
     parser.add_argument("--big", type=int, default=16, help="conversations read")
     parser.add_argument("--turns", type=int, default=700, help="turns of each")
     parser.add_argument("--latency-ms", type=float, default=2000.0)

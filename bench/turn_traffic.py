@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
 from collections.abc import Iterator
 from types import TracebackType
@@ -88,10 +89,24 @@ class LoopLag:
 
 class Traffic:
     """``rate`` events/s into 200 other conversations, paced every 10 ms, for as
-    long as the ``async with`` block runs."""
+    long as the ``async with`` block runs.
 
-    def __init__(self, bootstrap: str, topic: str, rate: float, conversations: int = 200) -> None:
+    ``mix="round-robin"``: each conversation in turn, so all reach their budget
+    together and their compactions come as one wave (the worst case);
+    ``"varied"``: each event to a conversation drawn by a fixed weight (0.25 to
+    1.75, seeded), as chats that move at different speeds: they cross their
+    budgets at different times."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        rate: float,
+        conversations: int = 200,
+        mix: str = "round-robin",
+    ) -> None:
         self.conversations = conversations
+        self._mix = mix
         self._producer = _producer(bootstrap)
         self._topic, self._rate = topic, rate
         self._sent, self._started = 0, 0.0
@@ -117,11 +132,22 @@ class Traffic:
     def achieved(self) -> float:
         return self._sent / max(time.monotonic() - self._started, 1e-9)
 
+    def _events(self) -> Iterator[MessageEvent]:
+        if self._mix == "round-robin":
+            for n in itertools.count():
+                yield message_event(
+                    f"noise-{n % self.conversations:03d}", n // self.conversations, words=30
+                )
+        draw = random.Random(11)
+        weights = [draw.uniform(0.25, 1.75) for _ in range(self.conversations)]
+        sent = [0] * self.conversations
+        while True:
+            for k in draw.choices(range(self.conversations), weights, k=1000):
+                yield message_event(f"noise-{k:03d}", sent[k], words=30)
+                sent[k] += 1
+
     async def _run(self) -> None:
-        events = (
-            message_event(f"noise-{n % self.conversations:03d}", n // self.conversations, words=30)
-            for n in itertools.count()
-        )
+        events = self._events()
         while True:
             due = int(self._rate * (time.monotonic() - self._started)) - self._sent
             acks = []
