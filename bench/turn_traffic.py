@@ -87,6 +87,20 @@ class LoopLag:
             self.late.add(max(time.monotonic() - due, 0.0))
 
 
+def background_events(conversations: int, mix: str) -> Iterator[MessageEvent]:
+    """The background's events, for ever (``Traffic``'s ``mix``)."""
+    if mix == "round-robin":
+        for n in itertools.count():
+            yield message_event(f"noise-{n % conversations:03d}", n // conversations, words=30)
+    draw = random.Random(11)
+    weights = [draw.uniform(0.25, 1.75) for _ in range(conversations)]
+    sent = [0] * conversations
+    while True:
+        for k in draw.choices(range(conversations), weights, k=1000):
+            yield message_event(f"noise-{k:03d}", sent[k], words=30)
+            sent[k] += 1
+
+
 class Traffic:
     """``rate`` events/s into 200 other conversations, paced every 10 ms, for as
     long as the ``async with`` block runs.
@@ -132,22 +146,8 @@ class Traffic:
     def achieved(self) -> float:
         return self._sent / max(time.monotonic() - self._started, 1e-9)
 
-    def _events(self) -> Iterator[MessageEvent]:
-        if self._mix == "round-robin":
-            for n in itertools.count():
-                yield message_event(
-                    f"noise-{n % self.conversations:03d}", n // self.conversations, words=30
-                )
-        draw = random.Random(11)
-        weights = [draw.uniform(0.25, 1.75) for _ in range(self.conversations)]
-        sent = [0] * self.conversations
-        while True:
-            for k in draw.choices(range(self.conversations), weights, k=1000):
-                yield message_event(f"noise-{k:03d}", sent[k], words=30)
-                sent[k] += 1
-
     async def _run(self) -> None:
-        events = self._events()
+        events = background_events(self.conversations, self._mix)
         while True:
             due = int(self._rate * (time.monotonic() - self._started)) - self._sent
             acks = []

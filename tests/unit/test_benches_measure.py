@@ -10,10 +10,13 @@ LLM calls per compaction); their tables in docs/ were no longer reproducible.
 from __future__ import annotations
 
 import argparse
+import itertools
+from collections import Counter
 
 import pytest
 
 from bench import specifics_bench, strategies
+from bench.turn_traffic import background_events
 
 pytestmark = pytest.mark.unit
 
@@ -48,3 +51,22 @@ async def test_the_strategies_bench_compacts_with_one_call_and_clears_without_an
     assert float(rows[("chat", "summarize only")][5]) == 1.0
     assert float(rows[("agent", "pipeline")][5]) == 0.0  # clearing needs no model
     assert "summarize" in rows[("chat", "summarize only")][6]  # tokens were freed
+
+
+def test_the_turn_bench_background_is_one_wave_or_chats_at_varied_speeds() -> None:
+    """``bench.turn_read --mix``: round-robin puts every conversation at the same
+    count (they cross their budgets together); varied spreads the counts, each
+    conversation's turns still numbered in order."""
+
+    def counts(mix: str) -> Counter[str]:
+        events = list(itertools.islice(background_events(20, mix), 4_000))
+        seen: dict[str, int] = {}
+        for event in events:
+            index = int(event.message_id.rsplit("-m", 1)[-1])
+            assert index == seen.get(event.conversation_id, -1) + 1
+            seen[event.conversation_id] = index
+        return Counter(event.conversation_id for event in events)
+
+    assert set(counts("round-robin").values()) == {200}
+    varied = counts("varied")
+    assert len(varied) == 20 and max(varied.values()) > 2 * min(varied.values())
