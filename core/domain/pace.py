@@ -19,7 +19,9 @@ Lateness is measured against a baseline: the least delay seen in the last two
 windows, so a producer whose clock is behind by a constant does not read as
 late for ever. A backlog that lasts longer than a window becomes the baseline
 too, and the limit grows again: compactions then share the cores with the
-catch-up instead of waiting for its end.
+catch-up instead of waiting for its end. A group published more than a window
+ago says nothing of the turns (an import sent with its original times, a long
+backlog) and is not counted at all.
 """
 
 from __future__ import annotations

@@ -46,6 +46,8 @@ class CompactionPacer:
             return
         now = self._clock()
         delay = now - published_at
+        if delay > self.rule.window_seconds:
+            return  # not a turn: an import with its original times, or a long backlog
         self._baseline = observe_baseline(self.rule, self._baseline, delay, now)
         excess = delay - self._baseline.value
         before = self._pace.limit

@@ -207,3 +207,21 @@ async def test_a_conversation_over_its_window_does_not_wait_for_the_pace() -> No
     hold.set()
     await scheduler.drain()
     assert sorted(started) == sorted(tokens)
+
+
+def test_a_group_published_over_a_window_ago_is_not_a_turn() -> None:
+    """An import sent with its original times must not hold every tenant's
+    compactions at the floor: only delays within a window count."""
+    clock = Clock()
+    late: list[int] = []
+    pacer = CompactionPacer(
+        PaceRule(floor=1, ceiling=16, target_seconds=0.1),
+        clock=clock,
+        on_late=lambda: late.append(1),
+    )
+    pacer.stored(published_at=clock.now - 0.01)
+    pacer.stored(published_at=clock.now - 86_400)  # a day old
+    pacer.stored(published_at=clock.now - 61)
+    assert late == []
+    pacer.stored(published_at=clock.now - 59)
+    assert late == [1]
