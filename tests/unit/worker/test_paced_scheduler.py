@@ -29,6 +29,13 @@ class Clock:
         return self.now
 
 
+def _pacer(clock: Clock, *, floor: int, ceiling: int = 16) -> tuple[CompactionPacer, list[int]]:
+    """A pacer with a 100 ms target on ``clock``, and the late groups it counted."""
+    late: list[int] = []
+    rule = PaceRule(floor=floor, ceiling=ceiling, target_seconds=0.1)
+    return CompactionPacer(rule, clock=clock, on_late=lambda: late.append(1)), late
+
+
 async def _acked(_: int) -> None:
     return None
 
@@ -64,7 +71,7 @@ async def _wave(
 
 async def test_a_wave_starts_at_the_floor_and_grows_a_round_at_a_time() -> None:
     clock = Clock()
-    pacer = CompactionPacer(PaceRule(floor=2, ceiling=16, target_seconds=0.1), clock=clock)
+    pacer, _ = _pacer(clock, floor=2)
     scheduler: CompactionScheduler[int] = CompactionScheduler(
         _acked, max_concurrent=16, pacer=pacer
     )
@@ -87,12 +94,7 @@ async def test_a_wave_starts_at_the_floor_and_grows_a_round_at_a_time() -> None:
 
 async def test_a_late_group_lowers_the_limit_before_the_next_compaction_starts() -> None:
     clock = Clock()
-    late: list[int] = []
-    pacer = CompactionPacer(
-        PaceRule(floor=2, ceiling=16, target_seconds=0.1),
-        clock=clock,
-        on_late=lambda: late.append(1),
-    )
+    pacer, late = _pacer(clock, floor=2)
     scheduler: CompactionScheduler[int] = CompactionScheduler(
         _acked, max_concurrent=16, pacer=pacer
     )
@@ -150,7 +152,7 @@ async def test_the_conversation_furthest_over_budget_is_compacted_first() -> Non
     """Paced at the floor in a wave, a burst's conversation (three times its
     budget) must not wait behind every conversation just over it."""
     clock = Clock()
-    pacer = CompactionPacer(PaceRule(floor=1, ceiling=16, target_seconds=0.1), clock=clock)
+    pacer, _ = _pacer(clock, floor=1)
     tokens = {f"c{n}": 4_100 for n in range(10)} | {"burst": 12_000}
     scheduler: CompactionScheduler[int] = CompactionScheduler(
         _acked, max_concurrent=16, pacer=pacer, urgency=lambda c: tokens[c]
@@ -181,7 +183,7 @@ async def test_the_conversation_furthest_over_budget_is_compacted_first() -> Non
 async def test_a_conversation_over_its_window_does_not_wait_for_the_pace() -> None:
     """Over the model's window every turn sent uncompacted fails: its compaction
     runs beside the pace, and never past ``max_concurrent`` in all."""
-    pacer = CompactionPacer(PaceRule(floor=1, ceiling=2, target_seconds=0.1), clock=Clock())
+    pacer, _ = _pacer(Clock(), floor=1, ceiling=2)
     tokens = {"c0": 4_100, "c1": 4_100, "over1": 9_000, "over2": 9_000}
     scheduler: CompactionScheduler[int] = CompactionScheduler(
         _acked, max_concurrent=2, pacer=pacer, urgency=lambda c: tokens[c], urgent_at=8_000
@@ -213,12 +215,7 @@ def test_a_group_published_over_a_window_ago_is_not_a_turn() -> None:
     """An import sent with its original times must not hold every tenant's
     compactions at the floor: only delays within a window count."""
     clock = Clock()
-    late: list[int] = []
-    pacer = CompactionPacer(
-        PaceRule(floor=1, ceiling=16, target_seconds=0.1),
-        clock=clock,
-        on_late=lambda: late.append(1),
-    )
+    pacer, late = _pacer(clock, floor=1)
     pacer.stored(published_at=clock.now - 0.01)
     pacer.stored(published_at=clock.now - 86_400)  # a day old
     pacer.stored(published_at=clock.now - 61)
