@@ -9,10 +9,12 @@ within the window, never waiting for a compaction.
    this worker (``IngestNotices``) or, for a conversation another worker
    ingests, by its own poll; past the wait the answer is ``NotYet``, never a
    silently older context.
-2. **Unchanged, answered from memory.** The conversation's version (its newest
-   arrival number and rows) is one small query; an answer rendered for that
-   version is reused (a cache bounded by bytes), so a platform reading at every
-   turn costs one index lookup, not the whole history, until something changes.
+2. **Unchanged, answered from memory.** Each look is one round trip
+   (``ContextReader.context_look``): the conversation's version (its newest
+   arrival number and rows), and its history only when that version is not the
+   one an answer was rendered for. Rendered answers are reused (a cache bounded
+   by bytes), so a platform reading a context it read before costs one index
+   lookup, not the whole history.
 3. **Fitted.** Over its limit (``fit=budget``, the default: the budget;
    ``window``: the model's whole window; ``none``: as stored), the history is
    fitted at read time (``core.domain.context_fit``: the oldest part as a
@@ -39,7 +41,12 @@ from core.domain.budget import BudgetConfig
 from core.domain.context_fit import AsStored, FitSettings, FittedContext, fit_context
 from core.domain.provider_shapes import anthropic_shape, openai_shape
 from core.domain.tenancy import ConversationRef
-from core.ports.storage import ContextReader, ContextSnapshot, ContextVersion, ReadScope
+from core.ports.storage import (
+    ContextReader,
+    ContextSnapshot,
+    ContextVersion,
+    ReadScope,
+)
 from streams.events import public_message
 from streams.metrics import Metrics
 from streams.worker.ingest_notices import IngestNotices
@@ -131,41 +138,50 @@ class TurnContexts:
         )
 
     async def answer(self, request: ContextRequest) -> ContextAnswer:
-        version = await self._settled(request)
+        key = (request.conversation_key, request.shape, request.fit)
+        cached = self._cache.get(key)
+        look = await self._settled(request, None if cached is None else cached.version)
+        version = look.version if isinstance(look, ContextSnapshot) else look
         if not _satisfied(version, request):
             self._metrics.context_reads.labels(request.shape, "not_yet").inc()
             return NotYet(version)
         if not version.exists:
             return Unknown()
-        key = (request.conversation_key, request.shape, request.fit)
-        rendered = self._cache.get(key)
-        outcome = "cached"
-        if rendered is None or rendered.version != version.version:
-            snapshot = await self._runtime.context.context_snapshot(
-                request.conversation_key, scope=request.scope, through=request.through
-            )
-            rendered = await self._render(request, snapshot)
+        if isinstance(look, ContextSnapshot):
+            rendered, outcome = await self._render(request, look), "read"
             self._cache[key] = rendered
-            version, outcome = snapshot.version, "read"
+        else:  # the look found the version the cache holds
+            assert cached is not None and cached.version == version.version
+            rendered, outcome = cached, "cached"
         provisional = bool(rendered.fields["provisional"])
         self._metrics.context_reads.labels(request.shape, outcome).inc()
         if provisional:
             self._metrics.context_provisional.inc()
         return self._served(request, version, rendered)
 
-    async def _settled(self, request: ContextRequest) -> ContextVersion:
-        """The version, once it includes what ``request`` asks for or its wait is over."""
+    async def _settled(
+        self, request: ContextRequest, known: tuple[int, int] | None
+    ) -> ContextSnapshot | ContextVersion:
+        """Where the conversation stands once it includes what ``request`` asks for or
+        its wait is over: a snapshot, or the version alone when that is ``known``.
+        Each look is one round trip; the history comes with it only when it moved."""
         deadline = self._clock() + min(request.wait_seconds, 60.0)
         reader = self._runtime.context
         key = request.conversation_key
+        latest: ContextSnapshot | None = None  # read by an earlier look of this wait
         while True:
             seen = self._notices.mark(key)  # before the look: a store after it wakes us
-            version = await reader.context_version(
-                key, scope=request.scope, through=request.through
+            look = await reader.context_look(
+                key, scope=request.scope, through=request.through, known=known
             )
+            if isinstance(look, ContextSnapshot):
+                latest, known = look, look.version.version
+            elif latest is not None and look.version == latest.version.version:
+                look = ContextSnapshot(look, latest.history)  # its newer watermark
+            version = look.version if isinstance(look, ContextSnapshot) else look
             left = deadline - self._clock()
             if _satisfied(version, request) or left <= 0:
-                return version
+                return look
             poll = self._polls[seen is not None]
             await self._notices.wait(key, min(left, poll), seen=seen)
 

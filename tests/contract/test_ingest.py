@@ -188,5 +188,5 @@ async def test_a_group_stores_its_other_conversations_past_an_erased_one(
     assert ((await totals(store, "doomed")).rows, (await totals(store, "doomed")).epoch) == (1, 1)
     assert await backend.tenant("fresh") == (True, None)
     scope = ReadScope.everything()
-    watermark = (await store.context.context_version("fresh", scope=scope)).watermark
+    watermark = (await store.context.context_look("fresh", scope=scope)).version.watermark
     assert (watermark.message_id, watermark.offset) == (msg(3, conversation_id="fresh").id, 8)

@@ -27,7 +27,15 @@ from core.adapters.postgres.connection import (
 )
 from core.adapters.postgres.store import PostgresStore
 from core.domain.compaction import StoredTokens
-from core.ports.storage import Applied, CompactionOutbox, IncomingMessage, OutboxRecord, ReadScope
+from core.ports.storage import (
+    Applied,
+    CompactionOutbox,
+    ContextSnapshot,
+    IncomingMessage,
+    OutboxRecord,
+    ReadScope,
+    Watermark,
+)
 from tests.support.plans import make_plan, msg, stored
 from tests.support.stores import counts
 
@@ -186,6 +194,9 @@ async def test_the_views_reads_hold_without_their_filters(
     assert await pg_store.archive.expand_batch("globex/shared", "batch-1", scope=ACME) is None
     assert len(await pg_store.history.load_history("acme/shared", scope=ACME)) == 3  # clip + 2 live
     assert len(await pg_store.history.load_history("globex/shared", scope=EVERYTHING)) == 3
+    theirs = await pg_store.context.context_look("globex/shared", scope=ACME)
+    assert isinstance(theirs, ContextSnapshot) and theirs.history == ()
+    assert not theirs.version.exists and theirs.version.watermark == Watermark()
     expanded = await pg_store.archive.expand_batch("acme/shared", "batch-1", scope=ACME)
     assert expanded is not None and len(expanded.turns) == 2
 
@@ -315,6 +326,10 @@ async def test_the_worker_writes_as_an_owner_that_is_not_a_superuser(owner_dsn: 
         assert {h.conversation_id for h in hits} == {"acme/shared", "globex/shared", "loose-1"}
         # and its scoped reads are held to their tenant, as for a superuser
         assert await store.history.load_history("globex/shared", scope=ACME) == []
+        look = await store.context.context_look("globex/shared", scope=ACME)
+        assert not (look.version if isinstance(look, ContextSnapshot) else look).exists
+        mine = await store.context.context_look("acme/shared", scope=ACME)
+        assert isinstance(mine, ContextSnapshot) and len(mine.history) == 3
         scoped = await store.memory.memory_read("orchid", scope=GLOBEX)
         assert {h.conversation_id for h in scoped.hits} == {"globex/shared"}
         seen = await _visible(store.pool, ACME)
@@ -330,6 +345,8 @@ async def test_a_scoped_read_leaves_its_pooled_connection_as_it_was(pg_database:
         assert len(await store.history.load_history("acme/shared", scope=ACME)) == 3
         with pytest.raises(ValueError):
             await store.memory.memory_read("  ", scope=ACME)  # fails inside the transaction
+        look = await store.context.context_look("acme/shared", scope=ACME)  # sets them itself
+        assert isinstance(look, ContextSnapshot) and len(look.history) == 3
         row = await store.pool.fetchrow(
             "SELECT current_user = session_user AS same_user, current_setting($1, true) AS tenant",
             TENANT_SETTING,

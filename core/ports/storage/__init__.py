@@ -38,7 +38,13 @@ from core.ports.storage.compactions import (
     CompactionStore,
     RejectionRecord,
 )
-from core.ports.storage.context import ContextReader, ContextSnapshot, ContextVersion, Watermark
+from core.ports.storage.context import (
+    ContextLook,
+    ContextReader,
+    ContextSnapshot,
+    ContextVersion,
+    Watermark,
+)
 from core.ports.storage.errors import (
     HistoryConflictError,
     StoreConflict,
@@ -135,6 +141,7 @@ __all__ = [
     "CompactionRecord",
     "CompactionStore",
     "Compactions",
+    "ContextLook",
     "ContextReader",
     "ContextSnapshot",
     "ContextVersion",

@@ -1,11 +1,11 @@
 """The context a platform reads at every turn: the live history with its stored
 token counts, and where it stands (its version, its watermark).
 
-Two reads, because most turns find the context as it was: ``context_version``
-answers in one small query whether anything changed (and whether a message
-the caller just published is in), ``context_snapshot`` reads the whole
-history only when it did. Both run on the caller's behalf, under its
-``ReadScope``.
+One read, ``context_look``, in one round trip: where the conversation stands
+(its version, whether a message the caller just published is in) and, only
+when the caller does not already hold that version, the whole history. Most
+turns find the context as they left it and read one small row. It runs on the
+caller's behalf, under its ``ReadScope``.
 """
 
 from __future__ import annotations
@@ -52,16 +52,21 @@ class ContextSnapshot:
     history: tuple[Sized, ...]  # in model order: the clip-archive first, then by time
 
 
-class ContextReader(Protocol):
-    async def context_version(
-        self, conversation_id: str, *, scope: ReadScope, through: str | None = None
-    ) -> ContextVersion:
-        """Where the conversation stands, in one round trip of a scoped read."""
-        ...
+ContextLook = ContextSnapshot | ContextVersion
+"""A snapshot, or the version alone: the caller already holds that version's
+history, or the message it asked about is not stored yet."""
 
-    async def context_snapshot(
-        self, conversation_id: str, *, scope: ReadScope, through: str | None = None
-    ) -> ContextSnapshot:
-        """The whole live history with each message's stored token count, and its
-        version, from one snapshot."""
+
+class ContextReader(Protocol):
+    async def context_look(
+        self,
+        conversation_id: str,
+        *,
+        scope: ReadScope,
+        through: str | None = None,
+        known: tuple[int, int] | None = None,
+    ) -> ContextLook:
+        """Where the conversation stands, and its whole live history with each
+        message's stored token count (from the same snapshot) unless its version
+        is ``known`` or ``through`` is not stored yet. One round trip."""
         ...

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from core.domain.context_fit import Sized
-from core.ports.storage import ContextSnapshot, ContextVersion, ReadScope, Watermark
+from core.ports.storage import (
+    ContextLook,
+    ContextSnapshot,
+    ContextVersion,
+    ReadScope,
+    Watermark,
+)
 from tests.support.memory_store.ingest import MemoryHistory
 from tests.support.memory_store.tables import Tables
 
@@ -12,11 +18,29 @@ class MemoryContext:
     def __init__(self, tables: Tables) -> None:
         self._t = tables
 
-    async def context_version(
-        self, conversation_id: str, *, scope: ReadScope, through: str | None = None
+    async def context_look(
+        self,
+        conversation_id: str,
+        *,
+        scope: ReadScope,
+        through: str | None = None,
+        known: tuple[int, int] | None = None,
+    ) -> ContextLook:
+        version = self._version(conversation_id, scope=scope, through=through)
+        if not version.includes or version.version == known:
+            return version
+        self._t._call("context_history")
+        if not version.exists:
+            return ContextSnapshot(version, ())
+        messages = MemoryHistory(self._t)._history(conversation_id, None, None)
+        history = tuple(Sized(m, self._t.messages[conversation_id, m.id].tokens) for m in messages)
+        return ContextSnapshot(version, history)
+
+    def _version(
+        self, conversation_id: str, *, scope: ReadScope, through: str | None
     ) -> ContextVersion:
-        self._t._call("context_version")
-        self._t.read_scopes.append(("context_version", scope))
+        self._t._call("context_look")
+        self._t.read_scopes.append(("context_look", scope))
         if not self._t._visible(scope, conversation_id):
             return ContextVersion((0, 0), Watermark(), exists=False, includes=through is None)
         rows = [r for (cid, _), r in self._t.messages.items() if cid == conversation_id]
@@ -29,14 +53,3 @@ class MemoryContext:
             exists=bool(rows),
             includes=includes,
         )
-
-    async def context_snapshot(
-        self, conversation_id: str, *, scope: ReadScope, through: str | None = None
-    ) -> ContextSnapshot:
-        version = await self.context_version(conversation_id, scope=scope, through=through)
-        self._t._call("context_snapshot")
-        if not version.exists:
-            return ContextSnapshot(version, ())
-        messages = MemoryHistory(self._t)._history(conversation_id, None, None)
-        history = tuple(Sized(m, self._t.messages[conversation_id, m.id].tokens) for m in messages)
-        return ContextSnapshot(version, history)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from core.domain.budget import BudgetConfig
-from core.ports.storage import IncomingMessage, ReadScope
+from core.ports.storage import ContextLook, ContextSnapshot, IncomingMessage, ReadScope
 from streams.metrics import Metrics
 from streams.worker.ingest_notices import IngestNotices
 from streams.worker.runtime import StaticRuntime
@@ -122,6 +122,35 @@ async def test_an_unchanged_history_is_answered_from_memory() -> None:
     changed = await setup.read()
     assert isinstance(changed, Served) and changed.etag != first.etag
     assert len(body(changed)["request"]["messages"]) == 4
+
+
+class CountedLooks:
+    """The store's reader, each look recorded as what came back: "version" or "history"."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+        self.looks: list[str] = []
+
+    async def context_look(self, *args: Any, **kwargs: Any) -> ContextLook:
+        look = await self._reader.context_look(*args, **kwargs)
+        self.looks.append("history" if isinstance(look, ContextSnapshot) else "version")
+        return look
+
+
+async def test_a_read_is_one_look_and_the_history_comes_only_when_it_moved() -> None:
+    setup = Setup()
+    counted = setup.store.context = CountedLooks(setup.store.context)
+    await setup.publish(3)
+    await setup.read()
+    await setup.read()
+    assert counted.looks == ["history", "version"]  # the second answered from memory
+    counted.looks.clear()
+    through = msg(3, conversation_id=KEY).id
+    waiting = asyncio.create_task(setup.read(through=through, wait_seconds=30))
+    await setup.notices.waiting_started.wait()
+    await setup.publish(1)
+    assert len(body(await asyncio.wait_for(waiting, 5))["request"]["messages"]) == 4
+    assert counted.looks == ["version", "history"]  # not in yet: no history read for it
 
 
 async def test_through_waits_for_the_message_and_is_woken_by_its_ingest() -> None:
