@@ -4,8 +4,10 @@ A platform reads the context at every turn, and the LLM compaction that will
 bring an over-budget conversation back under its budget lands seconds later
 (or, in a provider outage, much later). Meanwhile the read must neither wait
 nor hand out more than the model takes. So the read itself fits the history:
-the stored clip-archive (the last compaction's summary) stays, the newest
-turns stay verbatim as far as they fit, and everything older becomes one
+the stored clip-archive (the last compaction's summary) stays, pinned messages
+stay verbatim (up to half the limit, the newest first, as a compaction keeps
+them), the newest turns stay verbatim as far as they fit, and everything older
+becomes one
 **provisional clip-archive**: an extractive digest of those turns, the most
 important first (``core.domain.scoring``), built in bounded time. The LLM
 compaction replaces it when it lands; nothing is written.
@@ -20,13 +22,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from core.domain.clip_archive import format_timestamp, is_clip_archive, shortened
 from core.domain.extractive import extract_summary
 from core.domain.messages import PROVISIONAL_ID_PREFIX, ConversationMessage
 from core.domain.scoring import DEFAULT_SCORING, ImportanceScoringConfig, score_message
-from core.domain.split import tool_safe_boundary_after
+from core.domain.split import kept_units, tool_safe_boundary_after
 from core.domain.tokens import DEFAULT_COUNTER, TokenCounter, estimate_message_tokens
 from core.ports.model import ModelMessage, ModelRequest
 
@@ -90,17 +93,21 @@ def fit_context(
     prior, body = _prior_and_body(history, limit, settings.counter)
     prior_tokens = prior.tokens if prior is not None else 0
     allowance = min(settings.digest_tokens, max(MIN_DIGEST_TOKENS, (limit - prior_tokens) // 4))
-    boundary = _newest_fitting(body, limit - prior_tokens - allowance)
+    pins = _pins(body, (limit - prior_tokens) // 2)
+    pinned_tokens = sum(body[i].tokens for i in pins)
+    boundary = _newest_fitting(body, limit - prior_tokens - allowance - pinned_tokens, pins)
     kept = list(body[boundary:])
     cut = False
     if not kept:  # not even the newest turn fits whole: its head and tail do
         boundary, kept = _newest_unit(body)
-        kept = _shortened_unit(kept, limit - prior_tokens - allowance, settings.counter)
+        room = limit - prior_tokens - allowance - sum(body[i].tokens for i in pins if i < boundary)
+        kept = _shortened_unit(kept, room, settings.counter)
         cut = True
-    head = body[:boundary]
-    room = limit - prior_tokens - sum(s.tokens for s in kept)
+    pinned = [body[i] for i in sorted(pins) if i < boundary]
+    head = [s for i, s in enumerate(body[:boundary]) if i not in pins]
+    room = limit - prior_tokens - sum(s.tokens for s in (*pinned, *kept))
     digest = (_digest(head, room, settings),) if head else ()
-    messages = (*(() if prior is None else (prior,)), *digest, *kept)
+    messages = (*(() if prior is None else (prior,)), *digest, *pinned, *kept)
     return Provisional(
         messages=messages,
         tokens=sum(s.tokens for s in messages),
@@ -108,6 +115,20 @@ def fit_context(
         stored_tokens=total,
         shortened=cut,
     )
+
+
+def _pins(body: Sequence[Sized], allowance: int) -> set[int]:
+    """The positions of the pinned messages kept verbatim (each with the other half
+    of its tool exchange), newest first while they fit ``allowance``; a pin that
+    does not fit is folded into the digest like any other turn."""
+    chosen: set[int] = set()
+    left = allowance
+    for unit in reversed(kept_units([s.message for s in body])):
+        tokens = sum(body[i].tokens for i in unit)
+        if tokens <= left:
+            chosen.update(unit)
+            left -= tokens
+    return chosen
 
 
 def _newest_only(history: Sequence[Sized], limit: int, counter: TokenCounter) -> Provisional:
@@ -146,13 +167,19 @@ def _prior_and_body(
     return prior, history[1:]
 
 
-def _newest_fitting(body: Sequence[Sized], room: int) -> int:
-    """Where the newest turns that fit ``room`` start, never inside a tool exchange."""
+def _newest_fitting(
+    body: Sequence[Sized], room: int, reserved: AbstractSet[int] = frozenset()
+) -> int:
+    """Where the newest turns that fit ``room`` start, never inside a tool exchange;
+    the ``reserved`` positions (pins) are paid for already."""
     used = 0
     boundary = len(body)
-    while boundary > 0 and used + body[boundary - 1].tokens <= room:
+    while boundary > 0:
+        cost = 0 if boundary - 1 in reserved else body[boundary - 1].tokens
+        if used + cost > room:
+            break
         boundary -= 1
-        used += body[boundary].tokens
+        used += cost
     return tool_safe_boundary_after([s.message for s in body], boundary)
 
 

@@ -84,6 +84,28 @@ def kept_verbatim(body: Sequence[ConversationMessage], boundary: int, keep: Keep
     return kept
 
 
+def kept_units(
+    body: Sequence[ConversationMessage], keep: KeepTest = is_pinned
+) -> list[tuple[int, ...]]:
+    """``kept_verbatim``'s positions (over the whole of ``body``) as units in order:
+    each kept message with the tool exchange it belongs to, so a unit is kept or
+    dropped whole."""
+    kept = {i for i, message in enumerate(body) if keep(message)}
+    if not kept:
+        return []
+    intervals = sorted(
+        [(i, i) for i in kept]
+        + [(f, last) for f, last in _tool_pair_spans(body) if f in kept or last in kept]
+    )
+    units: list[list[int]] = []
+    for first, last in intervals:
+        if units and first <= units[-1][1]:
+            units[-1][1] = max(units[-1][1], last)
+        else:
+            units.append([first, last])
+    return [tuple(range(first, last + 1)) for first, last in units]
+
+
 def split_history(
     history: Sequence[ConversationMessage],
     keep_recent: int,

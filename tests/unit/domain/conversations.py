@@ -1,5 +1,6 @@
 """Hypothesis strategies for conversations: plain turns, tool exchanges (some
-broken: a call never answered, a result whose call is gone), a clip-archive."""
+broken: a call never answered, a result whose call is gone), a clip-archive,
+pinned messages when asked."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ TEXT = st.lists(WORDS, min_size=0, max_size=60).map(" ".join)
 
 
 @st.composite
-def conversations(draw: st.DrawFn, *, max_units: int = 30) -> list[ConversationMessage]:
+def conversations(
+    draw: st.DrawFn, *, max_units: int = 30, pins: bool = False
+) -> list[ConversationMessage]:
+    """``pins``: about one plain turn or tool call in four is pinned."""
     units = draw(
         st.lists(st.sampled_from(["user", "assistant", "tools", "orphan"]), max_size=max_units)
     )
@@ -40,8 +44,9 @@ def conversations(draw: st.DrawFn, *, max_units: int = 30) -> list[ConversationM
         add("system", "[Context Summary] " + draw(TEXT))
         messages[0] = messages[0].as_clip_archive()
     for unit in units:
+        pinned = pins and draw(st.integers(0, 3)) == 0
         if unit in ("user", "assistant"):
-            add(unit, draw(TEXT))
+            add(unit, draw(TEXT), pinned=pinned)
         elif unit == "orphan":
             add("tool", draw(TEXT), tool_call_id=f"gone-{len(messages)}")
         else:
@@ -49,7 +54,7 @@ def conversations(draw: st.DrawFn, *, max_units: int = 30) -> list[ConversationM
                 ToolCall(id=f"call-{len(messages)}-{n}", name="lookup", arguments={"q": draw(TEXT)})
                 for n in range(draw(st.integers(1, 3)))
             )
-            add("assistant", draw(TEXT), tool_calls=calls)
+            add("assistant", draw(TEXT), tool_calls=calls, pinned=pinned)
             indices = st.sampled_from(range(len(calls)))
             answered = draw(st.lists(indices, unique=True, max_size=len(calls)))
             for index in answered:

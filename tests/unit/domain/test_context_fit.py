@@ -19,7 +19,7 @@ from core.domain.context_fit import (
     Sized,
     fit_context,
 )
-from core.domain.messages import ConversationMessage
+from core.domain.messages import ConversationMessage, ToolCall
 from core.domain.tokens import estimate_message_tokens
 from tests.unit.domain.conversations import START, conversations
 
@@ -104,8 +104,42 @@ def test_a_tiny_limit_keeps_the_newest_that_fit_and_is_never_exceeded(
         assert fitted.folded + shown == tuple(m.id for m in history)
 
 
+def test_pinned_messages_stay_verbatim_with_their_tool_exchange() -> None:
+    chatter = "turn {n}: the invoice failed again, Alice agreed to look at it. " * 8
+    history = [turn(n, chatter.format(n=n)) for n in range(300)]
+    history[3] = turn(3, "The customer's account number is 7741-22.").model_copy(
+        update={"pinned": True}
+    )
+    call = ToolCall(id="call-9", name="lookup", arguments={"order": "8812"})
+    history[9] = turn(9, "looking it up", "assistant").model_copy(
+        update={"tool_calls": (call,), "pinned": True}
+    )
+    history[10] = turn(10, "order 8812: refunded", "tool").model_copy(
+        update={"tool_call_id": "call-9"}
+    )
+    fitted = fit_context(sized(history), 4000)
+    assert isinstance(fitted, Provisional) and fitted.tokens <= 4000
+    shown = [s.message for s in fitted.messages]
+    assert [m.id for m in shown[1:4]] == ["m0003", "m0009", "m0010"]  # after the digest
+    assert shown[1] == history[3] and shown[3] == history[10]
+    assert not {"m0003", "m0009", "m0010"} & set(fitted.folded)
+    assert "m0002" in fitted.folded and shown[-1].id == "m0299"
+
+
+def test_pins_over_half_the_limit_keep_the_newest_and_fold_the_rest() -> None:
+    pin = "pinned rule {n}: never refund without a ticket number. " * 30  # ~400 tokens
+    history = [turn(n, pin.format(n=n)).model_copy(update={"pinned": True}) for n in range(10)]
+    history += [turn(n, "a short turn about the refund policy today") for n in range(10, 200)]
+    fitted = fit_context(sized(history), 2000)
+    assert isinstance(fitted, Provisional) and fitted.tokens <= 2000
+    pinned_shown = [s.message.id for s in fitted.messages if s.message.pinned]
+    assert pinned_shown and sum(s.tokens for s in fitted.messages if s.message.pinned) <= 1000
+    assert pinned_shown == [f"m{n:04d}" for n in range(10 - len(pinned_shown), 10)]
+    assert "m0000" in fitted.folded
+
+
 @settings(max_examples=200, deadline=None)
-@given(conversations(max_units=40), st.integers(MIN_LIMIT, 3000))
+@given(conversations(max_units=40, pins=True), st.integers(MIN_LIMIT, 3000))
 def test_never_over_the_limit_and_nothing_silently_dropped(
     history: list[ConversationMessage], limit: int
 ) -> None:
@@ -120,7 +154,13 @@ def test_never_over_the_limit_and_nothing_silently_dropped(
         assert history[-1].id in shown
     body = [m.id for m in history if not m.stored_clip_archive]
     kept = [i for i in shown if i in body]
-    assert fitted.folded + tuple(kept) == tuple(body)
+    assert kept == sorted(kept) and not set(kept) & set(fitted.folded)
+    assert sorted(fitted.folded + tuple(kept)) == body
+    pinned = {m.id: s for m, s in zip(history, stored, strict=True) if m.pinned}
+    prior = fitted.messages[0].tokens if history[0].stored_clip_archive else 0
+    paired = sum(s.tokens for s in stored if s.message.role == "tool")  # their results, at most
+    if sum(s.tokens for s in pinned.values()) + paired <= (limit - prior) // 2:
+        assert set(pinned) <= set(kept), "a pinned message folded though the pins fit"
     calls = {c.id: m.id for m in history for c in m.tool_calls or ()}
     for message in history:
         if message.id in kept and message.tool_call_id in calls:
