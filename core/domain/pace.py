@@ -13,7 +13,10 @@ no message was late; a round that wanted fewer brings it back towards twice
 what was used (a quiet worker meets the next wave at the floor, not at the
 ceiling). A message stored later than the target after it was published
 halves it at once, at most once a round. The floor keeps compactions going
-whatever the messages do.
+whatever the messages do. A round in which no message was stored at all has
+no turn to keep waiting (a backlog of compactions after a burst, an outage's
+queue at night): the limit goes straight to what was wanted, up to the
+ceiling, instead of doubling.
 
 Lateness is measured against a baseline: the least delay seen in the last two
 windows, so a producer whose clock is behind by a constant does not read as
@@ -56,6 +59,7 @@ class Pace:
     wanted: int = 0  # the most compactions running or waiting at once this round
     cut_at: float = -math.inf
     late: bool = False  # a late message this round
+    turns: bool = False  # a message stored this round, late or not
 
 
 @dataclass(frozen=True)
@@ -83,11 +87,13 @@ def on_demand(pace: Pace, wanted: int) -> Pace:
 
 def on_delay(rule: PaceRule, pace: Pace, excess: float, now: float) -> Pace:
     """A group of messages was stored ``excess`` seconds later than the baseline."""
-    if not rule.paced or excess <= rule.target_seconds:
+    if not rule.paced:
         return pace
+    if excess <= rule.target_seconds:
+        return pace if pace.turns else replace(pace, turns=True)
     if now - pace.cut_at < rule.round_seconds:
-        return replace(pace, late=True)
-    return replace(pace, limit=max(rule.floor, pace.limit // 2), cut_at=now, late=True)
+        return replace(pace, late=True, turns=True)
+    return replace(pace, limit=max(rule.floor, pace.limit // 2), cut_at=now, late=True, turns=True)
 
 
 def on_time(rule: PaceRule, pace: Pace, now: float, wanted: int) -> Pace:
@@ -96,7 +102,9 @@ def on_time(rule: PaceRule, pace: Pace, now: float, wanted: int) -> Pace:
     if not rule.paced or now - pace.round_start < rule.round_seconds:
         return pace
     limit = pace.limit
-    if pace.wanted > limit and not pace.late:
+    if pace.wanted > limit and not pace.turns:
+        limit = min(rule.ceiling, pace.wanted)
+    elif pace.wanted > limit and not pace.late:
         limit = min(rule.ceiling, limit * 2)
     elif pace.wanted < limit:
         limit = max(rule.floor, min(limit, 2 * pace.wanted))

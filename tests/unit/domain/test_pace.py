@@ -52,15 +52,27 @@ def test_a_wave_starts_at_the_floor_and_doubles_each_round_it_keeps_up() -> None
     pace = on_demand(start(RULE, 0.0), 200)
     limits = [pace.limit]
     for second in range(1, 6):
+        pace = on_delay(RULE, pace, 0.01, second - 0.5)  # a turn stored on time
         pace = on_time(RULE, pace, float(second), 200)
         limits.append(pace.limit)
     assert limits == [8, 16, 32, 64, 128, 128]
 
 
+def test_a_round_without_a_turn_goes_straight_to_what_was_wanted() -> None:
+    """No message stored: no one to keep waiting (a burst's backlog of compactions)."""
+    pace = on_time(RULE, on_demand(start(RULE, 0.0), 50), 1.0, 50)
+    assert pace.limit == 50
+    pace = on_time(RULE, on_demand(pace, 500), 2.0, 500)
+    assert pace.limit == RULE.ceiling
+    turned = on_delay(RULE, on_demand(start(RULE, 0.0), 500), 0.01, 0.5)
+    assert on_time(RULE, turned, 1.0, 500).limit == 2 * RULE.floor  # a turn: doubles only
+
+
 def test_a_late_group_halves_the_limit_at_once_and_once_a_round() -> None:
     pace = start(RULE, 0.0)
     for second in range(1, 4):
-        pace = on_time(RULE, on_demand(pace, 200), float(second), 200)
+        pace = on_delay(RULE, on_demand(pace, 200), 0.01, second - 0.5)
+        pace = on_time(RULE, pace, float(second), 200)
     assert pace.limit == 64
     pace = on_delay(RULE, pace, 0.5, 3.2)
     assert pace.limit == 32
@@ -70,7 +82,8 @@ def test_a_late_group_halves_the_limit_at_once_and_once_a_round() -> None:
 
 def test_a_late_round_does_not_grow_and_an_on_time_delay_changes_nothing() -> None:
     pace = on_demand(start(RULE, 0.0), 200)
-    assert on_delay(RULE, pace, 0.1, 0.5) == pace  # at the target is not late
+    on_target = on_delay(RULE, pace, 0.1, 0.5)  # at the target is not late
+    assert (on_target.limit, on_target.late, on_target.turns) == (pace.limit, False, True)
     late = on_delay(RULE, pace, 0.2, 0.5)
     assert on_time(RULE, late, 1.0, 200).limit == RULE.floor
 

@@ -80,12 +80,33 @@ async def test_a_wave_starts_at_the_floor_and_grows_a_round_at_a_time() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
     assert running[1] == 2, "more than the floor started before a round passed"
+    pacer.stored(published_at=clock.now - 0.01)  # a turn, on time
     clock.now += 1.0  # a round with the turns on time: the next finish doubles it
     gates[0].set()
     await _until(lambda: running[0] == 4)
+    pacer.stored(published_at=clock.now - 0.01)
     clock.now += 1.0
     gates[1].set()
     await _until(lambda: running[0] == 8)
+    for gate in gates:
+        gate.set()
+    await scheduler.drain()
+    assert scheduler.stats.completed == 40
+
+
+async def test_a_wave_with_no_turn_to_protect_takes_every_slot_after_a_round() -> None:
+    """A burst's backlog of compactions, no message arriving: after one round at the
+    floor the limit is what the wave wants, up to the ceiling."""
+    clock = Clock()
+    pacer, _ = _pacer(clock, floor=2)
+    scheduler: CompactionScheduler[int] = CompactionScheduler(
+        _acked, max_concurrent=16, pacer=pacer
+    )
+    gates, running = await _wave(scheduler, 40)
+    await _until(lambda: running[0] == 2)
+    clock.now += 1.0
+    gates[0].set()
+    await _until(lambda: running[0] == 12)  # the scheduler's 16, three quarters per tenant
     for gate in gates:
         gate.set()
     await scheduler.drain()
@@ -101,6 +122,7 @@ async def test_a_late_group_lowers_the_limit_before_the_next_compaction_starts()
     gates, running = await _wave(scheduler, 40)
     await _until(lambda: running[0] == 2)
     for step, expected in enumerate((4, 8)):  # 2 -> 4 -> 8
+        pacer.stored(published_at=clock.now - 0.01)  # the turns on time
         clock.now += 1.0
         gates[step].set()
         await _until(lambda expected=expected: running[0] == expected)
