@@ -16,7 +16,10 @@ budget and are compacted too). Then:
    last served, so it is loaded and fitted), the same again (**cached**: one
    version lookup), and the baseline in the same loop: the whole ``/history``
    (``limit=1000``: the paged read a platform used before, converting it itself).
-   Reported: p50/p95/p99 per kind, turns/s, any non-200 (a 429 is the rate limit).
+   Reported: p50/p95/p99 per kind, turns/s, any non-200 (a 429 is the rate limit),
+   and what the compactions did meanwhile (the pace's cost): committed per
+   second, the mean compaction limit, and how much the backlog of issued, not
+   yet finished commands grew (> 0: they fell behind the background).
    Back to back by default: the readers' turns queue at the worker, so the
    latencies measure its read capacity (Little's law). ``--think-ms`` paces each
    reader as a platform is paced, a model call between two turns.
@@ -67,6 +70,7 @@ from bench.harness import (
 from bench.turn_traffic import (
     BUDGET,
     WINDOW,
+    CompactionSide,
     Latencies,
     LoopLag,
     Traffic,
@@ -110,11 +114,12 @@ async def turn_phase(
                     await asyncio.sleep(think * random.uniform(0.5, 1.5))
 
         started = time.monotonic()
-        async with LoopLag() as lag:
+        async with LoopLag() as lag, CompactionSide(worker_urls) as side:
             await asyncio.gather(*(loop(n) for n in range(readers)))
         elapsed = time.monotonic() - started
     row: dict[str, Any] = {"readers": readers, "seconds": round(elapsed, 1), "think_s": think}
     row["bench_loop_lag"] = lag.late.summary()
+    row["compactions"] = side.summary(elapsed)
     row["turns_per_s"] = round(latencies["cold"].count / elapsed, 1)
     for kind in kinds:
         row[kind] = latencies[kind].summary()
@@ -299,10 +304,12 @@ def report(results: dict[str, Any]) -> None:
             cells.append("{p50} / {p95} / {p99}".format(**row[kind]))
         lag = row.get("bench_loop_lag", {})
         cells.append("{p50} / {p95} / {p99}".format(**lag) if lag else "-")
+        side = row.get("compactions", {})
+        cells.append("{per_s} / {limit_mean} / {backlog_grew:+g}".format(**side) if side else "-")
         rows.append((*cells, json.dumps(row["not_200"]) if row["not_200"] else "-"))
     heads = ("readers", "turns/s", "publish->readable ms", "of which the ack ms", "context cold ms",
              "context cached ms", "/history (baseline) ms", "bench's own loop lag ms",
-             "not 200")  # fmt: skip
+             "compactions/s / mean limit / backlog", "not 200")  # fmt: skip
     think = results["turns_by_readers"][0].get("think_s", 0) if results["turns_by_readers"] else 0
     paced = f"a {think:g} s pause between turns" if think else "turns back to back"
     print(f"\nturn loops, {results.get('workers', 1)} worker(s), {paced}, background "

@@ -4,6 +4,7 @@ turn (publish, then read), latency samples, and "every conversation compacted"."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import aiohttp
 from aiokafka import AIOKafkaProducer
 
-from bench.harness import message_event, percentile
+from bench.harness import message_event, parse_metrics, percentile
 from streams.events import MessageEvent
 
 WINDOW = 8_000  # model_max_tokens
@@ -85,6 +86,72 @@ class LoopLag:
             due = time.monotonic() + self._every
             await asyncio.sleep(self._every)
             self.late.add(max(time.monotonic() - due, 0.0))
+
+
+FINISHED = (
+    "compactor_compactions_succeeded_total",
+    "compactor_compactions_failed_total",
+    "compactor_compactions_noop_total",
+)
+
+
+def compaction_summary(
+    first: dict[str, float], last: dict[str, float], limits: list[float], seconds: float
+) -> dict[str, float]:
+    """What the compactions did while the turns were measured (the pace's cost):
+    committed per second, the mean limit, and how much the backlog of issued,
+    not yet finished commands grew (> 0: they did not keep up)."""
+
+    def grew(name: str) -> float:
+        return last.get(name, 0.0) - first.get(name, 0.0)
+
+    finished = sum(grew(name) for name in FINISHED)
+    return {
+        "per_s": round(grew("compactor_compactions_succeeded_total") / max(seconds, 1e-9), 1),
+        "limit_mean": round(sum(limits) / len(limits), 1) if limits else 0.0,
+        "backlog_grew": round(grew("compactor_commands_issued_total") - finished),
+    }
+
+
+class CompactionSide:
+    """Samples the workers' /metrics every ``every`` seconds while the ``async with``
+    block runs (summed over the workers): ``summary`` is ``compaction_summary``."""
+
+    def __init__(self, urls: list[str], every: float = 0.5) -> None:
+        self._urls = urls
+        self._every = every
+        self._samples: list[dict[str, float]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _sample(self, http: aiohttp.ClientSession) -> None:
+        total: dict[str, float] = {}
+        for url in self._urls:
+            async with http.get(f"{url}/metrics") as response:
+                for name, value in parse_metrics(await response.text()).items():
+                    total[name] = total.get(name, 0.0) + value
+        self._samples.append(total)
+
+    async def _run(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            while True:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    await self._sample(http)
+                await asyncio.sleep(self._every)
+
+    async def __aenter__(self) -> CompactionSide:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    def summary(self, seconds: float) -> dict[str, float]:
+        if len(self._samples) < 2:
+            return {}
+        limits = [s.get("compactor_compaction_limit", 0.0) for s in self._samples]
+        return compaction_summary(self._samples[0], self._samples[-1], limits, seconds)
 
 
 def background_events(conversations: int, mix: str) -> Iterator[MessageEvent]:

@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from bench import specifics_bench, strategies
-from bench.turn_traffic import background_events
+from bench.turn_traffic import background_events, compaction_summary
 
 pytestmark = pytest.mark.unit
 
@@ -70,3 +70,20 @@ def test_the_turn_bench_background_is_one_wave_or_chats_at_varied_speeds() -> No
     assert set(counts("round-robin").values()) == {200}
     varied = counts("varied")
     assert len(varied) == 20 and max(varied.values()) > 2 * min(varied.values())
+
+
+def test_the_turn_bench_says_whether_compactions_kept_up_meanwhile() -> None:
+    first = {
+        "compactor_compactions_succeeded_total": 10.0,
+        "compactor_compactions_failed_total": 1.0,
+        "compactor_commands_issued_total": 20.0,
+    }
+    last = {
+        "compactor_compactions_succeeded_total": 40.0,
+        "compactor_compactions_failed_total": 1.0,
+        "compactor_compactions_noop_total": 2.0,
+        "compactor_commands_issued_total": 70.0,
+    }
+    summary = compaction_summary(first, last, [8.0, 16.0, 24.0], seconds=10.0)
+    assert summary == {"per_s": 3.0, "limit_mean": 16.0, "backlog_grew": 18}
+    assert compaction_summary(last, last, [], seconds=5.0)["backlog_grew"] == 0
