@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 from aiokafka import AIOKafkaProducer
@@ -62,17 +62,16 @@ def _producer(bootstrap: str) -> AIOKafkaProducer:
     return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2)
 
 
-class LoopLag:
-    """How late this process's own event loop runs a 10 ms timer, while the ``async
-    with`` block runs: a reader's latency includes it, so a figure taken while the
-    bench's loop lags measures the bench too."""
+class InBackground:
+    """Runs ``_run`` as a task while the ``async with`` block runs."""
 
-    def __init__(self, every: float = 0.01) -> None:
-        self.late = Latencies()
-        self._every = every
+    def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> LoopLag:
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -80,6 +79,17 @@ class LoopLag:
         assert self._task is not None
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+
+
+class LoopLag(InBackground):
+    """How late this process's own event loop runs a 10 ms timer, while the ``async
+    with`` block runs: a reader's latency includes it, so a figure taken while the
+    bench's loop lags measures the bench too."""
+
+    def __init__(self, every: float = 0.01) -> None:
+        super().__init__()
+        self.late = Latencies()
+        self._every = every
 
     async def _run(self) -> None:
         while True:
@@ -113,15 +123,15 @@ def compaction_summary(
     }
 
 
-class CompactionSide:
+class CompactionSide(InBackground):
     """Samples the workers' /metrics every ``every`` seconds while the ``async with``
     block runs (summed over the workers): ``summary`` is ``compaction_summary``."""
 
     def __init__(self, urls: list[str], every: float = 0.5) -> None:
+        super().__init__()
         self._urls = urls
         self._every = every
         self._samples: list[dict[str, float]] = []
-        self._task: asyncio.Task[None] | None = None
 
     async def _sample(self, http: aiohttp.ClientSession) -> None:
         total: dict[str, float] = {}
@@ -137,15 +147,6 @@ class CompactionSide:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     await self._sample(http)
                 await asyncio.sleep(self._every)
-
-    async def __aenter__(self) -> CompactionSide:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
 
     def summary(self, seconds: float) -> dict[str, float]:
         if len(self._samples) < 2:

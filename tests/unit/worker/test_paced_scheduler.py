@@ -69,14 +69,23 @@ async def _wave(
     return gates, running
 
 
-async def test_a_wave_starts_at_the_floor_and_grows_a_round_at_a_time() -> None:
+async def _floor_wave() -> tuple[
+    Clock, CompactionPacer, list[int], CompactionScheduler[int], list[asyncio.Event], list[int]
+]:
+    """A wave of 40 under a pacer with a floor of 2 (scheduler maximum 16), its
+    first two compactions running."""
     clock = Clock()
-    pacer, _ = _pacer(clock, floor=2)
+    pacer, late = _pacer(clock, floor=2)
     scheduler: CompactionScheduler[int] = CompactionScheduler(
         _acked, max_concurrent=16, pacer=pacer
     )
     gates, running = await _wave(scheduler, 40)
     await _until(lambda: running[0] == 2)
+    return clock, pacer, late, scheduler, gates, running
+
+
+async def test_a_wave_starts_at_the_floor_and_grows_a_round_at_a_time() -> None:
+    clock, pacer, _, scheduler, gates, running = await _floor_wave()
     for _ in range(20):
         await asyncio.sleep(0)
     assert running[1] == 2, "more than the floor started before a round passed"
@@ -97,13 +106,7 @@ async def test_a_wave_starts_at_the_floor_and_grows_a_round_at_a_time() -> None:
 async def test_a_wave_with_no_turn_to_protect_takes_every_slot_after_a_round() -> None:
     """A burst's backlog of compactions, no message arriving: after one round at the
     floor the limit is what the wave wants, up to the ceiling."""
-    clock = Clock()
-    pacer, _ = _pacer(clock, floor=2)
-    scheduler: CompactionScheduler[int] = CompactionScheduler(
-        _acked, max_concurrent=16, pacer=pacer
-    )
-    gates, running = await _wave(scheduler, 40)
-    await _until(lambda: running[0] == 2)
+    clock, _, _, scheduler, gates, running = await _floor_wave()
     clock.now += 1.0
     gates[0].set()
     await _until(lambda: running[0] == 12)  # the scheduler's 16, three quarters per tenant
@@ -114,13 +117,7 @@ async def test_a_wave_with_no_turn_to_protect_takes_every_slot_after_a_round() -
 
 
 async def test_a_late_group_lowers_the_limit_before_the_next_compaction_starts() -> None:
-    clock = Clock()
-    pacer, late = _pacer(clock, floor=2)
-    scheduler: CompactionScheduler[int] = CompactionScheduler(
-        _acked, max_concurrent=16, pacer=pacer
-    )
-    gates, running = await _wave(scheduler, 40)
-    await _until(lambda: running[0] == 2)
+    clock, pacer, late, scheduler, gates, running = await _floor_wave()
     for step, expected in enumerate((4, 8)):  # 2 -> 4 -> 8
         pacer.stored(published_at=clock.now - 0.01)  # the turns on time
         clock.now += 1.0
