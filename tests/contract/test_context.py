@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.domain.compaction import StoredTokens
+from core.domain.messages import ToolCall
 from core.ports.storage import (
     Applied,
     CompactionOutbox,
@@ -69,6 +70,18 @@ async def test_the_history_comes_only_when_the_caller_does_not_hold_it(store: An
     assert isinstance(moved, ContextSnapshot) and len(moved.history) == 2
     waiting = await store.context.context_look(CONV, scope=ALL, through="not-yet")
     assert isinstance(waiting, ContextVersion) and not waiting.includes and waiting.exists
+
+
+async def test_tool_calls_and_results_are_read_as_stored(store: Any) -> None:
+    call = ToolCall(id="call-1", name="lookup", arguments={"order": "8812", "n": 2})
+    asked = msg(0).model_copy(update={"role": "assistant", "tool_calls": (call,)})
+    answer = msg(1).model_copy(update={"role": "tool", "tool_call_id": "call-1"})
+    await store.ingest.save_messages(
+        [IncomingMessage(asked, 10, 0, 1), IncomingMessage(answer, 10, 0, 2)]
+    )
+    read = [s.message for s in (await snapshot_of(store)).history]
+    assert read[0].tool_calls == (call,) and read[1].tool_call_id == "call-1"
+    assert [m.role for m in read] == ["assistant", "tool"]
 
 
 async def test_a_pinned_message_is_read_pinned(store: Any) -> None:

@@ -78,8 +78,7 @@ class PostgresContext:
         version = _version(row)
         if row["history"] is None:
             return version
-        history = tuple(Sized(row_to_message(m), int(m["token_estimate"])) for m in row["history"])
-        return ContextSnapshot(version, history)
+        return ContextSnapshot(version, tuple(_sized(m) for m in row["history"]))
 
 
 if TYPE_CHECKING:
