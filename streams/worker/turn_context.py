@@ -41,12 +41,7 @@ from core.domain.budget import BudgetConfig
 from core.domain.context_fit import AsStored, FitSettings, FittedContext, fit_context
 from core.domain.provider_shapes import anthropic_shape, openai_shape
 from core.domain.tenancy import ConversationRef
-from core.ports.storage import (
-    ContextReader,
-    ContextSnapshot,
-    ContextVersion,
-    ReadScope,
-)
+from core.ports.storage import ContextLook, ContextReader, ContextSnapshot, ReadScope
 from streams.events import public_message
 from streams.metrics import Metrics
 from streams.worker.ingest_notices import IngestNotices
@@ -159,9 +154,7 @@ class TurnContexts:
             self._metrics.context_provisional.inc()
         return self._served(request, version, rendered)
 
-    async def _settled(
-        self, request: ContextRequest, known: tuple[int, int] | None
-    ) -> ContextSnapshot | ContextVersion:
+    async def _settled(self, request: ContextRequest, known: tuple[int, int] | None) -> ContextLook:
         """Where the conversation stands once it includes what ``request`` asks for or
         its wait is over: a snapshot, or the version alone when that is ``known``.
         Each look is one round trip; the history comes with it only when it moved."""
