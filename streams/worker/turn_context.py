@@ -41,7 +41,13 @@ from core.domain.budget import BudgetConfig
 from core.domain.context_fit import AsStored, FitSettings, FittedContext, fit_context
 from core.domain.provider_shapes import anthropic_shape, openai_shape
 from core.domain.tenancy import ConversationRef
-from core.ports.storage import ContextLook, ContextReader, ContextSnapshot, ReadScope
+from core.ports.storage import (
+    ContextLook,
+    ContextReader,
+    ContextSnapshot,
+    ContextVersion,
+    ReadScope,
+)
 from streams.events import public_message
 from streams.metrics import Metrics
 from streams.worker.ingest_notices import IngestNotices
