@@ -33,7 +33,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from cachetools import LRUCache
 
@@ -146,7 +146,8 @@ class TurnContexts:
         if not _satisfied(version, request):
             self._metrics.context_reads.labels(request.shape, "not_yet").inc()
             return NotYet(version)
-        if not version.exists:
+        if not version.exists:  # never was, or erased: nothing of it stays here
+            self._forget(request.conversation_key)
             return Unknown()
         if isinstance(look, ContextSnapshot):
             rendered, outcome = await self._render(request, look), "read"
@@ -159,6 +160,11 @@ class TurnContexts:
         if provisional:
             self._metrics.context_provisional.inc()
         return self._served(request, version, rendered)
+
+    def _forget(self, conversation_key: str) -> None:
+        for shape in get_args(Shape):
+            for fit in get_args(Fit):
+                self._cache.pop((conversation_key, shape, fit), None)
 
     async def _settled(self, request: ContextRequest, known: tuple[int, int] | None) -> ContextLook:
         """Where the conversation stands once it includes what ``request`` asks for or

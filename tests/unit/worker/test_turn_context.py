@@ -16,6 +16,7 @@ from streams.metrics import Metrics
 from streams.worker.ingest_notices import IngestNotices
 from streams.worker.runtime import StaticRuntime
 from streams.worker.turn_context import ContextRequest, NotYet, Served, TurnContexts, Unknown
+from tests.contract.test_privacy import erasure
 from tests.support.memory_store import InMemoryStore
 from tests.support.metrics_text import sample
 from tests.support.plans import msg
@@ -151,6 +152,17 @@ async def test_a_read_is_one_look_and_the_history_comes_only_when_it_moved() -> 
     await setup.publish(1)
     assert len(body(await asyncio.wait_for(waiting, 5))["request"]["messages"]) == 4
     assert counted.looks == ["version", "history"]  # not in yet: no history read for it
+
+
+async def test_an_erased_conversations_rendered_context_is_dropped_at_its_next_read() -> None:
+    setup = Setup()
+    await setup.publish(3)
+    for shape in ("messages", "openai"):
+        assert isinstance(await setup.read(shape=shape), Served)
+    assert len(setup.contexts._cache) == 2
+    await setup.store.privacy.erase_conversation(KEY, erasure(p3=1002))
+    assert isinstance(await setup.read(), Unknown)
+    assert len(setup.contexts._cache) == 0, "the erased text stayed in the worker's memory"
 
 
 async def test_through_waits_for_the_message_and_is_woken_by_its_ingest() -> None:
