@@ -13,6 +13,7 @@ import pytest
 from core.domain.budget import BudgetConfig
 from core.ports.storage import ContextLook, ContextSnapshot, IncomingMessage, ReadScope
 from streams.metrics import Metrics
+from streams.worker import turn_context
 from streams.worker.ingest_notices import IngestNotices
 from streams.worker.runtime import StaticRuntime
 from streams.worker.turn_context import ContextRequest, NotYet, Served, TurnContexts, Unknown
@@ -108,6 +109,27 @@ async def test_over_the_budget_the_context_is_fitted_and_says_so(shape: str) -> 
     stored = body(await setup.read(shape=shape, fit="none"))
     assert stored["provisional"] is False and stored["token_estimate"] == stored["stored_tokens"]
     assert sample(setup.metrics, "compactor_context_provisional_total") == 2
+
+
+async def test_a_fit_runs_on_the_loop_only_while_its_text_is_small(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A few milliseconds inline; above ``INLINE_FIT_CHARS`` in a thread, so no
+    history can hold the event loop for long."""
+    threaded: list[object] = []
+    real = asyncio.to_thread
+
+    async def counted(func: Any, /, *args: Any) -> Any:
+        threaded.append(func)
+        return await real(func, *args)
+
+    monkeypatch.setattr(turn_context.asyncio, "to_thread", counted)
+    setup = Setup()
+    await setup.publish(60)  # ~4,000 tokens, ~16,000 characters
+    assert body(await setup.read())["provisional"] is True and threaded == []
+    monkeypatch.setattr(turn_context, "INLINE_FIT_CHARS", 10_000)
+    await setup.publish(1)
+    assert body(await setup.read())["provisional"] is True and len(threaded) == 1
 
 
 async def test_an_unchanged_history_is_answered_from_memory() -> None:
